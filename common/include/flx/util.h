@@ -1,0 +1,84 @@
+/*
+ * flx/util.h - small shared helpers: time, a seeded RNG, checked arithmetic, alignment, a bump
+ * arena for workspaces.
+ */
+#ifndef FLX_UTIL_H
+#define FLX_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flx/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FLX_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define FLX_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define FLX_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define FLX_DIV_UP(a, b) (((a) + (b)-1) / (b))
+#define FLX_ALIGN_UP(x, a) (((x) + ((a)-1)) & ~((size_t)(a)-1))
+#define FLX_CACHELINE 64
+
+/* Monotonic clock in nanoseconds. */
+uint64_t flx_now_ns(void);
+
+/* Checked size arithmetic for sizes that come from outside: return 0 and set *out, or
+ * FLX_ERR_INVALID on overflow. */
+static inline flx_status_t flx_mul_size(size_t a, size_t b, size_t *out)
+{
+    if (__builtin_mul_overflow(a, b, out))
+        return FLX_ERR_INVALID;
+    return FLX_OK;
+}
+static inline flx_status_t flx_add_size(size_t a, size_t b, size_t *out)
+{
+    if (__builtin_add_overflow(a, b, out))
+        return FLX_ERR_INVALID;
+    return FLX_OK;
+}
+
+/* Aligned allocation (alignment a power of two >= sizeof(void*)); free with flx_aligned_free. */
+void *flx_aligned_alloc(size_t align, size_t size);
+void flx_aligned_free(void *p);
+
+/*
+ * xoshiro256** generator. Seeded, deterministic, not thread-safe (one per thread). Used by tests,
+ * benchmarks, the synthetic workload and sampling.
+ */
+typedef struct flx_rng {
+    uint64_t s[4];
+} flx_rng_t;
+
+void flx_rng_seed(flx_rng_t *rng, uint64_t seed);
+uint64_t flx_rng_u64(flx_rng_t *rng);
+/* Uniform in [0, 1). */
+double flx_rng_uniform(flx_rng_t *rng);
+/* Uniform integer in [0, n); n > 0. */
+uint64_t flx_rng_below(flx_rng_t *rng, uint64_t n);
+/* Standard normal (Box-Muller). */
+double flx_rng_normal(flx_rng_t *rng);
+/* A seed for "fresh random inputs every run": FLX_SEED from the environment if set, else the clock.
+ * Tests print it so a failure can be replayed. */
+uint64_t flx_seed_from_env(void);
+
+/*
+ * Bump arena over caller-owned memory: plan-time sizing with a size-only pass (base == NULL),
+ * then carving. Not thread-safe; one per worker.
+ */
+typedef struct flx_arena {
+    uint8_t *base; /* NULL during the sizing pass */
+    size_t cap;    /* bytes at base */
+    size_t used;   /* bytes handed out, alignment included */
+} flx_arena_t;
+
+void flx_arena_init(flx_arena_t *a, void *base, size_t cap);
+/* Returns 64-byte aligned memory, or NULL when base is NULL (sizing) or the arena is exhausted.
+ * In both cases used grows, so after a sizing pass a.used is the capacity to allocate. */
+void *flx_arena_alloc(flx_arena_t *a, size_t size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,116 @@
+/*
+ * cpu.c - CPUID/XGETBV feature detection and the dispatch level.
+ *
+ * A feature counts only if the OS saves its register state (XCR0): AVX needs XMM|YMM, AVX-512
+ * also needs opmask|ZMM_Hi256|Hi16_ZMM. Otherwise the first AVX-512 instruction would fault.
+ */
+#include "flx/cpu.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+static uint64_t xgetbv0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+static uint32_t detect(void)
+{
+    uint32_t a, b, c, d, f = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
+    if (!osxsave || !avx) return 0;
+    uint64_t xcr0 = xgetbv0();
+    int ymm_ok = (xcr0 & 0x6) == 0x6;
+    int zmm_ok = ymm_ok && (xcr0 & 0xe0) == 0xe0;
+    if (!ymm_ok) return 0;
+    if (__get_cpuid_max(0, NULL) < 7) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    if ((b >> 5) & 1) f |= FLX_CPU_AVX2;
+    if (fma) f |= FLX_CPU_FMA;
+    if (f16c) f |= FLX_CPU_F16C;
+    if (zmm_ok) {
+        if ((b >> 16) & 1) f |= FLX_CPU_AVX512F;
+        if ((b >> 17) & 1) f |= FLX_CPU_AVX512DQ;
+        if ((b >> 30) & 1) f |= FLX_CPU_AVX512BW;
+        if ((b >> 31) & 1) f |= FLX_CPU_AVX512VL;
+        if ((c >> 11) & 1) f |= FLX_CPU_AVX512VNNI;
+        __cpuid_count(7, 1, a, b, c, d);
+        if ((a >> 5) & 1) f |= FLX_CPU_AVX512BF16;
+    }
+    return f;
+}
+#else
+static uint32_t detect(void) { return 0; }
+#endif
+
+static atomic_uint g_features;       /* bit 31 marks "computed" */
+static atomic_int g_forced = -1;     /* -1: none */
+static atomic_int g_env_cap = -2;    /* -2: not read yet, -1: none */
+
+uint32_t flx_cpu_features(void)
+{
+    unsigned v = atomic_load_explicit(&g_features, memory_order_acquire);
+    if (!(v & 0x80000000u)) {
+        v = detect() | 0x80000000u;
+        atomic_store_explicit(&g_features, v, memory_order_release);
+    }
+    return v & 0x7fffffffu;
+}
+
+flx_isa_t flx_isa_best(void)
+{
+    uint32_t f = flx_cpu_features();
+    const uint32_t need512 = FLX_CPU_AVX512F | FLX_CPU_AVX512BW | FLX_CPU_AVX512VL | FLX_CPU_AVX512DQ |
+                             FLX_CPU_AVX512BF16 | FLX_CPU_AVX2 | FLX_CPU_FMA | FLX_CPU_F16C;
+    const uint32_t need2 = FLX_CPU_AVX2 | FLX_CPU_FMA | FLX_CPU_F16C;
+    if ((f & need512) == need512) return FLX_ISA_AVX512BF16;
+    if ((f & need2) == need2) return FLX_ISA_AVX2;
+    return FLX_ISA_SCALAR;
+}
+
+int flx_isa_parse(const char *s, flx_isa_t *isa_p)
+{
+    if (!s) return -1;
+    if (!strcmp(s, "scalar")) { *isa_p = FLX_ISA_SCALAR; return 0; }
+    if (!strcmp(s, "avx2")) { *isa_p = FLX_ISA_AVX2; return 0; }
+    if (!strcmp(s, "avx512") || !strcmp(s, "avx512bf16")) { *isa_p = FLX_ISA_AVX512BF16; return 0; }
+    return -1;
+}
+
+flx_isa_t flx_isa_active(void)
+{
+    int cap = atomic_load_explicit(&g_env_cap, memory_order_relaxed);
+    if (cap == -2) {
+        flx_isa_t e;
+        cap = flx_isa_parse(getenv("FLX_ISA"), &e) == 0 ? (int)e : -1;
+        atomic_store_explicit(&g_env_cap, cap, memory_order_relaxed);
+    }
+    int lvl = (int)flx_isa_best();
+    if (cap >= 0 && cap < lvl) lvl = cap;
+    int forced = atomic_load_explicit(&g_forced, memory_order_relaxed);
+    if (forced >= 0 && forced < lvl) lvl = forced;
+    return (flx_isa_t)lvl;
+}
+
+flx_isa_t flx_isa_force(flx_isa_t isa)
+{
+    atomic_store_explicit(&g_forced, (int)isa, memory_order_relaxed);
+    return flx_isa_active();
+}
+
+const char *flx_isa_name(flx_isa_t isa)
+{
+    switch (isa) {
+    case FLX_ISA_SCALAR: return "scalar";
+    case FLX_ISA_AVX2: return "avx2";
+    case FLX_ISA_AVX512BF16: return "avx512bf16";
+    }
+    return "?";
+}

@@ -1,0 +1,312 @@
+/*
+ * flx/kvstore.h - the NUMA-aware host KV store of a decode node.
+ *
+ * OVERVIEW
+ * A store holds the KV caches of many sessions (prompts) of one model shape. Prefill pushes each
+ * session's KV in chunks (from UCX receiver threads, or in-process); the store checks every chunk
+ * against the session it claims, writes it into its final place, builds the Quest metadata pyramid
+ * of a layer as soon as that layer is complete, and marks the session READY once every byte and the
+ * predictor statistics have arrived. The decode loop then reads READY/DECODING sessions through
+ * views, appends generated tokens to the device-resident window, and closes the session.
+ *
+ * TOKEN SEGMENTS (prompt of L tokens, store defaults sink = 64, local = 256)
+ *   n_sink  = min(sink, L)
+ *   n_local = min(local, L - n_sink)
+ *   l_cpu   = L - n_sink - n_local            host-resident tokens, prompt positions
+ *                                             [n_sink, n_sink + l_cpu)
+ *   window  = sink tokens, then local tokens, then generated tokens (n_new), in that order;
+ *             capacity n_sink + n_local + max_new_tokens per (layer, kv head)
+ *
+ * BUDGET (used by fluxion/): a head's budget bgt in [0, 1] is the fraction of the l_cpu
+ * host-resident tokens it attends to in addition to its window.
+ *
+ * MEMORY LAYOUT
+ *   Physical block (16 tokens of one (session, layer, kv head)), block_bytes = 64 * head_dim:
+ *     offset            size            field
+ *     0                 32 * head_dim   K  bf16 (16, head_dim), token-major
+ *     32 * head_dim     32 * head_dim   V  bf16 (16, head_dim)
+ *   Host token i (0 <= i < l_cpu) of (layer, head) lives in block block_table[i / 16], row i % 16.
+ *   Rows of the last block past l_cpu are zero and never read by kernels.
+ *
+ *   Metadata pyramid of (layer, kv head), level j = 0..3 covers logical blocks of blk = 16 << j:
+ *     meta[j]: bf16 (meta_n[j], 2, head_dim), meta_n[j] = ceil(l_cpu / blk);
+ *     entry b = per-channel min (row 0) and max (row 1) of K over host tokens
+ *     [b * blk, min((b + 1) * blk, l_cpu)). The last, partial block covers only existing tokens.
+ *
+ *   Window of (layer, kv head): win_k, win_v bf16 (win_cap, head_dim).
+ *
+ * MEMORY PLACEMENT
+ * KV blocks come from one arena per store, allocated on a NUMA node (chosen by the caller, or the
+ * node of the calling CPU) with libnuma, advised for transparent huge pages, optionally pinned
+ * for CUDA UVA. Per-session side memory (block tables, metadata, window, statistics, completion
+ * bitmaps) is one allocation on the same node. Both count against capacity_bytes; a session that
+ * does not fit is refused with FLX_ERR_CAPACITY at open, never later.
+ *
+ * SESSION STATE MACHINE
+ *   RESERVED --first chunk--> RECEIVING --last byte + pyramid + stats--> READY
+ *   READY --begin_decode--> DECODING
+ *   RESERVED | RECEIVING --bad chunk or transport failure--> FAILED
+ *   any --close--> CLOSED (memory returned once the last reference is released)
+ * Anything else is refused with FLX_ERR_STATE. A failed session never becomes READY.
+ *
+ * THREAD MODE
+ * All functions are thread-safe. Chunks of one session may be written concurrently from several
+ * threads (disjoint ranges). A view obtained through flx_kv_session_acquire stays valid until the
+ * matching release, even if the session is closed meanwhile; its KV is immutable once READY. The
+ * window is appended by one thread at a time per session (the decode loop).
+ */
+#ifndef FLX_KVSTORE_H
+#define FLX_KVSTORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flx/bf16.h"
+#include "flx/safetensors.h"
+#include "flx/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FLX_KV_BLOCK_TOKENS 16
+#define FLX_KV_META_LEVELS 4          /* blk = 16, 32, 64, 128 */
+#define FLX_KV_NUMA_ANY (-1)
+
+typedef struct flx_kv_store *flx_kv_store_h;
+typedef uint64_t flx_kv_session_id_t;   /* never 0; not reused after close */
+
+/* ---- store ---- */
+
+enum {
+    FLX_KV_STORE_FIELD_CAPACITY = 1u << 0,
+    FLX_KV_STORE_FIELD_NUMA_NODE = 1u << 1,
+    FLX_KV_STORE_FIELD_SHAPE = 1u << 2,      /* n_layers, n_kv_heads, n_q_heads, head_dim */
+    FLX_KV_STORE_FIELD_WINDOW = 1u << 3,     /* sink, local */
+    FLX_KV_STORE_FIELD_FLAGS = 1u << 4,
+    FLX_KV_STORE_FIELD_MAX_SESSIONS = 1u << 5,
+};
+
+enum {
+    FLX_KV_STORE_HUGEPAGES = 1u << 0,  /* madvise(MADV_HUGEPAGE) on the arena (default on) */
+    FLX_KV_STORE_PREFAULT = 1u << 1,   /* touch the whole arena at create: memory is really there */
+    FLX_KV_STORE_PIN_CUDA = 1u << 2,   /* cudaHostRegister the arena and side memory if a GPU exists */
+};
+
+typedef struct flx_kv_store_params {
+    uint64_t field_mask;     /* FLX_KV_STORE_FIELD_*: which fields below are set */
+    size_t capacity_bytes;   /* KV blocks + side memory of all sessions (required) */
+    int numa_node;           /* FLX_KV_NUMA_ANY (default) or a node that exists */
+    uint32_t n_layers;       /* required */
+    uint32_t n_kv_heads;     /* required */
+    uint32_t n_q_heads;      /* multiple of n_kv_heads (required) */
+    uint32_t head_dim;       /* multiple of 16, 16..256 (required) */
+    uint32_t sink;           /* default 64 */
+    uint32_t local;          /* default 256 */
+    uint32_t flags;          /* FLX_KV_STORE_*; default HUGEPAGES */
+    uint32_t max_sessions;   /* default 1024 */
+} flx_kv_store_params_t;
+
+flx_status_t flx_kv_store_create(const flx_kv_store_params_t *params, flx_kv_store_h *store_p);
+/* Closes every session; views must have been released. Accepts NULL. */
+void flx_kv_store_destroy(flx_kv_store_h store);
+
+typedef struct flx_kv_store_info {
+    int numa_node;            /* node the arena is bound to (recorded for worker binding) */
+    int hugepages;            /* THP advice accepted */
+    int pinned;               /* registered with CUDA */
+    size_t capacity_bytes;
+    size_t used_bytes;        /* reserved by open sessions */
+    size_t block_bytes;
+    uint32_t n_sessions;      /* not CLOSED */
+    uint32_t n_layers, n_kv_heads, n_q_heads, head_dim, sink, local;
+} flx_kv_store_info_t;
+
+void flx_kv_store_info(flx_kv_store_h store, flx_kv_store_info_t *info_p);
+
+/* Bytes a session of this prompt length would reserve (KV blocks + side memory). */
+flx_status_t flx_kv_session_bytes(flx_kv_store_h store, uint32_t prompt_len, uint32_t max_new_tokens,
+                                  size_t *bytes_p);
+
+/* ---- sessions ---- */
+
+typedef enum {
+    FLX_KV_RESERVED = 0,
+    FLX_KV_RECEIVING,
+    FLX_KV_READY,
+    FLX_KV_DECODING,
+    FLX_KV_FAILED,
+    FLX_KV_CLOSED,
+} flx_kv_state_t;
+
+const char *flx_kv_state_name(flx_kv_state_t s);
+
+enum {
+    FLX_KV_SESSION_NO_STATS = 1u << 0,  /* READY without predictor statistics (full / fixed modes) */
+};
+
+typedef struct flx_kv_session_params {
+    uint32_t prompt_len;       /* L >= 1 */
+    uint32_t max_new_tokens;   /* window room for generated tokens */
+    uint32_t flags;            /* FLX_KV_SESSION_* */
+} flx_kv_session_params_t;
+
+flx_status_t flx_kv_session_open(flx_kv_store_h store, const flx_kv_session_params_t *params,
+                                 flx_kv_session_id_t *sid_p);
+/* Legal from any state but CLOSED; memory returns when the last view is released. */
+flx_status_t flx_kv_session_close(flx_kv_store_h store, flx_kv_session_id_t sid);
+/* Marks RESERVED/RECEIVING sessions FAILED (transport error, deadline). */
+flx_status_t flx_kv_session_fail(flx_kv_store_h store, flx_kv_session_id_t sid, const char *reason);
+/* READY -> DECODING. */
+flx_status_t flx_kv_session_begin_decode(flx_kv_store_h store, flx_kv_session_id_t sid);
+
+typedef struct flx_kv_session_info {
+    flx_kv_state_t state;
+    uint32_t prompt_len, n_sink, n_local, l_cpu, max_new_tokens;
+    uint64_t bytes_expected;   /* K+V payload bytes the prefill must push */
+    uint64_t bytes_received;
+    size_t reserved_bytes;
+    char fail_reason[160];     /* why FAILED, else empty */
+} flx_kv_session_info_t;
+
+flx_status_t flx_kv_session_info(flx_kv_store_h store, flx_kv_session_id_t sid, flx_kv_session_info_t *info_p);
+
+/* ---- chunks (prefill -> store) ---- */
+
+/*
+ * A chunk: K and V of kv heads [head_begin, head_end) of one layer for prompt positions
+ * [tok_begin, tok_end). tok_begin is a multiple of 16; tok_end is a multiple of 16 or equals L.
+ * Payload layout for K and for V: bf16 (head_end - head_begin, tok_end - tok_begin, head_dim).
+ * Every (layer, head, 16-token granule) must arrive exactly once.
+ */
+typedef struct flx_kv_chunk {
+    uint32_t layer;
+    uint32_t head_begin, head_end;
+    uint32_t tok_begin, tok_end;
+    flx_dtype_t dtype;        /* must be FLX_DT_BF16 */
+    uint32_t head_dim;        /* must equal the store's */
+} flx_kv_chunk_t;
+
+/* Validates, copies and completes a chunk. A malformed, overlapping or duplicate chunk for a
+ * RESERVED/RECEIVING session is refused and the session goes FAILED (its peer is broken); a chunk
+ * for an unknown, closed, READY or DECODING session is refused and nothing changes. */
+flx_status_t flx_kv_chunk_write(flx_kv_store_h store, flx_kv_session_id_t sid, const flx_kv_chunk_t *chunk,
+                                const flx_bf16_t *k, const flx_bf16_t *v);
+
+/*
+ * Zero-copy path for transports: claim validates the chunk and reserves its range (a later
+ * overlapping claim is refused), and lists where each (head, 16-token granule) row range of K and
+ * of V must land. The caller fills them (for example with a UCX rendezvous receive) and calls
+ * complete with ok = 1, or ok = 0 to fail the session.
+ */
+typedef struct flx_kv_iov {
+    void *dst;
+    size_t len;
+} flx_kv_iov_t;
+
+typedef struct flx_kv_claim {
+    flx_kv_session_id_t sid;
+    flx_kv_chunk_t chunk;
+    /* Destinations in payload order: for K then V, for each head, for each granule. */
+    uint32_t n_iov;
+    flx_kv_iov_t *iov;        /* owned by the claim; valid until complete */
+} flx_kv_claim_t;
+
+flx_status_t flx_kv_chunk_claim(flx_kv_store_h store, flx_kv_session_id_t sid, const flx_kv_chunk_t *chunk,
+                                flx_kv_claim_t **claim_p);
+flx_status_t flx_kv_chunk_complete(flx_kv_store_h store, flx_kv_claim_t *claim, int ok);
+
+/* ---- predictor statistics (prefill -> store), one record per (layer, query head) ---- */
+
+#define FLX_HEAD_STATS_VERSION 1u
+
+/*
+ * Prefill-time statistics of appendix A of the paper for one (layer, query head); K/V quantities
+ * are those of the head's KV group. Segments: sink, cpu (host-resident) and local, as above.
+ * q' is the anchor query (the prompt's last query of that head).
+ */
+typedef struct flx_head_stats {
+    uint32_t version;             /* FLX_HEAD_STATS_VERSION */
+    uint32_t reserved;            /* 0 */
+    float k_sink_norm;            /* MEAN over sink tokens of ||k_i|| */
+    float v_sink_norm;            /* MEAN over sink tokens of ||v_i|| */
+    float k_cpu_mean_norm;        /* || MEAN(K_cpu) || */
+    float v_cpu_mean_norm;        /* || MEAN(V_cpu) || */
+    float k_cpu_norm_mom[4];      /* MEAN, VAR, SKEW, KURT of ||k_i||, i in cpu segment */
+    float v_cpu_norm_mom[4];      /* same for ||v_i|| */
+    float z_anchor_mom[4];        /* MEAN, VAR, SKEW, KURT of z_i(q') = <q', k_i> / (||q'|| sqrt(D)) */
+    float lse_anchor[3];          /* LSE(s_S(q')) for S = sink, cpu, local */
+    float onorm_anchor[3];        /* ||O_S(q')|| for S = sink, cpu, local */
+    float q_anchor_norm;          /* ||q'|| */
+    float bgt_star[4];            /* least budget meeting Eq. 2 for q' at blk 16, 32, 64, 128; [0, 1] */
+    float max_onorm_gpu_anchor;   /* max over query heads of the layer of ||O~_h'(q')|| (window only) */
+} flx_head_stats_t;
+
+/* Statistics of all query heads of one layer: stats (n_q_heads), mean_k and q_anchor fp32
+ * (n_q_heads, head_dim). Checked: version, finiteness, non-negative norms and variances,
+ * bgt_star in [0, 1], ||q_anchor|| consistent with q_anchor_norm. Exactly once per layer. */
+flx_status_t flx_kv_stats_write(flx_kv_store_h store, flx_kv_session_id_t sid, uint32_t layer,
+                                const flx_head_stats_t *stats, const float *mean_k, const float *q_anchor);
+
+/* ---- views (decode side) ---- */
+
+typedef struct flx_kv_session *flx_kv_session_h;
+
+/* Takes a reference on a READY or DECODING session; FLX_ERR_STATE otherwise. */
+flx_status_t flx_kv_session_acquire(flx_kv_store_h store, flx_kv_session_id_t sid, flx_kv_session_h *sess_p);
+void flx_kv_session_release(flx_kv_session_h sess);
+
+/* Everything a kernel needs about one (layer, kv head); pointers stay valid while the session is
+ * acquired. */
+typedef struct flx_kv_head_view {
+    uint32_t head_dim;
+    uint32_t l_cpu;                    /* host-resident tokens */
+    uint32_t n_blocks;                 /* ceil(l_cpu / 16) */
+    const uint32_t *block_table;       /* (n_blocks) physical block indices */
+    const uint8_t *pool_base;          /* block b at pool_base + b * block_bytes */
+    size_t block_bytes;                /* 64 * head_dim */
+    const flx_bf16_t *meta[FLX_KV_META_LEVELS]; /* (meta_n[j], 2, head_dim) */
+    uint32_t meta_n[FLX_KV_META_LEVELS];
+    flx_bf16_t *win_k;                 /* (win_cap, head_dim) */
+    flx_bf16_t *win_v;                 /* (win_cap, head_dim) */
+    uint32_t n_win;                    /* tokens in the window now */
+    uint32_t win_cap;
+    int numa_node;
+} flx_kv_head_view_t;
+
+flx_status_t flx_kv_head_view(flx_kv_session_h sess, uint32_t layer, uint32_t kv_head, flx_kv_head_view_t *view_p);
+
+/* Statistics of (layer, query head): pointers into the session (valid while acquired); NULL
+ * pointers when the session was opened with FLX_KV_SESSION_NO_STATS. */
+flx_status_t flx_kv_head_stats(flx_kv_session_h sess, uint32_t layer, uint32_t q_head, const flx_head_stats_t **stats_p,
+                               const float **mean_k_p, const float **q_anchor_p);
+
+/* Appends one generated token of one layer: k, v bf16 (n_kv_heads, head_dim). FLX_ERR_CAPACITY when
+ * the window is full. Only for DECODING sessions, one thread at a time per session. */
+flx_status_t flx_kv_window_append(flx_kv_session_h sess, uint32_t layer, const flx_bf16_t *k, const flx_bf16_t *v);
+
+/* Physical block pointer helpers (no checks: kernels call them in loops). */
+static inline const flx_bf16_t *flx_kv_block_k(const flx_kv_head_view_t *v, uint32_t blk_idx)
+{
+    return (const flx_bf16_t *)(v->pool_base + (size_t)v->block_table[blk_idx] * v->block_bytes);
+}
+static inline const flx_bf16_t *flx_kv_block_v(const flx_kv_head_view_t *v, uint32_t blk_idx)
+{
+    return flx_kv_block_k(v, blk_idx) + (size_t)FLX_KV_BLOCK_TOKENS * v->head_dim;
+}
+
+/* ---- NUMA ---- */
+
+/* Number of configured NUMA nodes (1 without libnuma support). */
+int flx_numa_node_count(void);
+/* 0 when node exists (has memory); refusals name the node. */
+flx_status_t flx_numa_check_node(int node);
+/* Node of the CPU the caller runs on. */
+int flx_numa_current_node(void);
+/* Binds the calling thread's CPUs and memory policy to node (workers call it before touching KV). */
+flx_status_t flx_numa_bind_thread(int node);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,152 @@
+/*
+ * test_common.c - bf16/f16 conversions, safetensors round trip and refusals, RNG determinism,
+ * CPU dispatch capping, the arena's sizing pass.
+ */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "flx/bf16.h"
+#include "flx/cpu.h"
+#include "flx/safetensors.h"
+#include "flx_test.h"
+
+static void test_bf16(void)
+{
+    CHECK(flx_bf16_to_f32(flx_f32_to_bf16(1.0f)) == 1.0f);
+    CHECK(flx_bf16_to_f32(flx_f32_to_bf16(-2.5f)) == -2.5f);
+    /* 1 + 2^-8 is halfway between two bf16 values: ties to even (down to 1.0). */
+    CHECK(flx_bf16_to_f32(flx_f32_to_bf16(1.0f + 0x1p-8f)) == 1.0f);
+    CHECK(flx_bf16_to_f32(flx_f32_to_bf16(1.0f + 0x1p-8f + 0x1p-20f)) == 1.0f + 0x1p-7f);
+    CHECK(isnan(flx_bf16_to_f32(flx_f32_to_bf16(NAN))));
+    CHECK(isinf(flx_bf16_to_f32(flx_f32_to_bf16(INFINITY))));
+    /* Every bf16 survives the round trip exactly (NaNs stay NaN). */
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = flx_bf16_to_f32((flx_bf16_t)h);
+        if (isnan(f)) CHECK(isnan(flx_bf16_to_f32(flx_f32_to_bf16(f))));
+        else CHECK(flx_f32_to_bf16(f) == h);
+    }
+    /* Every finite f16 survives f16 -> f32 -> f16. */
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = flx_f16_to_f32((uint16_t)h);
+        if (isnan(f)) continue;
+        CHECK(flx_f32_to_f16(f) == h);
+    }
+    CHECK(flx_f16_to_f32(0x3c00) == 1.0f);
+    CHECK(flx_f16_to_f32(0x0001) == 0x1p-24f);
+    CHECK(flx_f32_to_f16(65520.0f) == 0x7c00); /* rounds to inf */
+}
+
+static void test_safetensors(void)
+{
+    char path[] = "/tmp/flx_test_st_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    float a[6] = {1, 2, 3, 4, 5, 6};
+    flx_bf16_t b[4] = {1, 2, 3, 4};
+    int64_t sa[2] = {2, 3}, sb[1] = {4};
+    flx_st_writer_h w;
+    CHECK_OK(flx_st_writer_create(&w));
+    CHECK_OK(flx_st_writer_add(w, "a", FLX_DT_F32, 2, sa, a));
+    CHECK_OK(flx_st_writer_add(w, "b.x", FLX_DT_BF16, 1, sb, b));
+    CHECK_ST(flx_st_writer_add(w, "a", FLX_DT_F32, 2, sa, a), FLX_ERR_DUPLICATE);
+    CHECK_OK(flx_st_writer_set_metadata(w, "format", "pt"));
+    CHECK_OK(flx_st_writer_save(w, path));
+    flx_st_writer_destroy(w);
+
+    flx_st_reader_h r;
+    CHECK_OK(flx_st_open(path, &r));
+    CHECK(flx_st_count(r) == 2);
+    const flx_st_tensor_t *t;
+    CHECK_OK(flx_st_expect(r, "a", FLX_DT_F32, 2, sa, &t));
+    CHECK(memcmp(t->data, a, sizeof a) == 0);
+    CHECK_ST(flx_st_expect(r, "a", FLX_DT_BF16, 2, sa, &t), FLX_ERR_FORMAT);
+    CHECK_ST(flx_st_expect(r, "missing", FLX_DT_F32, 2, sa, &t), FLX_ERR_NOT_FOUND);
+    int64_t wrong[1] = {5};
+    CHECK_ST(flx_st_expect(r, "b.x", FLX_DT_BF16, 1, wrong, &t), FLX_ERR_FORMAT);
+    CHECK(strcmp(flx_st_metadata(r, "format"), "pt") == 0);
+    flx_st_close(r);
+
+    /* Truncated file: header says more than there is. */
+    FILE *f = fopen(path, "r+b");
+    CHECK(f);
+    CHECK(ftruncate(fileno(f), 40) == 0);
+    fclose(f);
+    CHECK_ST(flx_st_open(path, &r), FLX_ERR_FORMAT);
+
+    /* Hand-written headers with one defect each. */
+    const char *bad[] = {
+        "{\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}",        /* size mismatch */
+        "{\"t\":{\"dtype\":\"Q4\",\"shape\":[1],\"data_offsets\":[0,4]}}",         /* unknown dtype */
+        "{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,400]}}",      /* past the end */
+        "{\"t\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}",       /* negative dim */
+        "[1,2,3]",                                                                  /* not an object */
+        "{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}",          /* offsets arity */
+    };
+    for (size_t i = 0; i < FLX_ARRAY_SIZE(bad); i++) {
+        f = fopen(path, "wb");
+        uint64_t hl = strlen(bad[i]);
+        fwrite(&hl, 8, 1, f);
+        fwrite(bad[i], 1, hl, f);
+        float pay[2] = {0, 0};
+        fwrite(pay, sizeof pay, 1, f);
+        fclose(f);
+        CHECK_ST(flx_st_open(path, &r), FLX_ERR_FORMAT);
+        CHECK(strlen(flx_error_msg()) > 0);
+    }
+    CHECK_ST(flx_st_open("/nonexistent/x.safetensors", &r), FLX_ERR_NOT_FOUND);
+    unlink(path);
+}
+
+static void test_rng_cpu_arena(void)
+{
+    flx_rng_t a, b;
+    flx_rng_seed(&a, 42);
+    flx_rng_seed(&b, 42);
+    for (int i = 0; i < 100; i++) CHECK(flx_rng_u64(&a) == flx_rng_u64(&b));
+    double s = 0, s2 = 0;
+    for (int i = 0; i < 100000; i++) {
+        double x = flx_rng_normal(&a);
+        s += x;
+        s2 += x * x;
+    }
+    CHECK(fabs(s / 1e5) < 0.02 && fabs(s2 / 1e5 - 1) < 0.03);
+
+    flx_isa_t best = flx_isa_best();
+    fprintf(stderr, "cpu: best isa %s (features 0x%x)\n", flx_isa_name(best), flx_cpu_features());
+    CHECK(flx_isa_force(FLX_ISA_SCALAR) == FLX_ISA_SCALAR);
+    CHECK(flx_isa_active() == FLX_ISA_SCALAR);
+    CHECK(flx_isa_force(FLX_ISA_AVX512BF16) == best);
+    flx_isa_t p;
+    CHECK(flx_isa_parse("avx2", &p) == 0 && p == FLX_ISA_AVX2);
+    CHECK(flx_isa_parse("sse9", &p) != 0);
+
+    flx_arena_t ar;
+    flx_arena_init(&ar, NULL, 0);
+    CHECK(flx_arena_alloc(&ar, 10) == NULL);
+    CHECK(flx_arena_alloc(&ar, 100) == NULL);
+    size_t need = ar.used;
+    CHECK(need == 64 + 128);
+    void *mem = flx_aligned_alloc(64, need);
+    flx_arena_init(&ar, mem, need);
+    void *p1 = flx_arena_alloc(&ar, 10), *p2 = flx_arena_alloc(&ar, 100);
+    CHECK(p1 && p2 && ((uintptr_t)p2 % 64) == 0);
+    CHECK(flx_arena_alloc(&ar, 1) == NULL);
+    flx_aligned_free(mem);
+
+    CHECK(flx_error_set(FLX_ERR_CAPACITY, "pool full: %d", 7) == FLX_ERR_CAPACITY);
+    CHECK(strcmp(flx_error_msg(), "pool full: 7") == 0);
+    CHECK(strcmp(flx_status_name(FLX_ERR_CAPACITY), "capacity") == 0);
+}
+
+int main(void)
+{
+    test_bf16();
+    test_safetensors();
+    test_rng_cpu_arena();
+    printf("test_common: ok\n");
+    return 0;
+}

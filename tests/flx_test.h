@@ -1,0 +1,80 @@
+/*
+ * flx_test.h - the small harness every C test uses.
+ *
+ * A test program exits 0 when every check passed, 1 on the first failed check (after printing
+ * file, line and the values), 77 when it must be skipped (no GPU). Numeric comparisons follow
+ * the project rule: |x - ref| <= atol + rtol * |ref| for every element, any NaN or Inf in x or ref
+ * fails, and the worst element is printed either way.
+ */
+#ifndef FLX_TEST_H
+#define FLX_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "flx/status.h"
+#include "flx/util.h"
+
+#define FLX_TEST_SKIP 77
+
+#define CHECK(c)                                                                  \
+    do {                                                                          \
+        if (!(c)) {                                                               \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c); \
+            exit(1);                                                              \
+        }                                                                         \
+    } while (0)
+
+/* Expects a status; prints the thread's error message on mismatch. */
+#define CHECK_ST(expr, want)                                                                          \
+    do {                                                                                              \
+        flx_status_t st_ = (expr);                                                                    \
+        if (st_ != (want)) {                                                                          \
+            fprintf(stderr, "%s:%d: %s returned %d (%s), expected %d (%s); last error: %s\n", __FILE__, \
+                    __LINE__, #expr, st_, flx_status_name(st_), (int)(want), flx_status_name(want),   \
+                    flx_error_msg());                                                                 \
+            exit(1);                                                                                  \
+        }                                                                                             \
+    } while (0)
+#define CHECK_OK(expr) CHECK_ST(expr, FLX_OK)
+
+/* Returns 1 if all n elements are within atol + rtol*|ref| and finite; prints the worst element
+ * with the label. */
+static inline int flx_test_allclose(const char *label, const float *x, const float *ref, size_t n, double atol,
+                                    double rtol)
+{
+    double worst = -1.0;
+    size_t wi = 0;
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) {
+        double a = x[i], r = ref[i];
+        if (!isfinite(a) || !isfinite(r)) {
+            fprintf(stderr, "%s: non-finite at %zu: got %g ref %g\n", label, i, a, r);
+            return 0;
+        }
+        double excess = fabs(a - r) / (atol + rtol * fabs(r));
+        if (excess > worst) {
+            worst = excess;
+            wi = i;
+        }
+        if (excess > 1.0) ok = 0;
+    }
+    if (n)
+        fprintf(stderr, "%s: worst element %zu: got %.8g ref %.8g |err| %.3g (%.3f of tolerance) -> %s\n", label, wi,
+                (double)x[wi], (double)ref[wi], fabs((double)x[wi] - ref[wi]), worst, ok ? "ok" : "FAIL");
+    return ok;
+}
+
+#define CHECK_CLOSE(label, x, ref, n, atol, rtol) CHECK(flx_test_allclose(label, x, ref, n, atol, rtol))
+
+/* Seed for this run: FLX_SEED or the clock; printed so a failure replays. */
+static inline uint64_t flx_test_seed(const char *test)
+{
+    uint64_t s = flx_seed_from_env();
+    fprintf(stderr, "%s: seed %llu (replay with FLX_SEED=%llu)\n", test, (unsigned long long)s,
+            (unsigned long long)s);
+    return s;
+}
+
+#endif
