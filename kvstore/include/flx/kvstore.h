@@ -295,6 +295,23 @@ static inline const flx_bf16_t *flx_kv_block_v(const flx_kv_head_view_t *v, uint
     return flx_kv_block_k(v, blk_idx) + (size_t)FLX_KV_BLOCK_TOKENS * v->head_dim;
 }
 
+/* ---- metadata pyramid ---- */
+
+/* Entries at level j (blk = 16 << j) for l_cpu host tokens: ceil(l_cpu / blk). */
+static inline uint32_t flx_kv_meta_count(uint32_t l_cpu, int level)
+{
+    uint32_t blk = (uint32_t)FLX_KV_BLOCK_TOKENS << level;
+    return (l_cpu + blk - 1) / blk;
+}
+
+/* Builds all levels of the pyramid of one (layer, kv head) in one pass over its K blocks, reading
+ * view->block_table / pool_base / block_bytes / l_cpu / head_dim and writing meta[j] (meta_n[j]
+ * entries of (2, head_dim)). Reads no row at or past l_cpu. Used by the store when a layer is
+ * complete, and by tools and benchmarks that lay KV out themselves. Runtime-dispatched SIMD;
+ * flx_kv_pyramid_build_ref is the scalar reference. */
+void flx_kv_pyramid_build(const flx_kv_head_view_t *view, flx_bf16_t *const meta[FLX_KV_META_LEVELS]);
+void flx_kv_pyramid_build_ref(const flx_kv_head_view_t *view, flx_bf16_t *const meta[FLX_KV_META_LEVELS]);
+
 /* ---- NUMA ---- */
 
 /* Number of configured NUMA nodes (1 without libnuma support). */
