@@ -1,0 +1,173 @@
+/*
+ * pyramid.c - the Quest metadata pyramid: per-channel min and max of K for logical blocks of 16,
+ * 32, 64 and 128 host tokens.
+ *
+ * DESIGN
+ * One pass over K: for each 128-token superblock, the 16-token entries are computed from the rows
+ * (the only pass over KV bytes), and the 32/64/128 entries from the entries just below them, which
+ * are still in L1. min/max of bf16 values is exact in fp32, so every level is bit-exact with a
+ * direct computation over its tokens. Comparisons follow one rule everywhere (SIMD min_ps/max_ps
+ * semantics: keep the running value unless the new one is strictly smaller/greater), so the SIMD
+ * and scalar versions agree bit for bit, signed zeros included. The last block covers only rows
+ * < l_cpu; no row at or past l_cpu is read.
+ */
+#include <immintrin.h>
+
+#include "flx/cpu.h"
+#include "flx/kvstore.h"
+
+typedef void (*rows_fn)(const flx_bf16_t *k, uint32_t rows, uint32_t d, flx_bf16_t *out);
+typedef void (*pair_fn)(const flx_bf16_t *a, const flx_bf16_t *b, uint32_t d, flx_bf16_t *out);
+
+/* out (2, d): min row, max row of k (rows, d). */
+static void rows_minmax_ref(const flx_bf16_t *k, uint32_t rows, uint32_t d, flx_bf16_t *out)
+{
+    for (uint32_t c = 0; c < d; c++) {
+        float mn = flx_bf16_to_f32(k[c]), mx = mn;
+        for (uint32_t r = 1; r < rows; r++) {
+            float x = flx_bf16_to_f32(k[(size_t)r * d + c]);
+            mn = x < mn ? x : mn;
+            mx = x > mx ? x : mx;
+        }
+        out[c] = flx_f32_to_bf16(mn);
+        out[d + c] = flx_f32_to_bf16(mx);
+    }
+}
+
+/* out = elementwise combine of two (2, d) entries; b may be NULL (odd tail: copy a). */
+static void pair_minmax_ref(const flx_bf16_t *a, const flx_bf16_t *b, uint32_t d, flx_bf16_t *out)
+{
+    for (uint32_t c = 0; c < d; c++) {
+        float mn = flx_bf16_to_f32(a[c]), mx = flx_bf16_to_f32(a[d + c]);
+        if (b) {
+            float bn = flx_bf16_to_f32(b[c]), bx = flx_bf16_to_f32(b[d + c]);
+            mn = bn < mn ? bn : mn;
+            mx = bx > mx ? bx : mx;
+        }
+        out[c] = flx_f32_to_bf16(mn);
+        out[d + c] = flx_f32_to_bf16(mx);
+    }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f,avx512bw"))) static inline __m512 load16_bf16(const flx_bf16_t *p)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+__attribute__((target("avx512f,avx512bw"))) static inline void store16_bf16(flx_bf16_t *p, __m512 v)
+{
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
+}
+
+/* d is a multiple of 16 (store invariant). */
+__attribute__((target("avx512f,avx512bw"))) static void rows_minmax_avx512(const flx_bf16_t *k, uint32_t rows,
+                                                                          uint32_t d, flx_bf16_t *out)
+{
+    for (uint32_t c = 0; c < d; c += 16) {
+        __m512 mn = load16_bf16(k + c), mx = mn;
+        for (uint32_t r = 1; r < rows; r++) {
+            __m512 x = load16_bf16(k + (size_t)r * d + c);
+            mn = _mm512_min_ps(x, mn);
+            mx = _mm512_max_ps(x, mx);
+        }
+        store16_bf16(out + c, mn);
+        store16_bf16(out + d + c, mx);
+    }
+}
+
+__attribute__((target("avx512f,avx512bw"))) static void pair_minmax_avx512(const flx_bf16_t *a, const flx_bf16_t *b,
+                                                                          uint32_t d, flx_bf16_t *out)
+{
+    for (uint32_t c = 0; c < d; c += 16) {
+        __m512 mn = load16_bf16(a + c), mx = load16_bf16(a + d + c);
+        if (b) {
+            mn = _mm512_min_ps(load16_bf16(b + c), mn);
+            mx = _mm512_max_ps(load16_bf16(b + d + c), mx);
+        }
+        store16_bf16(out + c, mn);
+        store16_bf16(out + d + c, mx);
+    }
+}
+
+__attribute__((target("avx2"))) static inline __m256 load8_bf16(const flx_bf16_t *p)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+__attribute__((target("avx2"))) static inline void store8_bf16(flx_bf16_t *p, __m256 v)
+{
+    __m256i s = _mm256_srli_epi32(_mm256_castps_si256(v), 16);
+    __m128i lo = _mm256_castsi256_si128(s), hi = _mm256_extracti128_si256(s, 1);
+    _mm_storeu_si128((__m128i *)p, _mm_packus_epi32(lo, hi));
+}
+
+__attribute__((target("avx2"))) static void rows_minmax_avx2(const flx_bf16_t *k, uint32_t rows, uint32_t d,
+                                                             flx_bf16_t *out)
+{
+    for (uint32_t c = 0; c < d; c += 8) {
+        __m256 mn = load8_bf16(k + c), mx = mn;
+        for (uint32_t r = 1; r < rows; r++) {
+            __m256 x = load8_bf16(k + (size_t)r * d + c);
+            mn = _mm256_min_ps(x, mn);
+            mx = _mm256_max_ps(x, mx);
+        }
+        store8_bf16(out + c, mn);
+        store8_bf16(out + d + c, mx);
+    }
+}
+
+__attribute__((target("avx2"))) static void pair_minmax_avx2(const flx_bf16_t *a, const flx_bf16_t *b, uint32_t d,
+                                                             flx_bf16_t *out)
+{
+    for (uint32_t c = 0; c < d; c += 8) {
+        __m256 mn = load8_bf16(a + c), mx = load8_bf16(a + d + c);
+        if (b) {
+            mn = _mm256_min_ps(load8_bf16(b + c), mn);
+            mx = _mm256_max_ps(load8_bf16(b + d + c), mx);
+        }
+        store8_bf16(out + c, mn);
+        store8_bf16(out + d + c, mx);
+    }
+}
+#endif
+
+static void build(const flx_kv_head_view_t *v, flx_bf16_t *const meta[FLX_KV_META_LEVELS], rows_fn rows,
+                  pair_fn pair)
+{
+    const uint32_t d = v->head_dim, l = v->l_cpu;
+    const size_t esz = 2 * (size_t)d; /* bf16 elements per entry */
+    uint32_t n[FLX_KV_META_LEVELS];
+    for (int j = 0; j < FLX_KV_META_LEVELS; j++) n[j] = flx_kv_meta_count(l, j);
+    for (uint32_t sb = 0; sb < n[3]; sb++) {
+        /* Level 0: 8 physical blocks of this 128-token superblock. */
+        for (uint32_t b = sb * 8; b < n[0] && b < sb * 8 + 8; b++) {
+            uint32_t r = l - b * FLX_KV_BLOCK_TOKENS;
+            rows(flx_kv_block_k(v, b), r < FLX_KV_BLOCK_TOKENS ? r : FLX_KV_BLOCK_TOKENS, d, meta[0] + b * esz);
+        }
+        /* Levels 1..3 from the level below. */
+        for (int j = 1; j < FLX_KV_META_LEVELS; j++) {
+            uint32_t per = 8u >> j;
+            for (uint32_t b = sb * per; b < n[j] && b < sb * per + per; b++) {
+                const flx_bf16_t *a = meta[j - 1] + (size_t)(2 * b) * esz;
+                const flx_bf16_t *c = 2 * b + 1 < n[j - 1] ? a + esz : NULL;
+                pair(a, c, d, meta[j] + b * esz);
+            }
+        }
+    }
+}
+
+void flx_kv_pyramid_build_ref(const flx_kv_head_view_t *view, flx_bf16_t *const meta[FLX_KV_META_LEVELS])
+{
+    build(view, meta, rows_minmax_ref, pair_minmax_ref);
+}
+
+void flx_kv_pyramid_build(const flx_kv_head_view_t *view, flx_bf16_t *const meta[FLX_KV_META_LEVELS])
+{
+#if defined(__x86_64__)
+    switch (flx_isa_active()) {
+    case FLX_ISA_AVX512BF16: build(view, meta, rows_minmax_avx512, pair_minmax_avx512); return;
+    case FLX_ISA_AVX2: build(view, meta, rows_minmax_avx2, pair_minmax_avx2); return;
+    default: break;
+    }
+#endif
+    build(view, meta, rows_minmax_ref, pair_minmax_ref);
+}

@@ -1,0 +1,964 @@
+/*
+ * store.c - the host KV store: arena and block pool, sessions, chunk ingest, statistics, views.
+ *
+ * DESIGN
+ * Memory. KV blocks (64 * head_dim bytes: K then V of 16 tokens) come from one arena per store,
+ * mapped with libnuma on the store's node and advised for transparent huge pages. Blocks are handed
+ * out from a free list (then a bump pointer), so open/close cycles reuse memory and never grow it.
+ * Everything else a session needs (block tables, pyramid, window, statistics, completion bitmaps)
+ * is one side allocation on the same node, laid out by session_layout(), the single source of
+ * truth for sizes: flx_kv_session_bytes() and open both call it. A session reserves all its blocks
+ * and side memory at open, so a prefill that was accepted can never run out of memory later;
+ * capacity_bytes bounds blocks + side memory together and is itself bounded by physical memory.
+ *
+ * Ingest. Chunks are validated against the session, then claimed: their (layer, head, granule) bits
+ * are set under the session lock, so an overlapping or duplicate chunk is refused before a byte is
+ * written. The copy (or a transport's zero-copy receive) happens outside any lock, straight into
+ * the final place. Completion counts granules per layer; the thread completing a layer's last
+ * granule builds that layer's pyramid, outside the lock (no other writer touches that layer any
+ * more). READY = every layer built (+ statistics unless NO_STATS).
+ *
+ * Lifetime. A session has a reference count: one for the session table, one per view (acquire)
+ * and one per outstanding claim. Close removes it from the table; its memory is returned when the
+ * last reference goes, so a receiver or the decode loop never touches freed memory. Ids are
+ * (generation << 32 | slot + 1): never 0 and never reused.
+ *
+ * Locks. store->lock guards the pool (free list, bump, used_bytes), the session table and
+ * generations. sess->lock guards state, bitmaps, counters and fail_reason. Order: store before
+ * session; no lock is held while copying KV or building a pyramid.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <numa.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "flx/cuda_rt.h"
+#include "flx/kvstore.h"
+#include "flx/log.h"
+#include "flx/util.h"
+
+#define MOD "kvstore"
+
+struct flx_kv_store {
+    /* immutable after create */
+    uint32_t n_layers, n_kv_heads, n_q_heads, head_dim, sink, local, flags, max_sessions;
+    size_t capacity;
+    size_t block_bytes;
+    int numa_node;
+    int hugepages, pinned;
+    uint8_t *arena;            /* (n_blocks_max, block_bytes) */
+    size_t arena_bytes;
+    uint32_t n_blocks_max;
+
+    pthread_mutex_t lock;
+    /* guarded by lock */
+    uint32_t *free_list;       /* (n_blocks_max) */
+    uint32_t n_free;
+    uint32_t bump;             /* blocks never handed out start here */
+    size_t used_bytes;
+    uint32_t n_sessions;
+    struct flx_kv_session **slots; /* (max_sessions) */
+    uint32_t *gen;             /* (max_sessions) */
+};
+
+typedef struct session_layout {
+    uint32_t n_sink, n_local, l_cpu, n_blocks, n_gran, win_cap, gran_words;
+    uint32_t meta_n[FLX_KV_META_LEVELS];
+    size_t meta_off[FLX_KV_META_LEVELS]; /* bf16 elements from a head's meta start */
+    size_t meta_per_head;                /* bf16 elements per (layer, head) */
+    /* byte offsets in the side allocation */
+    size_t off_table, off_meta, off_wk, off_wv, off_nwin, off_stats, off_meank, off_qa, off_sdone, off_bits,
+        off_missing;
+    size_t side_bytes;
+    size_t kv_bytes;                     /* blocks * block_bytes */
+    int with_stats;
+} session_layout_t;
+
+struct flx_kv_session {
+    flx_kv_store_h store;
+    flx_kv_session_id_t id;
+    uint32_t slot;
+    atomic_int refs;
+    uint32_t prompt_len, max_new, flags;
+    session_layout_t lay;
+    uint8_t *side;
+    int side_pinned;
+    /* side arrays (pointers into side) */
+    uint32_t *table;          /* (n_layers, n_kv_heads, n_blocks) */
+    flx_bf16_t *meta;         /* (n_layers, n_kv_heads, meta_per_head) */
+    flx_bf16_t *win_k;        /* (n_layers, n_kv_heads, win_cap, D) */
+    flx_bf16_t *win_v;        /* (n_layers, n_kv_heads, win_cap, D) */
+    uint32_t *n_win;          /* (n_layers); appended by the decode thread only */
+    flx_head_stats_t *stats;  /* (n_layers, n_q_heads) or NULL */
+    float *mean_k;            /* (n_layers, n_q_heads, D) or NULL */
+    float *q_anchor;          /* (n_layers, n_q_heads, D) or NULL */
+
+    pthread_mutex_t lock;
+    /* guarded by lock */
+    flx_kv_state_t state;
+    uint8_t *stats_done;      /* (n_layers) */
+    uint64_t *bits;           /* (n_layers, n_kv_heads, gran_words): granule claimed */
+    uint32_t *missing;        /* (n_layers): granules (all heads) not yet completed */
+    uint32_t layers_built, stats_received;
+    uint64_t bytes_received;
+    char fail_reason[160];
+};
+
+/* ---- layout ---- */
+
+static size_t take(size_t *off, size_t bytes)
+{
+    size_t at = FLX_ALIGN_UP(*off, FLX_CACHELINE);
+    *off = at + bytes;
+    return at;
+}
+
+static flx_status_t session_layout(const struct flx_kv_store *s, uint32_t L, uint32_t max_new, int with_stats,
+                                   session_layout_t *lay)
+{
+    if (L == 0) return flx_error_set(FLX_ERR_INVALID, "prompt_len is 0");
+    if (L > (1u << 30) || max_new > (1u << 24))
+        return flx_error_set(FLX_ERR_INVALID, "prompt_len %u or max_new_tokens %u too large", L, max_new);
+    memset(lay, 0, sizeof *lay);
+    const size_t LH = (size_t)s->n_layers * s->n_kv_heads, D = s->head_dim;
+    lay->n_sink = FLX_MIN(s->sink, L);
+    lay->n_local = FLX_MIN(s->local, L - lay->n_sink);
+    lay->l_cpu = L - lay->n_sink - lay->n_local;
+    lay->n_blocks = FLX_DIV_UP(lay->l_cpu, FLX_KV_BLOCK_TOKENS);
+    lay->n_gran = FLX_DIV_UP(L, FLX_KV_BLOCK_TOKENS);
+    lay->gran_words = FLX_DIV_UP(lay->n_gran, 64);
+    lay->win_cap = lay->n_sink + lay->n_local + max_new;
+    size_t e = 0;
+    for (int j = 0; j < FLX_KV_META_LEVELS; j++) {
+        lay->meta_n[j] = flx_kv_meta_count(lay->l_cpu, j);
+        lay->meta_off[j] = e;
+        e += (size_t)lay->meta_n[j] * 2 * D;
+    }
+    lay->meta_per_head = e;
+    lay->with_stats = with_stats;
+    size_t off = 0;
+    lay->off_table = take(&off, LH * lay->n_blocks * sizeof(uint32_t));
+    lay->off_meta = take(&off, LH * lay->meta_per_head * sizeof(flx_bf16_t));
+    lay->off_wk = take(&off, LH * lay->win_cap * D * sizeof(flx_bf16_t));
+    lay->off_wv = take(&off, LH * lay->win_cap * D * sizeof(flx_bf16_t));
+    lay->off_nwin = take(&off, s->n_layers * sizeof(uint32_t));
+    if (with_stats) {
+        size_t QH = (size_t)s->n_layers * s->n_q_heads;
+        lay->off_stats = take(&off, QH * sizeof(flx_head_stats_t));
+        lay->off_meank = take(&off, QH * D * sizeof(float));
+        lay->off_qa = take(&off, QH * D * sizeof(float));
+    }
+    lay->off_sdone = take(&off, s->n_layers);
+    lay->off_bits = take(&off, LH * lay->gran_words * sizeof(uint64_t));
+    lay->off_missing = take(&off, s->n_layers * sizeof(uint32_t));
+    lay->side_bytes = FLX_ALIGN_UP(off, 4096);
+    lay->kv_bytes = LH * lay->n_blocks * s->block_bytes;
+    return FLX_OK;
+}
+
+/* ---- store ---- */
+
+static size_t physical_memory(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz : 0;
+}
+
+flx_status_t flx_kv_store_create(const flx_kv_store_params_t *p, flx_kv_store_h *store_p)
+{
+    flx_status_t st;
+    if (!p || !store_p) return flx_error_set(FLX_ERR_INVALID, "kv store: NULL params");
+    const uint64_t need = FLX_KV_STORE_FIELD_CAPACITY | FLX_KV_STORE_FIELD_SHAPE;
+    if ((p->field_mask & need) != need)
+        return flx_error_set(FLX_ERR_INVALID, "kv store: capacity_bytes and the model shape are required");
+    if (p->n_layers == 0 || p->n_layers > 1024 || p->n_kv_heads == 0 || p->n_kv_heads > 1024 || p->n_q_heads == 0 ||
+        p->n_q_heads % p->n_kv_heads != 0 || p->n_q_heads / p->n_kv_heads > 64)
+        return flx_error_set(FLX_ERR_INVALID, "kv store: bad shape: %u layers, %u kv heads, %u query heads",
+                             p->n_layers, p->n_kv_heads, p->n_q_heads);
+    if (p->head_dim < 16 || p->head_dim > 256 || p->head_dim % 16 != 0)
+        return flx_error_set(FLX_ERR_INVALID, "kv store: head_dim %u is not a multiple of 16 in [16, 256]",
+                             p->head_dim);
+    uint32_t sink = (p->field_mask & FLX_KV_STORE_FIELD_WINDOW) ? p->sink : 64;
+    uint32_t local = (p->field_mask & FLX_KV_STORE_FIELD_WINDOW) ? p->local : 256;
+    /* Host token i is prompt position sink + i; a 16-aligned sink keeps every 16-token prompt
+     * granule inside one physical block, so chunks land in place without splitting. */
+    if (sink % FLX_KV_BLOCK_TOKENS != 0 || sink > (1u << 20) || local > (1u << 20))
+        return flx_error_set(FLX_ERR_INVALID, "kv store: sink %u must be a multiple of 16 (local %u)", sink, local);
+    size_t phys = physical_memory();
+    if (p->capacity_bytes < (1u << 20) || (phys && p->capacity_bytes > phys / 10 * 9))
+        return flx_error_set(FLX_ERR_CAPACITY,
+                             "kv store: capacity %zu bytes must be at least 1 MiB and at most 90%% of the %zu bytes of "
+                             "physical memory",
+                             p->capacity_bytes, phys);
+    int node = (p->field_mask & FLX_KV_STORE_FIELD_NUMA_NODE) ? p->numa_node : FLX_KV_NUMA_ANY;
+    if (node == FLX_KV_NUMA_ANY) node = flx_numa_current_node();
+    if ((st = flx_numa_check_node(node)) != FLX_OK) return st;
+
+    struct flx_kv_store *s = calloc(1, sizeof *s);
+    if (!s) return flx_error_set(FLX_ERR_NOMEM, "kv store");
+    s->n_layers = p->n_layers;
+    s->n_kv_heads = p->n_kv_heads;
+    s->n_q_heads = p->n_q_heads;
+    s->head_dim = p->head_dim;
+    s->sink = sink;
+    s->local = local;
+    s->flags = (p->field_mask & FLX_KV_STORE_FIELD_FLAGS) ? p->flags : FLX_KV_STORE_HUGEPAGES;
+    s->max_sessions = (p->field_mask & FLX_KV_STORE_FIELD_MAX_SESSIONS) ? p->max_sessions : 1024;
+    if (s->max_sessions == 0 || s->max_sessions > (1u << 20)) {
+        st = flx_error_set(FLX_ERR_INVALID, "kv store: max_sessions %u out of range", s->max_sessions);
+        goto err;
+    }
+    s->capacity = p->capacity_bytes;
+    s->block_bytes = (size_t)64 * s->head_dim;
+    s->numa_node = node;
+    s->n_blocks_max = (uint32_t)FLX_MIN(s->capacity / s->block_bytes, (size_t)UINT32_MAX - 1);
+    s->arena_bytes = FLX_ALIGN_UP((size_t)s->n_blocks_max * s->block_bytes, 2u << 20);
+    pthread_mutex_init(&s->lock, NULL);
+    s->free_list = malloc((size_t)s->n_blocks_max * sizeof *s->free_list);
+    s->slots = calloc(s->max_sessions, sizeof *s->slots);
+    s->gen = calloc(s->max_sessions, sizeof *s->gen);
+    if (!s->free_list || !s->slots || !s->gen) {
+        st = flx_error_set(FLX_ERR_NOMEM, "kv store tables for %u blocks", s->n_blocks_max);
+        goto err;
+    }
+    /* Reserve address space; pages come on first touch, bound to the node by the mbind policy. */
+    s->arena = numa_available() >= 0 ? numa_alloc_onnode(s->arena_bytes, node) : NULL;
+    if (!s->arena) {
+        void *m = mmap(NULL, s->arena_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        s->arena = m == MAP_FAILED ? NULL : m;
+    }
+    if (!s->arena) {
+        st = flx_error_set(FLX_ERR_NOMEM, "kv store arena of %zu bytes on numa node %d", s->arena_bytes, node);
+        goto err;
+    }
+    if (s->flags & FLX_KV_STORE_HUGEPAGES) s->hugepages = madvise(s->arena, s->arena_bytes, MADV_HUGEPAGE) == 0;
+    if (s->flags & FLX_KV_STORE_PREFAULT)
+        for (size_t off = 0; off < s->arena_bytes; off += 4096) s->arena[off] = 0;
+    if ((s->flags & FLX_KV_STORE_PIN_CUDA) && flx_cuda_device_count() > 0) {
+        if ((st = flx_cuda_host_register(s->arena, s->arena_bytes)) != FLX_OK) goto err;
+        s->pinned = 1;
+    }
+    flx_log_info(MOD, "store: %zu bytes capacity, %u blocks of %zu bytes on numa node %d (thp %d, pinned %d)",
+                 s->capacity, s->n_blocks_max, s->block_bytes, node, s->hugepages, s->pinned);
+    *store_p = s;
+    return FLX_OK;
+err:
+    flx_kv_store_destroy(s);
+    return st;
+}
+
+static void session_free(struct flx_kv_session *x);
+
+void flx_kv_store_destroy(flx_kv_store_h s)
+{
+    if (!s) return;
+    if (s->slots) {
+        for (uint32_t i = 0; i < s->max_sessions; i++) {
+            struct flx_kv_session *x = s->slots[i];
+            if (!x) continue;
+            s->slots[i] = NULL;
+            /* Views must have been released (documented); drop the table's reference. */
+            FLX_DEBUG_ASSERT(atomic_load(&x->refs) == 1);
+            session_free(x);
+        }
+    }
+    if (s->arena) {
+        if (s->pinned) flx_cuda_host_unregister(s->arena);
+        if (numa_available() >= 0) numa_free(s->arena, s->arena_bytes);
+        else munmap(s->arena, s->arena_bytes);
+    }
+    free(s->free_list);
+    free(s->slots);
+    free(s->gen);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+void flx_kv_store_info(flx_kv_store_h s, flx_kv_store_info_t *info)
+{
+    memset(info, 0, sizeof *info);
+    pthread_mutex_lock(&s->lock);
+    info->used_bytes = s->used_bytes;
+    info->n_sessions = s->n_sessions;
+    pthread_mutex_unlock(&s->lock);
+    info->numa_node = s->numa_node;
+    info->hugepages = s->hugepages;
+    info->pinned = s->pinned;
+    info->capacity_bytes = s->capacity;
+    info->block_bytes = s->block_bytes;
+    info->n_layers = s->n_layers;
+    info->n_kv_heads = s->n_kv_heads;
+    info->n_q_heads = s->n_q_heads;
+    info->head_dim = s->head_dim;
+    info->sink = s->sink;
+    info->local = s->local;
+}
+
+flx_status_t flx_kv_session_bytes(flx_kv_store_h s, uint32_t L, uint32_t max_new, size_t *bytes_p)
+{
+    session_layout_t lay;
+    flx_status_t st = session_layout(s, L, max_new, 1, &lay);
+    if (st != FLX_OK) return st;
+    *bytes_p = lay.kv_bytes + lay.side_bytes;
+    return FLX_OK;
+}
+
+const char *flx_kv_state_name(flx_kv_state_t st)
+{
+    static const char *n[] = {"RESERVED", "RECEIVING", "READY", "DECODING", "FAILED", "CLOSED"};
+    return (unsigned)st <= FLX_KV_CLOSED ? n[st] : "?";
+}
+
+/* ---- sessions ---- */
+
+/* Returns blocks to the pool and the reservation to the budget. Caller holds store->lock. */
+static void pool_put(struct flx_kv_store *s, const uint32_t *blocks, size_t n, size_t bytes)
+{
+    for (size_t i = 0; i < n; i++) s->free_list[s->n_free++] = blocks[i];
+    s->used_bytes -= bytes;
+}
+
+static void session_free(struct flx_kv_session *x)
+{
+    struct flx_kv_store *s = x->store;
+    const size_t n_blocks = (size_t)s->n_layers * s->n_kv_heads * x->lay.n_blocks;
+    pthread_mutex_lock(&s->lock);
+    pool_put(s, x->table, n_blocks, x->lay.kv_bytes + x->lay.side_bytes);
+    pthread_mutex_unlock(&s->lock);
+    if (x->side_pinned) flx_cuda_host_unregister(x->side);
+    if (numa_available() >= 0) numa_free(x->side, x->lay.side_bytes);
+    else munmap(x->side, x->lay.side_bytes);
+    pthread_mutex_destroy(&x->lock);
+    free(x);
+}
+
+static void session_unref(struct flx_kv_session *x)
+{
+    if (atomic_fetch_sub_explicit(&x->refs, 1, memory_order_acq_rel) == 1) session_free(x);
+}
+
+flx_status_t flx_kv_session_open(flx_kv_store_h s, const flx_kv_session_params_t *p, flx_kv_session_id_t *sid_p)
+{
+    flx_status_t st;
+    if (!s || !p || !sid_p) return flx_error_set(FLX_ERR_INVALID, "session open: NULL argument");
+    if (p->flags & ~(uint32_t)FLX_KV_SESSION_NO_STATS)
+        return flx_error_set(FLX_ERR_INVALID, "session open: unknown flags 0x%x", p->flags);
+    session_layout_t lay;
+    if ((st = session_layout(s, p->prompt_len, p->max_new_tokens, !(p->flags & FLX_KV_SESSION_NO_STATS), &lay)))
+        return st;
+    const size_t LH = (size_t)s->n_layers * s->n_kv_heads, n_blocks = LH * lay.n_blocks;
+    const size_t total = lay.kv_bytes + lay.side_bytes;
+
+    struct flx_kv_session *x = calloc(1, sizeof *x);
+    if (!x) return flx_error_set(FLX_ERR_NOMEM, "session");
+    /* Side memory first (outside the store lock: mmap can be slow); reserved against the budget
+     * together with the blocks below. */
+    x->side = numa_available() >= 0 ? numa_alloc_onnode(lay.side_bytes, s->numa_node) : NULL;
+    if (!x->side) {
+        void *m = mmap(NULL, lay.side_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        x->side = m == MAP_FAILED ? NULL : m;
+    }
+    if (!x->side) {
+        free(x);
+        return flx_error_set(FLX_ERR_NOMEM, "session side memory of %zu bytes", lay.side_bytes);
+    }
+    x->table = (uint32_t *)(x->side + lay.off_table);
+
+    pthread_mutex_lock(&s->lock);
+    uint32_t slot = UINT32_MAX;
+    for (uint32_t i = 0; i < s->max_sessions; i++)
+        if (!s->slots[i]) {
+            slot = i;
+            break;
+        }
+    size_t avail_blocks = s->n_free + (size_t)(s->n_blocks_max - s->bump);
+    if (slot == UINT32_MAX) {
+        st = flx_error_set(FLX_ERR_CAPACITY, "session open: all %u session slots in use", s->max_sessions);
+    } else if (s->used_bytes + total > s->capacity || n_blocks > avail_blocks) {
+        st = flx_error_set(FLX_ERR_CAPACITY,
+                           "session open: prompt of %u tokens needs %zu bytes, %zu of %zu bytes in use (%u sessions)",
+                           p->prompt_len, total, s->used_bytes, s->capacity, s->n_sessions);
+    } else {
+        for (size_t i = 0; i < n_blocks; i++)
+            x->table[i] = s->n_free ? s->free_list[--s->n_free] : s->bump++;
+        s->used_bytes += total;
+        s->n_sessions++;
+        s->gen[slot]++;
+        x->id = ((uint64_t)s->gen[slot] << 32) | (slot + 1);
+        x->slot = slot;
+        s->slots[slot] = x;
+        st = FLX_OK;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (st != FLX_OK) {
+        if (numa_available() >= 0) numa_free(x->side, lay.side_bytes);
+        else munmap(x->side, lay.side_bytes);
+        free(x);
+        return st;
+    }
+
+    x->store = s;
+    atomic_init(&x->refs, 1);
+    x->prompt_len = p->prompt_len;
+    x->max_new = p->max_new_tokens;
+    x->flags = p->flags;
+    x->lay = lay;
+    x->meta = (flx_bf16_t *)(x->side + lay.off_meta);
+    x->win_k = (flx_bf16_t *)(x->side + lay.off_wk);
+    x->win_v = (flx_bf16_t *)(x->side + lay.off_wv);
+    x->n_win = (uint32_t *)(x->side + lay.off_nwin);
+    if (lay.with_stats) {
+        x->stats = (flx_head_stats_t *)(x->side + lay.off_stats);
+        x->mean_k = (float *)(x->side + lay.off_meank);
+        x->q_anchor = (float *)(x->side + lay.off_qa);
+    }
+    x->stats_done = x->side + lay.off_sdone;
+    x->bits = (uint64_t *)(x->side + lay.off_bits);
+    x->missing = (uint32_t *)(x->side + lay.off_missing);
+    for (uint32_t l = 0; l < s->n_layers; l++) {
+        x->missing[l] = s->n_kv_heads * lay.n_gran;
+        x->n_win[l] = lay.n_sink + lay.n_local;
+    }
+    /* Reused blocks hold old data: zero the rows past l_cpu of each last block (the layout's
+     * promise), which also covers the V half. Whole blocks are overwritten by chunks. */
+    uint32_t tail = lay.l_cpu % FLX_KV_BLOCK_TOKENS;
+    if (tail) {
+        size_t row = (size_t)s->head_dim * sizeof(flx_bf16_t);
+        for (size_t h = 0; h < LH; h++) {
+            uint8_t *b = s->arena + (size_t)x->table[h * lay.n_blocks + lay.n_blocks - 1] * s->block_bytes;
+            memset(b + tail * row, 0, (FLX_KV_BLOCK_TOKENS - tail) * row);
+            memset(b + (FLX_KV_BLOCK_TOKENS + tail) * row, 0, (FLX_KV_BLOCK_TOKENS - tail) * row);
+        }
+    }
+    if (s->pinned && flx_cuda_host_register(x->side, lay.side_bytes) == FLX_OK) x->side_pinned = 1;
+    pthread_mutex_init(&x->lock, NULL);
+    x->state = FLX_KV_RESERVED;
+    *sid_p = x->id;
+    return FLX_OK;
+}
+
+/* Looks a session up and takes a reference. */
+static flx_status_t session_get(struct flx_kv_store *s, flx_kv_session_id_t sid, struct flx_kv_session **x_p)
+{
+    uint64_t slot1 = sid & 0xffffffffu;
+    struct flx_kv_session *x = NULL;
+    pthread_mutex_lock(&s->lock);
+    if (slot1 >= 1 && slot1 <= s->max_sessions && s->slots[slot1 - 1] && s->slots[slot1 - 1]->id == sid) {
+        x = s->slots[slot1 - 1];
+        atomic_fetch_add_explicit(&x->refs, 1, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (!x) return flx_error_set(FLX_ERR_NOT_FOUND, "session %#llx is unknown or closed", (unsigned long long)sid);
+    *x_p = x;
+    return FLX_OK;
+}
+
+/* Caller holds x->lock. */
+static void session_fail_locked(struct flx_kv_session *x, const char *reason)
+{
+    if (x->state != FLX_KV_RESERVED && x->state != FLX_KV_RECEIVING) return;
+    x->state = FLX_KV_FAILED;
+    snprintf(x->fail_reason, sizeof x->fail_reason, "%s", reason);
+    flx_log_warn(MOD, "session %#llx failed: %s", (unsigned long long)x->id, reason);
+}
+
+flx_status_t flx_kv_session_close(flx_kv_store_h s, flx_kv_session_id_t sid)
+{
+    struct flx_kv_session *x;
+    flx_status_t st = session_get(s, sid, &x);
+    if (st != FLX_OK) return st;
+    pthread_mutex_lock(&x->lock);
+    x->state = FLX_KV_CLOSED;
+    pthread_mutex_unlock(&x->lock);
+    pthread_mutex_lock(&s->lock);
+    int owned = s->slots[x->slot] == x;
+    if (owned) {
+        s->slots[x->slot] = NULL;
+        s->n_sessions--;
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (owned) session_unref(x); /* the table's reference */
+    session_unref(x);            /* ours */
+    return owned ? FLX_OK : flx_error_set(FLX_ERR_NOT_FOUND, "session %#llx closed concurrently",
+                                          (unsigned long long)sid);
+}
+
+flx_status_t flx_kv_session_fail(flx_kv_store_h s, flx_kv_session_id_t sid, const char *reason)
+{
+    struct flx_kv_session *x;
+    flx_status_t st = session_get(s, sid, &x);
+    if (st != FLX_OK) return st;
+    pthread_mutex_lock(&x->lock);
+    if (x->state == FLX_KV_RESERVED || x->state == FLX_KV_RECEIVING) {
+        session_fail_locked(x, reason ? reason : "failed by caller");
+    } else {
+        st = flx_error_set(FLX_ERR_STATE, "session %#llx is %s: only RESERVED or RECEIVING sessions can fail",
+                           (unsigned long long)sid, flx_kv_state_name(x->state));
+    }
+    pthread_mutex_unlock(&x->lock);
+    session_unref(x);
+    return st;
+}
+
+flx_status_t flx_kv_session_begin_decode(flx_kv_store_h s, flx_kv_session_id_t sid)
+{
+    struct flx_kv_session *x;
+    flx_status_t st = session_get(s, sid, &x);
+    if (st != FLX_OK) return st;
+    pthread_mutex_lock(&x->lock);
+    if (x->state == FLX_KV_READY) x->state = FLX_KV_DECODING;
+    else
+        st = flx_error_set(FLX_ERR_STATE, "session %#llx is %s, not READY", (unsigned long long)sid,
+                           flx_kv_state_name(x->state));
+    pthread_mutex_unlock(&x->lock);
+    session_unref(x);
+    return st;
+}
+
+flx_status_t flx_kv_session_info(flx_kv_store_h s, flx_kv_session_id_t sid, flx_kv_session_info_t *info)
+{
+    struct flx_kv_session *x;
+    flx_status_t st = session_get(s, sid, &x);
+    if (st != FLX_OK) return st;
+    memset(info, 0, sizeof *info);
+    pthread_mutex_lock(&x->lock);
+    info->state = x->state;
+    info->bytes_received = x->bytes_received;
+    memcpy(info->fail_reason, x->fail_reason, sizeof info->fail_reason);
+    pthread_mutex_unlock(&x->lock);
+    info->prompt_len = x->prompt_len;
+    info->n_sink = x->lay.n_sink;
+    info->n_local = x->lay.n_local;
+    info->l_cpu = x->lay.l_cpu;
+    info->max_new_tokens = x->max_new;
+    info->bytes_expected = (uint64_t)s->n_layers * s->n_kv_heads * x->prompt_len * s->head_dim * 2 * sizeof(flx_bf16_t);
+    info->reserved_bytes = x->lay.kv_bytes + x->lay.side_bytes;
+    session_unref(x);
+    return FLX_OK;
+}
+
+/* ---- chunks ---- */
+
+/* A claim as handed out: the public part plus the session it holds a reference on. */
+typedef struct claim_priv {
+    struct flx_kv_session *sess;
+    flx_kv_claim_t pub;
+    flx_kv_iov_t iov[];        /* (pub.n_iov) */
+} claim_priv_t;
+
+static claim_priv_t *claim_priv_of(flx_kv_claim_t *pub)
+{
+    return (claim_priv_t *)((uint8_t *)pub - offsetof(claim_priv_t, pub));
+}
+
+static void check_ready_locked(struct flx_kv_session *x)
+{
+    if (x->state == FLX_KV_RECEIVING && x->layers_built == x->store->n_layers &&
+        (!x->lay.with_stats || x->stats_received == x->store->n_layers))
+        x->state = FLX_KV_READY;
+}
+
+/* Destination of prompt position p of (layer, head); *run_p = contiguous rows from p on. */
+static uint8_t *dest_of(struct flx_kv_session *x, uint32_t layer, uint32_t head, uint32_t p, int is_v,
+                        uint32_t *run_p)
+{
+    struct flx_kv_store *s = x->store;
+    const session_layout_t *lay = &x->lay;
+    const size_t row = (size_t)s->head_dim * sizeof(flx_bf16_t), lh = (size_t)layer * s->n_kv_heads + head;
+    const uint32_t L = x->prompt_len, host_end = lay->n_sink + lay->l_cpu;
+    if (p < lay->n_sink || p >= host_end) {
+        uint32_t w = p < lay->n_sink ? p : lay->n_sink + (p - host_end);
+        *run_p = p < lay->n_sink ? lay->n_sink - p : L - p;
+        flx_bf16_t *base = is_v ? x->win_v : x->win_k;
+        return (uint8_t *)(base + (lh * lay->win_cap + w) * s->head_dim);
+    }
+    uint32_t i = p - lay->n_sink, r = i % FLX_KV_BLOCK_TOKENS;
+    *run_p = FLX_MIN(FLX_KV_BLOCK_TOKENS - r, host_end - p);
+    uint8_t *blk = s->arena + (size_t)x->table[lh * lay->n_blocks + i / FLX_KV_BLOCK_TOKENS] * s->block_bytes;
+    return blk + (is_v ? FLX_KV_BLOCK_TOKENS * row : 0) + r * row;
+}
+
+/* Validates a chunk against the session's shape; on failure sets the message and returns it. */
+static flx_status_t chunk_check(const struct flx_kv_session *x, const flx_kv_chunk_t *c)
+{
+    const struct flx_kv_store *s = x->store;
+    const uint32_t L = x->prompt_len;
+    if (c->dtype != FLX_DT_BF16)
+        return flx_error_set(FLX_ERR_INVALID, "chunk dtype %s, expected BF16", flx_dtype_name(c->dtype));
+    if (c->head_dim != s->head_dim)
+        return flx_error_set(FLX_ERR_INVALID, "chunk head_dim %u, store has %u", c->head_dim, s->head_dim);
+    if (c->layer >= s->n_layers)
+        return flx_error_set(FLX_ERR_INVALID, "chunk layer %u out of range (n_layers %u)", c->layer, s->n_layers);
+    if (c->head_begin >= c->head_end || c->head_end > s->n_kv_heads)
+        return flx_error_set(FLX_ERR_INVALID, "chunk kv heads [%u, %u) invalid (n_kv_heads %u)", c->head_begin,
+                             c->head_end, s->n_kv_heads);
+    if (c->tok_begin >= c->tok_end || c->tok_end > L)
+        return flx_error_set(FLX_ERR_INVALID, "chunk tokens [%u, %u) invalid (prompt_len %u)", c->tok_begin,
+                             c->tok_end, L);
+    if (c->tok_begin % FLX_KV_BLOCK_TOKENS != 0 || (c->tok_end % FLX_KV_BLOCK_TOKENS != 0 && c->tok_end != L))
+        return flx_error_set(FLX_ERR_INVALID, "chunk tokens [%u, %u) not aligned to 16 (prompt_len %u)", c->tok_begin,
+                             c->tok_end, L);
+    return FLX_OK;
+}
+
+static uint64_t *gran_word(struct flx_kv_session *x, uint32_t layer, uint32_t head, uint32_t g, uint64_t *bit)
+{
+    *bit = 1ull << (g % 64);
+    return &x->bits[((size_t)layer * x->store->n_kv_heads + head) * x->lay.gran_words + g / 64];
+}
+
+flx_status_t flx_kv_chunk_claim(flx_kv_store_h s, flx_kv_session_id_t sid, const flx_kv_chunk_t *c,
+                                flx_kv_claim_t **claim_p)
+{
+    if (!s || !c || !claim_p) return flx_error_set(FLX_ERR_INVALID, "chunk claim: NULL argument");
+    struct flx_kv_session *x;
+    flx_status_t st = session_get(s, sid, &x);
+    if (st != FLX_OK) return st;
+    pthread_mutex_lock(&x->lock);
+    if (x->state != FLX_KV_RESERVED && x->state != FLX_KV_RECEIVING) {
+        st = flx_error_set(FLX_ERR_STATE, "chunk for session %#llx in state %s refused", (unsigned long long)sid,
+                           flx_kv_state_name(x->state));
+        goto refuse;
+    }
+    if ((st = chunk_check(x, c)) != FLX_OK) goto fail;
+    const uint32_t g0 = c->tok_begin / FLX_KV_BLOCK_TOKENS, g1 = FLX_DIV_UP(c->tok_end, FLX_KV_BLOCK_TOKENS);
+    for (uint32_t h = c->head_begin; h < c->head_end; h++)
+        for (uint32_t g = g0; g < g1; g++) {
+            uint64_t bit, *w = gran_word(x, c->layer, h, g, &bit);
+            if (*w & bit) {
+                st = flx_error_set(FLX_ERR_DUPLICATE,
+                                   "chunk layer %u heads [%u, %u) tokens [%u, %u) overlaps data already sent "
+                                   "(head %u, tokens from %u)",
+                                   c->layer, c->head_begin, c->head_end, c->tok_begin, c->tok_end, h,
+                                   g * FLX_KV_BLOCK_TOKENS);
+                goto fail;
+            }
+        }
+    /* Destinations, in payload order. Runs per (K/V, head) are bounded by 2 per granule + 2. */
+    const uint32_t nh = c->head_end - c->head_begin, ng = g1 - g0;
+    size_t max_iov = 2 * (size_t)nh * (2 * (size_t)ng + 2);
+    claim_priv_t *priv = malloc(sizeof *priv + max_iov * sizeof(flx_kv_iov_t));
+    if (!priv) {
+        st = flx_error_set(FLX_ERR_NOMEM, "chunk claim iov");
+        goto refuse;
+    }
+    priv->sess = x;
+    flx_kv_claim_t *cl = &priv->pub;
+    cl->sid = sid;
+    cl->chunk = *c;
+    cl->iov = priv->iov;
+    cl->n_iov = 0;
+    const size_t row = (size_t)s->head_dim * sizeof(flx_bf16_t);
+    for (int is_v = 0; is_v < 2; is_v++)
+        for (uint32_t h = c->head_begin; h < c->head_end; h++)
+            for (uint32_t p = c->tok_begin; p < c->tok_end;) {
+                uint32_t run;
+                uint8_t *d = dest_of(x, c->layer, h, p, is_v, &run);
+                run = FLX_MIN(run, c->tok_end - p);
+                FLX_CORRUPTION(cl->n_iov >= max_iov);
+                cl->iov[cl->n_iov].dst = d;
+                cl->iov[cl->n_iov].len = run * row;
+                cl->n_iov++;
+                p += run;
+            }
+    for (uint32_t h = c->head_begin; h < c->head_end; h++)
+        for (uint32_t g = g0; g < g1; g++) {
+            uint64_t bit, *w = gran_word(x, c->layer, h, g, &bit);
+            *w |= bit;
+        }
+    x->state = FLX_KV_RECEIVING;
+    pthread_mutex_unlock(&x->lock);
+    *claim_p = cl; /* keeps our session reference until complete */
+    return FLX_OK;
+
+fail:
+    {
+        char reason[160];
+        snprintf(reason, sizeof reason, "bad chunk: %s", flx_error_msg());
+        session_fail_locked(x, reason);
+    }
+refuse:
+    pthread_mutex_unlock(&x->lock);
+    session_unref(x);
+    return st;
+}
+
+static void build_layer(struct flx_kv_session *x, uint32_t layer)
+{
+    for (uint32_t h = 0; h < x->store->n_kv_heads; h++) {
+        flx_kv_head_view_t v;
+        flx_bf16_t *meta[FLX_KV_META_LEVELS];
+        flx_bf16_t *base = x->meta + ((size_t)layer * x->store->n_kv_heads + h) * x->lay.meta_per_head;
+        v.head_dim = x->store->head_dim;
+        v.l_cpu = x->lay.l_cpu;
+        v.n_blocks = x->lay.n_blocks;
+        v.block_table = x->table + ((size_t)layer * x->store->n_kv_heads + h) * x->lay.n_blocks;
+        v.pool_base = x->store->arena;
+        v.block_bytes = x->store->block_bytes;
+        for (int j = 0; j < FLX_KV_META_LEVELS; j++) meta[j] = base + x->lay.meta_off[j];
+        flx_kv_pyramid_build(&v, meta);
+    }
+}
+
+flx_status_t flx_kv_chunk_complete(flx_kv_store_h s, flx_kv_claim_t *cl, int ok)
+{
+    if (!s || !cl) return flx_error_set(FLX_ERR_INVALID, "chunk complete: NULL argument");
+    /* The claim holds a reference: the session is alive even if it was closed meanwhile. */
+    claim_priv_t *priv = claim_priv_of(cl);
+    struct flx_kv_session *sess = priv->sess;
+    flx_status_t st = FLX_OK;
+    const flx_kv_chunk_t *c = &cl->chunk;
+    const uint32_t nh = c->head_end - c->head_begin;
+    const uint32_t ng = FLX_DIV_UP(c->tok_end, FLX_KV_BLOCK_TOKENS) - c->tok_begin / FLX_KV_BLOCK_TOKENS;
+    int build = 0;
+    pthread_mutex_lock(&sess->lock);
+    if (!ok) {
+        char reason[160];
+        snprintf(reason, sizeof reason, "transfer of layer %u tokens [%u, %u) failed", c->layer, c->tok_begin,
+                 c->tok_end);
+        session_fail_locked(sess, reason);
+        st = FLX_OK;
+    } else if (sess->state == FLX_KV_RECEIVING) {
+        sess->bytes_received += 2ull * nh * (c->tok_end - c->tok_begin) * s->head_dim * sizeof(flx_bf16_t);
+        sess->missing[c->layer] -= nh * ng;
+        build = sess->missing[c->layer] == 0;
+    } else {
+        st = flx_error_set(FLX_ERR_STATE, "chunk completed for session %#llx in state %s",
+                           (unsigned long long)cl->sid, flx_kv_state_name(sess->state));
+    }
+    pthread_mutex_unlock(&sess->lock);
+    if (build) {
+        build_layer(sess, c->layer);
+        pthread_mutex_lock(&sess->lock);
+        sess->layers_built++;
+        check_ready_locked(sess);
+        pthread_mutex_unlock(&sess->lock);
+    }
+    free(priv);
+    session_unref(sess);
+    return st;
+}
+
+flx_status_t flx_kv_chunk_write(flx_kv_store_h s, flx_kv_session_id_t sid, const flx_kv_chunk_t *c,
+                                const flx_bf16_t *k, const flx_bf16_t *v)
+{
+    if (!k || !v) {
+        if (!s || !c) return flx_error_set(FLX_ERR_INVALID, "chunk write: NULL argument");
+        struct flx_kv_session *x;
+        if (session_get(s, sid, &x) == FLX_OK) {
+            pthread_mutex_lock(&x->lock);
+            session_fail_locked(x, "bad chunk: NULL payload");
+            pthread_mutex_unlock(&x->lock);
+            session_unref(x);
+        }
+        return flx_error_set(FLX_ERR_INVALID, "chunk write: NULL payload");
+    }
+    flx_kv_claim_t *cl;
+    flx_status_t st = flx_kv_chunk_claim(s, sid, c, &cl);
+    if (st != FLX_OK) return st;
+    const uint8_t *src[2] = {(const uint8_t *)k, (const uint8_t *)v};
+    uint32_t half = cl->n_iov / 2; /* K runs then V runs: the same count each */
+    for (int is_v = 0; is_v < 2; is_v++) {
+        const uint8_t *p = src[is_v];
+        for (uint32_t i = 0; i < half; i++) {
+            memcpy(cl->iov[is_v * half + i].dst, p, cl->iov[is_v * half + i].len);
+            p += cl->iov[is_v * half + i].len;
+        }
+    }
+    return flx_kv_chunk_complete(s, cl, 1);
+}
+
+/* ---- statistics ---- */
+
+static int finite_nonneg(float x) { return isfinite(x) && x >= 0.0f; }
+
+/* Checks one record; sets the message naming the head and field. */
+static flx_status_t stats_check(const flx_head_stats_t *st, const float *q, uint32_t D, uint32_t layer, uint32_t h)
+{
+#define BAD(why) flx_error_set(FLX_ERR_INVALID, "stats layer %u head %u: %s", layer, h, why)
+    if (st->version != FLX_HEAD_STATS_VERSION)
+        return flx_error_set(FLX_ERR_UNSUPPORTED, "stats layer %u head %u: version %u, expected %u", layer, h,
+                             st->version, FLX_HEAD_STATS_VERSION);
+    if (st->reserved != 0) return BAD("reserved (must be 0)");
+    const float *all = &st->k_sink_norm;
+    const size_t nf = (sizeof *st - offsetof(flx_head_stats_t, k_sink_norm)) / sizeof(float);
+    /* LSEs may be -inf (empty segment); everything else must be finite. */
+    for (size_t i = 0; i < nf; i++) {
+        const float *f = &all[i];
+        int is_lse = f >= st->lse_anchor && f < st->lse_anchor + 3;
+        if (!is_lse && !isfinite(*f)) return BAD("a field is not finite");
+    }
+    if (!finite_nonneg(st->k_sink_norm) || !finite_nonneg(st->v_sink_norm) || !finite_nonneg(st->k_cpu_mean_norm) ||
+        !finite_nonneg(st->v_cpu_mean_norm))
+        return BAD("a norm is negative");
+    if (st->k_cpu_norm_mom[0] < 0 || st->k_cpu_norm_mom[1] < 0 || st->v_cpu_norm_mom[0] < 0 ||
+        st->v_cpu_norm_mom[1] < 0 || st->z_anchor_mom[1] < 0)
+        return BAD("a mean norm or variance is negative");
+    for (int i = 0; i < 3; i++)
+        if (st->onorm_anchor[i] < 0) return BAD("onorm_anchor is negative");
+    if (st->q_anchor_norm < 0 || st->max_onorm_gpu_anchor < 0) return BAD("q_anchor_norm or max_onorm is negative");
+    for (int i = 0; i < 4; i++)
+        if (!(st->bgt_star[i] >= 0.0f && st->bgt_star[i] <= 1.0f)) return BAD("bgt_star outside [0, 1]");
+    double n2 = 0;
+    for (uint32_t d = 0; d < D; d++) {
+        if (!isfinite(q[d])) return BAD("q_anchor is not finite");
+        n2 += (double)q[d] * q[d];
+    }
+    double n = sqrt(n2);
+    if (fabs(n - st->q_anchor_norm) > 1e-3 * n + 1e-6)
+        return flx_error_set(FLX_ERR_INVALID, "stats layer %u head %u: q_anchor_norm %g but ||q_anchor|| = %g", layer, h,
+                             st->q_anchor_norm, n);
+    return FLX_OK;
+#undef BAD
+}
+
+flx_status_t flx_kv_stats_write(flx_kv_store_h s, flx_kv_session_id_t sid, uint32_t layer,
+                                const flx_head_stats_t *stats, const float *mean_k, const float *q_anchor)
+{
+    if (!s || !stats || !mean_k || !q_anchor) return flx_error_set(FLX_ERR_INVALID, "stats write: NULL argument");
+    struct flx_kv_session *x;
+    flx_status_t st = session_get(s, sid, &x);
+    if (st != FLX_OK) return st;
+    const uint32_t H = s->n_q_heads, D = s->head_dim;
+    pthread_mutex_lock(&x->lock);
+    if (x->state != FLX_KV_RESERVED && x->state != FLX_KV_RECEIVING) {
+        st = flx_error_set(FLX_ERR_STATE, "stats for session %#llx in state %s refused", (unsigned long long)sid,
+                           flx_kv_state_name(x->state));
+        goto out;
+    }
+    if (!x->lay.with_stats) {
+        st = flx_error_set(FLX_ERR_STATE, "session %#llx was opened without statistics", (unsigned long long)sid);
+        goto out;
+    }
+    if (layer >= s->n_layers) {
+        st = flx_error_set(FLX_ERR_INVALID, "stats layer %u out of range (n_layers %u)", layer, s->n_layers);
+        goto fail;
+    }
+    if (x->stats_done[layer]) {
+        st = flx_error_set(FLX_ERR_DUPLICATE, "stats of layer %u sent twice", layer);
+        goto fail;
+    }
+    for (uint32_t h = 0; h < H; h++) {
+        if ((st = stats_check(&stats[h], q_anchor + (size_t)h * D, D, layer, h)) != FLX_OK) goto fail;
+        for (uint32_t d = 0; d < D; d++)
+            if (!isfinite(mean_k[(size_t)h * D + d])) {
+                st = flx_error_set(FLX_ERR_INVALID, "stats layer %u head %u: mean_k not finite", layer, h);
+                goto fail;
+            }
+    }
+    memcpy(x->stats + (size_t)layer * H, stats, H * sizeof *stats);
+    memcpy(x->mean_k + (size_t)layer * H * D, mean_k, (size_t)H * D * sizeof(float));
+    memcpy(x->q_anchor + (size_t)layer * H * D, q_anchor, (size_t)H * D * sizeof(float));
+    x->stats_done[layer] = 1;
+    x->stats_received++;
+    x->state = FLX_KV_RECEIVING;
+    check_ready_locked(x);
+    goto out;
+fail:
+    {
+        char reason[160];
+        snprintf(reason, sizeof reason, "bad statistics: %s", flx_error_msg());
+        session_fail_locked(x, reason);
+    }
+out:
+    pthread_mutex_unlock(&x->lock);
+    session_unref(x);
+    return st;
+}
+
+/* ---- views ---- */
+
+flx_status_t flx_kv_session_acquire(flx_kv_store_h s, flx_kv_session_id_t sid, flx_kv_session_h *sess_p)
+{
+    if (!s || !sess_p) return flx_error_set(FLX_ERR_INVALID, "acquire: NULL argument");
+    struct flx_kv_session *x;
+    flx_status_t st = session_get(s, sid, &x);
+    if (st != FLX_OK) return st;
+    pthread_mutex_lock(&x->lock);
+    flx_kv_state_t state = x->state;
+    pthread_mutex_unlock(&x->lock);
+    if (state != FLX_KV_READY && state != FLX_KV_DECODING) {
+        session_unref(x);
+        return flx_error_set(FLX_ERR_STATE, "session %#llx is %s, not READY or DECODING", (unsigned long long)sid,
+                             flx_kv_state_name(state));
+    }
+    *sess_p = x;
+    return FLX_OK;
+}
+
+void flx_kv_session_release(flx_kv_session_h x)
+{
+    if (x) session_unref(x);
+}
+
+flx_status_t flx_kv_head_view(flx_kv_session_h x, uint32_t layer, uint32_t kv_head, flx_kv_head_view_t *v)
+{
+    const struct flx_kv_store *s = x->store;
+    if (layer >= s->n_layers || kv_head >= s->n_kv_heads)
+        return flx_error_set(FLX_ERR_INVALID, "view layer %u kv head %u out of range (%u, %u)", layer, kv_head,
+                             s->n_layers, s->n_kv_heads);
+    const size_t lh = (size_t)layer * s->n_kv_heads + kv_head;
+    flx_bf16_t *meta = x->meta + lh * x->lay.meta_per_head;
+    v->head_dim = s->head_dim;
+    v->l_cpu = x->lay.l_cpu;
+    v->n_blocks = x->lay.n_blocks;
+    v->block_table = x->table + lh * x->lay.n_blocks;
+    v->pool_base = s->arena;
+    v->block_bytes = s->block_bytes;
+    for (int j = 0; j < FLX_KV_META_LEVELS; j++) {
+        v->meta[j] = meta + x->lay.meta_off[j];
+        v->meta_n[j] = x->lay.meta_n[j];
+    }
+    v->win_k = x->win_k + lh * x->lay.win_cap * s->head_dim;
+    v->win_v = x->win_v + lh * x->lay.win_cap * s->head_dim;
+    v->n_win = x->n_win[layer];
+    v->win_cap = x->lay.win_cap;
+    v->numa_node = s->numa_node;
+    return FLX_OK;
+}
+
+flx_status_t flx_kv_head_stats(flx_kv_session_h x, uint32_t layer, uint32_t q_head, const flx_head_stats_t **stats_p,
+                               const float **mean_k_p, const float **q_anchor_p)
+{
+    const struct flx_kv_store *s = x->store;
+    if (layer >= s->n_layers || q_head >= s->n_q_heads)
+        return flx_error_set(FLX_ERR_INVALID, "stats layer %u head %u out of range (%u, %u)", layer, q_head,
+                             s->n_layers, s->n_q_heads);
+    const size_t i = (size_t)layer * s->n_q_heads + q_head;
+    *stats_p = x->stats ? x->stats + i : NULL;
+    *mean_k_p = x->mean_k ? x->mean_k + i * s->head_dim : NULL;
+    *q_anchor_p = x->q_anchor ? x->q_anchor + i * s->head_dim : NULL;
+    return FLX_OK;
+}
+
+flx_status_t flx_kv_window_append(flx_kv_session_h x, uint32_t layer, const flx_bf16_t *k, const flx_bf16_t *v)
+{
+    const struct flx_kv_store *s = x->store;
+    if (!k || !v || layer >= s->n_layers)
+        return flx_error_set(FLX_ERR_INVALID, "window append: layer %u out of range or NULL data", layer);
+    pthread_mutex_lock(&x->lock);
+    flx_kv_state_t state = x->state;
+    pthread_mutex_unlock(&x->lock);
+    if (state != FLX_KV_DECODING)
+        return flx_error_set(FLX_ERR_STATE, "window append: session %#llx is %s, not DECODING",
+                             (unsigned long long)x->id, flx_kv_state_name(state));
+    uint32_t n = x->n_win[layer];
+    if (n >= x->lay.win_cap)
+        return flx_error_set(FLX_ERR_CAPACITY, "window of layer %u full (%u tokens: max_new_tokens %u reached)", layer,
+                             n, x->max_new);
+    const size_t D = s->head_dim;
+    for (uint32_t h = 0; h < s->n_kv_heads; h++) {
+        size_t lh = (size_t)layer * s->n_kv_heads + h;
+        memcpy(x->win_k + (lh * x->lay.win_cap + n) * D, k + h * D, D * sizeof(flx_bf16_t));
+        memcpy(x->win_v + (lh * x->lay.win_cap + n) * D, v + h * D, D * sizeof(flx_bf16_t));
+    }
+    x->n_win[layer] = n + 1;
+    return FLX_OK;
+}

@@ -1,0 +1,588 @@
+/*
+ * test_kvstore.c - the host KV store: layout arithmetic, the metadata pyramid against a brute-force
+ * oracle at every ISA level, the session state machine, capacity, chunk placement in any order,
+ * refusal of bad input (and what it does to the session), statistics, window, claims, and a
+ * 10,000-cycle leak check.
+ */
+#define _GNU_SOURCE
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "flx/cpu.h"
+#include "kv_testutil.h"
+
+static flx_rng_t rng;
+
+static flx_kv_session_id_t open_session(flx_kv_store_h s, uint32_t L, uint32_t max_new, uint32_t flags)
+{
+    flx_kv_session_params_t sp = {L, max_new, flags};
+    flx_kv_session_id_t sid;
+    CHECK_OK(flx_kv_session_open(s, &sp, &sid));
+    CHECK(sid != 0);
+    return sid;
+}
+
+static flx_kv_state_t state_of(flx_kv_store_h s, flx_kv_session_id_t sid)
+{
+    flx_kv_session_info_t info;
+    CHECK_OK(flx_kv_session_info(s, sid, &info));
+    return info.state;
+}
+
+/* Direct min/max over the host tokens of logical block b at blk. */
+static void check_pyramid(const flx_kv_head_view_t *v, flx_bf16_t *const meta[4], const char *label)
+{
+    for (int j = 0; j < 4; j++) {
+        uint32_t blk = 16u << j, n = flx_kv_meta_count(v->l_cpu, j);
+        for (uint32_t b = 0; b < n; b++)
+            for (uint32_t d = 0; d < v->head_dim; d++) {
+                float mn = INFINITY, mx = -INFINITY;
+                for (uint32_t i = b * blk; i < (b + 1) * blk && i < v->l_cpu; i++) {
+                    float x = flx_bf16_to_f32(flx_kv_block_k(v, i / 16)[(size_t)(i % 16) * v->head_dim + d]);
+                    mn = fminf(mn, x);
+                    mx = fmaxf(mx, x);
+                }
+                float gmn = flx_bf16_to_f32(meta[j][(size_t)b * 2 * v->head_dim + d]);
+                float gmx = flx_bf16_to_f32(meta[j][(size_t)b * 2 * v->head_dim + v->head_dim + d]);
+                if (gmn != mn || gmx != mx) {
+                    fprintf(stderr, "%s: level %d block %u dim %u: min %g max %g, expected %g %g\n", label, j, b, d,
+                            gmn, gmx, mn, mx);
+                    exit(1);
+                }
+            }
+    }
+}
+
+static void test_pyramid(void)
+{
+    const uint32_t Ds[] = {64, 128}, Ls[] = {1, 15, 16, 17, 127, 129, 1000, 2049};
+    for (size_t di = 0; di < 2; di++)
+        for (size_t li = 0; li < FLX_ARRAY_SIZE(Ls); li++) {
+            uint32_t D = Ds[di], L = Ls[li], nb = (L + 15) / 16;
+            size_t bb = (size_t)64 * D;
+            uint8_t *pool = malloc(nb * bb + bb);
+            uint32_t *table = malloc(nb * sizeof *table);
+            /* A shuffled block table, as the store hands out. */
+            for (uint32_t b = 0; b < nb; b++) table[b] = b;
+            for (uint32_t b = nb; b > 1; b--) {
+                uint32_t j = (uint32_t)flx_rng_below(&rng, b), t = table[b - 1];
+                table[b - 1] = table[j];
+                table[j] = t;
+            }
+            flx_bf16_t *rows = (flx_bf16_t *)pool;
+            for (size_t i = 0; i < nb * bb / 2; i++) {
+                double x = flx_rng_normal(&rng) * 3;
+                rows[i] = flx_f32_to_bf16(i % 7 == 0 ? -0.0f : (float)x);
+            }
+            flx_kv_head_view_t v = {0};
+            v.head_dim = D;
+            v.l_cpu = L;
+            v.n_blocks = nb;
+            v.block_table = table;
+            v.pool_base = pool;
+            v.block_bytes = bb;
+            flx_bf16_t *ref[4], *fast[4];
+            for (int j = 0; j < 4; j++) {
+                size_t n = (size_t)flx_kv_meta_count(L, j) * 2 * D;
+                ref[j] = malloc(n * 2 + 2);
+                fast[j] = malloc(n * 2 + 2);
+            }
+            flx_kv_pyramid_build_ref(&v, ref);
+            check_pyramid(&v, ref, "pyramid_ref");
+            flx_isa_t levels[] = {FLX_ISA_SCALAR, FLX_ISA_AVX2, FLX_ISA_AVX512BF16};
+            for (int t = 0; t < 3; t++) {
+                if (flx_isa_force(levels[t]) != levels[t]) continue; /* not on this CPU */
+                for (int j = 0; j < 4; j++) memset(fast[j], 0xab, (size_t)flx_kv_meta_count(L, j) * 4 * D);
+                flx_kv_pyramid_build(&v, fast);
+                for (int j = 0; j < 4; j++)
+                    CHECK(memcmp(fast[j], ref[j], (size_t)flx_kv_meta_count(L, j) * 4 * D) == 0);
+            }
+            flx_isa_force(FLX_ISA_AVX512BF16);
+            for (int j = 0; j < 4; j++) {
+                free(ref[j]);
+                free(fast[j]);
+            }
+            free(table);
+            free(pool);
+        }
+    fprintf(stderr, "pyramid: ok (best isa %s)\n", flx_isa_name(flx_isa_best()));
+}
+
+static void test_layout(void)
+{
+    flx_kv_store_h s = kv_make_store(2, 2, 4, 64, 64, 256, 64u << 20);
+    struct { uint32_t L, n_sink, n_local, l_cpu; } cases[] = {
+        {1, 1, 0, 0}, {40, 40, 0, 0}, {64, 64, 0, 0}, {100, 64, 36, 0}, {320, 64, 256, 0},
+        {321, 64, 256, 1}, {1000, 64, 256, 680}, {4097, 64, 256, 3777},
+    };
+    for (size_t i = 0; i < FLX_ARRAY_SIZE(cases); i++) {
+        flx_kv_session_id_t sid = open_session(s, cases[i].L, 8, FLX_KV_SESSION_NO_STATS);
+        flx_kv_session_info_t info;
+        CHECK_OK(flx_kv_session_info(s, sid, &info));
+        CHECK(info.n_sink == cases[i].n_sink && info.n_local == cases[i].n_local && info.l_cpu == cases[i].l_cpu);
+        CHECK(info.bytes_expected == 2ull * 2 * cases[i].L * 64 * 2 * 2);
+        size_t bytes;
+        CHECK_OK(flx_kv_session_bytes(s, cases[i].L, 8, &bytes));
+        /* KV blocks: 2 layers x 2 heads x ceil(l_cpu/16) blocks of 64*D bytes, plus side memory. */
+        size_t kv = (size_t)2 * 2 * ((cases[i].l_cpu + 15) / 16) * 64 * 64;
+        CHECK(bytes >= kv && info.reserved_bytes >= kv);
+        flx_kv_store_info_t si;
+        flx_kv_store_info(s, &si);
+        CHECK(si.used_bytes == info.reserved_bytes);
+        CHECK_OK(flx_kv_session_close(s, sid));
+    }
+    /* Metadata for a 32K-token prompt: (1/16)(1 + 1/2 + 1/4 + 1/8) of K+V, to rounding. */
+    uint32_t l = 32768;
+    size_t meta = 0;
+    for (int j = 0; j < 4; j++) meta += (size_t)flx_kv_meta_count(l, j) * 2 * 64 * 2;
+    double ratio = (double)meta / ((double)l * 64 * 2 * 2);
+    CHECK(fabs(ratio - 0.1171875) < 1e-6);
+    /* Store parameters that must be refused. */
+    flx_kv_store_params_t p = {0};
+    flx_kv_store_h bad;
+    p.field_mask = FLX_KV_STORE_FIELD_CAPACITY | FLX_KV_STORE_FIELD_SHAPE;
+    p.capacity_bytes = 64u << 20;
+    p.n_layers = 1, p.n_kv_heads = 2, p.n_q_heads = 3, p.head_dim = 64;
+    CHECK_ST(flx_kv_store_create(&p, &bad), FLX_ERR_INVALID); /* q heads not a multiple */
+    p.n_q_heads = 4, p.head_dim = 72;
+    CHECK_ST(flx_kv_store_create(&p, &bad), FLX_ERR_INVALID); /* head_dim */
+    p.head_dim = 64, p.capacity_bytes = (size_t)1 << 50;
+    CHECK_ST(flx_kv_store_create(&p, &bad), FLX_ERR_CAPACITY); /* more than the machine has */
+    p.capacity_bytes = 64u << 20, p.field_mask |= FLX_KV_STORE_FIELD_NUMA_NODE, p.numa_node = 4096;
+    CHECK_ST(flx_kv_store_create(&p, &bad), FLX_ERR_INVALID); /* node that does not exist */
+    p.numa_node = 0, p.field_mask |= FLX_KV_STORE_FIELD_WINDOW, p.sink = 10, p.local = 256;
+    CHECK_ST(flx_kv_store_create(&p, &bad), FLX_ERR_INVALID); /* sink not a multiple of 16 */
+    flx_kv_store_destroy(s);
+    flx_kv_store_destroy(NULL);
+}
+
+/* Random-order chunks land exactly where in-order ones do, and the metadata is the pyramid. */
+static void test_placement(void)
+{
+    const uint32_t Ls[] = {77, 320, 333, 1500, 2049};
+    for (size_t li = 0; li < FLX_ARRAY_SIZE(Ls); li++)
+        for (uint32_t D = 64; D <= 128; D += 64) {
+            uint32_t L = Ls[li];
+            flx_kv_store_h s = kv_make_store(3, 4, 8, D, 64, 256, 256u << 20);
+            kv_prompt_t pr;
+            kv_prompt_random(&pr, 3, 4, D, L, &rng);
+            flx_kv_session_id_t sid = open_session(s, L, 4, FLX_KV_SESSION_NO_STATS);
+            CHECK(state_of(s, sid) == FLX_KV_RESERVED);
+            kv_push_random(s, sid, &pr, &rng);
+            CHECK(state_of(s, sid) == FLX_KV_READY);
+            flx_kv_session_info_t info;
+            CHECK_OK(flx_kv_session_info(s, sid, &info));
+            CHECK(info.bytes_received == info.bytes_expected);
+            flx_kv_session_h sess;
+            CHECK_OK(flx_kv_session_acquire(s, sid, &sess));
+            kv_check_placement(sess, &info, &pr);
+            for (uint32_t l = 0; l < 3; l++)
+                for (uint32_t h = 0; h < 4; h++) {
+                    flx_kv_head_view_t v;
+                    CHECK_OK(flx_kv_head_view(sess, l, h, &v));
+                    check_pyramid(&v, (flx_bf16_t *const *)v.meta, "store pyramid");
+                }
+            flx_kv_session_release(sess);
+            CHECK_OK(flx_kv_session_close(s, sid));
+            kv_prompt_free(&pr);
+            flx_kv_store_destroy(s);
+        }
+}
+
+static void test_states(void)
+{
+    flx_kv_store_h s = kv_make_store(1, 1, 1, 64, 64, 256, 64u << 20);
+    kv_prompt_t pr;
+    kv_prompt_random(&pr, 1, 1, 64, 500, &rng);
+    flx_kv_session_h sess;
+    /* RESERVED: no decode, no views, no window. */
+    flx_kv_session_id_t a = open_session(s, 500, 4, FLX_KV_SESSION_NO_STATS);
+    CHECK_ST(flx_kv_session_begin_decode(s, a), FLX_ERR_STATE);
+    CHECK_ST(flx_kv_session_acquire(s, a, &sess), FLX_ERR_STATE);
+    /* RECEIVING: same. */
+    CHECK_OK(kv_push_chunk(s, a, &pr, 0, 0, 1, 0, 256));
+    CHECK(state_of(s, a) == FLX_KV_RECEIVING);
+    CHECK_ST(flx_kv_session_begin_decode(s, a), FLX_ERR_STATE);
+    CHECK_ST(flx_kv_session_acquire(s, a, &sess), FLX_ERR_STATE);
+    CHECK_OK(kv_push_chunk(s, a, &pr, 0, 0, 1, 256, 500));
+    /* READY: no more chunks (refused, session untouched), no fail, window only when DECODING. */
+    CHECK(state_of(s, a) == FLX_KV_READY);
+    CHECK_ST(kv_push_chunk(s, a, &pr, 0, 0, 1, 0, 16), FLX_ERR_STATE);
+    CHECK(state_of(s, a) == FLX_KV_READY);
+    CHECK_ST(flx_kv_session_fail(s, a, "late"), FLX_ERR_STATE);
+    CHECK_OK(flx_kv_session_acquire(s, a, &sess));
+    flx_bf16_t row[64] = {0};
+    CHECK_ST(flx_kv_window_append(sess, 0, row, row), FLX_ERR_STATE);
+    /* DECODING: window appends up to max_new_tokens, then CAPACITY. */
+    CHECK_OK(flx_kv_session_begin_decode(s, a));
+    CHECK_ST(flx_kv_session_begin_decode(s, a), FLX_ERR_STATE);
+    for (int i = 0; i < 4; i++) {
+        for (int d = 0; d < 64; d++) row[d] = flx_f32_to_bf16((float)(i * 64 + d));
+        CHECK_OK(flx_kv_window_append(sess, 0, row, row));
+    }
+    CHECK_ST(flx_kv_window_append(sess, 0, row, row), FLX_ERR_CAPACITY);
+    CHECK_ST(flx_kv_window_append(sess, 1, row, row), FLX_ERR_INVALID);
+    flx_kv_head_view_t v;
+    CHECK_OK(flx_kv_head_view(sess, 0, 0, &v));
+    CHECK(v.n_win == 64 + 256 + 4 && v.win_cap == 64 + 256 + 4);
+    CHECK(flx_bf16_to_f32(v.win_k[(size_t)(64 + 256 + 3) * 64 + 5]) == 197.0f);
+    CHECK_ST(kv_push_chunk(s, a, &pr, 0, 0, 1, 0, 16), FLX_ERR_STATE);
+    /* CLOSED while a view is held: the view stays valid until released, the id is dead. */
+    CHECK_OK(flx_kv_session_close(s, a));
+    CHECK(flx_bf16_to_f32(v.win_k[(size_t)(64 + 256 + 3) * 64 + 5]) == 197.0f);
+    flx_kv_session_release(sess);
+    flx_kv_session_info_t info;
+    CHECK_ST(flx_kv_session_info(s, a, &info), FLX_ERR_NOT_FOUND);
+    CHECK_ST(flx_kv_session_close(s, a), FLX_ERR_NOT_FOUND);
+    CHECK_ST(kv_push_chunk(s, a, &pr, 0, 0, 1, 0, 16), FLX_ERR_NOT_FOUND);
+    CHECK_ST(flx_kv_session_begin_decode(s, a), FLX_ERR_NOT_FOUND);
+    CHECK_ST(flx_kv_session_close(s, 0), FLX_ERR_NOT_FOUND);
+    CHECK_ST(flx_kv_session_close(s, 0xdeadbeef00000001ull), FLX_ERR_NOT_FOUND);
+    /* FAILED: by the transport; never READY afterwards; no chunks, no decode. */
+    flx_kv_session_id_t b = open_session(s, 500, 4, FLX_KV_SESSION_NO_STATS);
+    CHECK(b != a);
+    CHECK_OK(flx_kv_session_fail(s, b, "peer vanished"));
+    CHECK(state_of(s, b) == FLX_KV_FAILED);
+    CHECK_OK(flx_kv_session_info(s, b, &info));
+    CHECK(strstr(info.fail_reason, "peer vanished"));
+    CHECK_ST(kv_push_chunk(s, b, &pr, 0, 0, 1, 0, 500), FLX_ERR_STATE);
+    CHECK_ST(flx_kv_session_begin_decode(s, b), FLX_ERR_STATE);
+    CHECK_ST(flx_kv_session_fail(s, b, "again"), FLX_ERR_STATE);
+    CHECK_OK(flx_kv_session_close(s, b));
+    /* A session with statistics is not READY on KV alone. */
+    flx_kv_session_id_t c = open_session(s, 500, 4, 0);
+    CHECK_OK(kv_push_chunk(s, c, &pr, 0, 0, 1, 0, 500));
+    CHECK(state_of(s, c) == FLX_KV_RECEIVING);
+    CHECK_OK(flx_kv_session_close(s, c));
+    /* Parameters of open. */
+    flx_kv_session_params_t sp = {0, 4, 0};
+    flx_kv_session_id_t d;
+    CHECK_ST(flx_kv_session_open(s, &sp, &d), FLX_ERR_INVALID);
+    sp.prompt_len = 10, sp.flags = 0x80;
+    CHECK_ST(flx_kv_session_open(s, &sp, &d), FLX_ERR_INVALID);
+    kv_prompt_free(&pr);
+    flx_kv_store_destroy(s);
+}
+
+/* Each kind of bad chunk: refused with the right status; the session FAILED; others untouched. */
+static void test_bad_chunks(void)
+{
+    flx_kv_store_h s = kv_make_store(2, 2, 4, 64, 64, 256, 64u << 20);
+    kv_prompt_t pr;
+    kv_prompt_random(&pr, 2, 2, 64, 700, &rng);
+    flx_kv_session_id_t good = open_session(s, 700, 4, FLX_KV_SESSION_NO_STATS);
+    CHECK_OK(kv_push_chunk(s, good, &pr, 0, 0, 2, 0, 700));
+    struct { flx_kv_chunk_t c; flx_status_t want; } bad[] = {
+        {{2, 0, 1, 0, 16, FLX_DT_BF16, 64}, FLX_ERR_INVALID},    /* layer out of range */
+        {{0, 1, 3, 0, 16, FLX_DT_BF16, 64}, FLX_ERR_INVALID},    /* head out of range */
+        {{0, 1, 1, 0, 16, FLX_DT_BF16, 64}, FLX_ERR_INVALID},    /* empty head range */
+        {{0, 0, 1, 0, 720, FLX_DT_BF16, 64}, FLX_ERR_INVALID},   /* tokens past L */
+        {{0, 0, 1, 8, 32, FLX_DT_BF16, 64}, FLX_ERR_INVALID},    /* unaligned begin */
+        {{0, 0, 1, 0, 20, FLX_DT_BF16, 64}, FLX_ERR_INVALID},    /* unaligned end */
+        {{0, 0, 1, 32, 32, FLX_DT_BF16, 64}, FLX_ERR_INVALID},   /* empty token range */
+        {{0, 0, 1, 0, 16, FLX_DT_F16, 64}, FLX_ERR_INVALID},     /* wrong dtype */
+        {{0, 0, 1, 0, 16, FLX_DT_BF16, 128}, FLX_ERR_INVALID},   /* wrong head_dim */
+    };
+    static flx_bf16_t buf[2 * 720 * 128];
+    for (size_t i = 0; i < FLX_ARRAY_SIZE(bad); i++) {
+        flx_kv_session_id_t sid = open_session(s, 700, 4, FLX_KV_SESSION_NO_STATS);
+        CHECK_OK(kv_push_chunk(s, sid, &pr, 1, 0, 2, 0, 700)); /* some valid data first */
+        CHECK_ST(flx_kv_chunk_write(s, sid, &bad[i].c, buf, buf), bad[i].want);
+        CHECK(strlen(flx_error_msg()) > 0);
+        CHECK(state_of(s, sid) == FLX_KV_FAILED);
+        /* A failed session never becomes READY, even if the rest arrives. */
+        CHECK_ST(kv_push_chunk(s, sid, &pr, 0, 0, 2, 0, 700), FLX_ERR_STATE);
+        CHECK(state_of(s, sid) == FLX_KV_FAILED);
+        CHECK_OK(flx_kv_session_close(s, sid));
+    }
+    /* Overlap and duplicate. */
+    flx_kv_session_id_t o = open_session(s, 700, 4, FLX_KV_SESSION_NO_STATS);
+    CHECK_OK(kv_push_chunk(s, o, &pr, 0, 0, 2, 0, 64));
+    CHECK_ST(kv_push_chunk(s, o, &pr, 0, 1, 2, 48, 96), FLX_ERR_DUPLICATE);
+    CHECK(state_of(s, o) == FLX_KV_FAILED);
+    CHECK_OK(flx_kv_session_close(s, o));
+    o = open_session(s, 700, 4, FLX_KV_SESSION_NO_STATS);
+    CHECK_OK(kv_push_chunk(s, o, &pr, 0, 0, 2, 0, 64));
+    CHECK_ST(kv_push_chunk(s, o, &pr, 0, 0, 2, 0, 64), FLX_ERR_DUPLICATE);
+    CHECK_OK(flx_kv_session_close(s, o));
+    /* NULL payload. */
+    o = open_session(s, 700, 4, FLX_KV_SESSION_NO_STATS);
+    flx_kv_chunk_t c = {0, 0, 1, 0, 16, FLX_DT_BF16, 64};
+    CHECK_ST(flx_kv_chunk_write(s, o, &c, NULL, buf), FLX_ERR_INVALID);
+    CHECK(state_of(s, o) == FLX_KV_FAILED);
+    CHECK_OK(flx_kv_session_close(s, o));
+    /* The good session: untouched by all of that; completes and checks out. */
+    CHECK(state_of(s, good) == FLX_KV_RECEIVING);
+    CHECK_OK(kv_push_chunk(s, good, &pr, 1, 0, 2, 0, 700));
+    CHECK(state_of(s, good) == FLX_KV_READY);
+    flx_kv_session_h sess;
+    flx_kv_session_info_t info;
+    CHECK_OK(flx_kv_session_info(s, good, &info));
+    CHECK_OK(flx_kv_session_acquire(s, good, &sess));
+    kv_check_placement(sess, &info, &pr);
+    flx_kv_session_release(sess);
+    CHECK_OK(flx_kv_session_close(s, good));
+    kv_prompt_free(&pr);
+    flx_kv_store_destroy(s);
+}
+
+static void fill_stats(flx_head_stats_t *st, float *mk, float *qa, uint32_t H, uint32_t D)
+{
+    for (uint32_t h = 0; h < H; h++) {
+        flx_head_stats_t *x = &st[h];
+        memset(x, 0, sizeof *x);
+        x->version = FLX_HEAD_STATS_VERSION;
+        x->k_sink_norm = 3, x->v_sink_norm = 0.5f, x->k_cpu_mean_norm = 1, x->v_cpu_mean_norm = 1;
+        x->k_cpu_norm_mom[0] = 8, x->k_cpu_norm_mom[1] = 1, x->k_cpu_norm_mom[3] = 3;
+        x->v_cpu_norm_mom[0] = 8, x->v_cpu_norm_mom[1] = 1, x->v_cpu_norm_mom[3] = 3;
+        x->z_anchor_mom[1] = 1, x->z_anchor_mom[3] = 3;
+        x->lse_anchor[0] = 2, x->lse_anchor[1] = 6, x->lse_anchor[2] = 4;
+        x->onorm_anchor[0] = 1, x->onorm_anchor[1] = 1, x->onorm_anchor[2] = 1;
+        x->bgt_star[0] = 0.01f, x->bgt_star[1] = 0.02f, x->bgt_star[2] = 0.04f, x->bgt_star[3] = 0.08f;
+        x->max_onorm_gpu_anchor = 2;
+        double n2 = 0;
+        for (uint32_t d = 0; d < D; d++) {
+            qa[h * D + d] = (float)flx_rng_normal(&rng);
+            mk[h * D + d] = (float)flx_rng_normal(&rng);
+            n2 += (double)qa[h * D + d] * qa[h * D + d];
+        }
+        x->q_anchor_norm = (float)sqrt(n2);
+    }
+}
+
+static void test_stats(void)
+{
+    const uint32_t H = 4, D = 64;
+    flx_kv_store_h s = kv_make_store(2, 2, H, D, 64, 256, 64u << 20);
+    kv_prompt_t pr;
+    kv_prompt_random(&pr, 2, 2, D, 600, &rng);
+    flx_head_stats_t st[4];
+    float mk[4 * 64], qa[4 * 64];
+    fill_stats(st, mk, qa, H, D);
+    flx_kv_session_id_t sid = open_session(s, 600, 4, 0);
+    CHECK_OK(flx_kv_stats_write(s, sid, 0, st, mk, qa)); /* statistics may come before the KV */
+    CHECK(state_of(s, sid) == FLX_KV_RECEIVING);
+    kv_push_random(s, sid, &pr, &rng);
+    CHECK(state_of(s, sid) == FLX_KV_RECEIVING); /* layer 1 statistics missing */
+    CHECK_OK(flx_kv_stats_write(s, sid, 1, st, mk, qa));
+    CHECK(state_of(s, sid) == FLX_KV_READY);
+    flx_kv_session_h sess;
+    CHECK_OK(flx_kv_session_acquire(s, sid, &sess));
+    const flx_head_stats_t *gs;
+    const float *gmk, *gqa;
+    CHECK_OK(flx_kv_head_stats(sess, 1, 3, &gs, &gmk, &gqa));
+    CHECK(memcmp(gs, &st[3], sizeof *gs) == 0 && memcmp(gqa, qa + 3 * D, D * 4) == 0 && memcmp(gmk, mk + 3 * D, D * 4) == 0);
+    CHECK_ST(flx_kv_head_stats(sess, 1, 4, &gs, &gmk, &gqa), FLX_ERR_INVALID);
+    flx_kv_session_release(sess);
+    CHECK_ST(flx_kv_stats_write(s, sid, 0, st, mk, qa), FLX_ERR_STATE); /* READY: refused, untouched */
+    CHECK(state_of(s, sid) == FLX_KV_READY);
+    CHECK_OK(flx_kv_session_close(s, sid));
+
+    /* Each defect refused and the session FAILED. */
+    for (int defect = 0; defect < 9; defect++) {
+        fill_stats(st, mk, qa, H, D);
+        flx_status_t want = FLX_ERR_INVALID;
+        uint32_t layer = 0;
+        switch (defect) {
+        case 0: st[1].version = 99; want = FLX_ERR_UNSUPPORTED; break;
+        case 1: st[2].k_cpu_norm_mom[1] = -1; break;
+        case 2: st[0].bgt_star[2] = 1.5f; break;
+        case 3: st[3].z_anchor_mom[0] = NAN; break;
+        case 4: st[1].q_anchor_norm *= 1.1f; break;
+        case 5: mk[7] = INFINITY; break;
+        case 6: layer = 2; break;
+        case 7: st[0].onorm_anchor[1] = -0.5f; break;
+        case 8: st[2].bgt_star[0] = NAN; break;
+        }
+        sid = open_session(s, 600, 4, 0);
+        CHECK_ST(flx_kv_stats_write(s, sid, layer, st, mk, qa), want);
+        CHECK(state_of(s, sid) == FLX_KV_FAILED);
+        CHECK_OK(flx_kv_session_close(s, sid));
+    }
+    /* Twice for one layer; and to a session opened without statistics. */
+    fill_stats(st, mk, qa, H, D);
+    sid = open_session(s, 600, 4, 0);
+    CHECK_OK(flx_kv_stats_write(s, sid, 0, st, mk, qa));
+    CHECK_ST(flx_kv_stats_write(s, sid, 0, st, mk, qa), FLX_ERR_DUPLICATE);
+    CHECK_OK(flx_kv_session_close(s, sid));
+    sid = open_session(s, 600, 4, FLX_KV_SESSION_NO_STATS);
+    CHECK_ST(flx_kv_stats_write(s, sid, 0, st, mk, qa), FLX_ERR_STATE);
+    CHECK_OK(flx_kv_session_close(s, sid));
+    /* LSE of an empty segment is -inf and accepted. */
+    st[0].lse_anchor[1] = -INFINITY;
+    sid = open_session(s, 600, 4, 0);
+    CHECK_OK(flx_kv_stats_write(s, sid, 0, st, mk, qa));
+    CHECK_OK(flx_kv_session_close(s, sid));
+    kv_prompt_free(&pr);
+    flx_kv_store_destroy(s);
+}
+
+static void test_claims(void)
+{
+    flx_kv_store_h s = kv_make_store(1, 2, 2, 64, 64, 256, 64u << 20);
+    kv_prompt_t pr;
+    kv_prompt_random(&pr, 1, 2, 64, 400, &rng);
+    flx_kv_session_id_t sid = open_session(s, 400, 4, FLX_KV_SESSION_NO_STATS);
+    /* Zero-copy: fill the iovs from the payload ourselves, in payload order. */
+    flx_kv_chunk_t c = {0, 0, 2, 0, 400, FLX_DT_BF16, 64};
+    flx_kv_claim_t *cl;
+    CHECK_OK(flx_kv_chunk_claim(s, sid, &c, &cl));
+    /* An overlapping claim while the first is in flight is refused (and fails the session) ... */
+    flx_kv_session_id_t sid2 = open_session(s, 400, 4, FLX_KV_SESSION_NO_STATS);
+    flx_kv_claim_t *cl2;
+    CHECK_OK(flx_kv_chunk_claim(s, sid2, &c, &cl2));
+    flx_kv_claim_t *cl3;
+    CHECK_ST(flx_kv_chunk_claim(s, sid2, &c, &cl3), FLX_ERR_DUPLICATE);
+    /* ... and a transfer that breaks fails its session. */
+    CHECK_OK(flx_kv_chunk_complete(s, cl2, 0));
+    CHECK(state_of(s, sid2) == FLX_KV_FAILED);
+    CHECK_OK(flx_kv_session_close(s, sid2));
+    size_t bytes = 0;
+    const flx_bf16_t *src[2] = {pr.k, pr.v};
+    for (int is_v = 0, i = 0; is_v < 2; is_v++) {
+        const uint8_t *p = (const uint8_t *)src[is_v];
+        for (uint32_t j = 0; j < cl->n_iov / 2; j++, i++) {
+            memcpy(cl->iov[i].dst, p, cl->iov[i].len);
+            p += cl->iov[i].len;
+            bytes += cl->iov[i].len;
+        }
+    }
+    CHECK(bytes == 2ull * 2 * 400 * 64 * 2);
+    /* Closing while a claim is in flight: memory stays until complete. */
+    CHECK(state_of(s, sid) == FLX_KV_RECEIVING);
+    CHECK_OK(flx_kv_chunk_complete(s, cl, 1));
+    CHECK(state_of(s, sid) == FLX_KV_READY);
+    flx_kv_session_h sess;
+    flx_kv_session_info_t info;
+    CHECK_OK(flx_kv_session_info(s, sid, &info));
+    CHECK_OK(flx_kv_session_acquire(s, sid, &sess));
+    kv_check_placement(sess, &info, &pr);
+    flx_kv_session_release(sess);
+    sid2 = open_session(s, 400, 4, FLX_KV_SESSION_NO_STATS);
+    CHECK_OK(flx_kv_chunk_claim(s, sid2, &c, &cl2));
+    CHECK_OK(flx_kv_session_close(s, sid2));
+    CHECK_ST(flx_kv_chunk_complete(s, cl2, 1), FLX_ERR_STATE); /* closed meanwhile: dropped safely */
+    CHECK_OK(flx_kv_session_close(s, sid));
+    flx_kv_store_info_t si;
+    flx_kv_store_info(s, &si);
+    CHECK(si.used_bytes == 0 && si.n_sessions == 0);
+    kv_prompt_free(&pr);
+    flx_kv_store_destroy(s);
+}
+
+static void test_capacity(void)
+{
+    flx_kv_store_h s = kv_make_store(2, 2, 2, 64, 64, 256, 8u << 20);
+    size_t per;
+    CHECK_OK(flx_kv_session_bytes(s, 4096, 16, &per));
+    flx_kv_session_id_t ids[64];
+    int n = 0;
+    flx_kv_session_params_t sp = {4096, 16, FLX_KV_SESSION_NO_STATS};
+    while (n < 64 && flx_kv_session_open(s, &sp, &ids[n]) == FLX_OK) n++;
+    CHECK(n >= 1 && n < 64);
+    CHECK((size_t)(n + 1) * per > (8u << 20));
+    flx_kv_session_id_t x;
+    CHECK_ST(flx_kv_session_open(s, &sp, &x), FLX_ERR_CAPACITY);
+    CHECK(strstr(flx_error_msg(), "needs"));
+    /* A smaller prompt may still fit; after closing one, the big one fits again. */
+    CHECK_OK(flx_kv_session_close(s, ids[n / 2]));
+    CHECK_OK(flx_kv_session_open(s, &sp, &ids[n / 2]));
+    for (int i = 0; i < n; i++) CHECK_OK(flx_kv_session_close(s, ids[i]));
+    flx_kv_store_info_t si;
+    flx_kv_store_info(s, &si);
+    CHECK(si.used_bytes == 0 && si.n_sessions == 0);
+    /* Session-slot limit. */
+    flx_kv_store_params_t p = {0};
+    p.field_mask = FLX_KV_STORE_FIELD_CAPACITY | FLX_KV_STORE_FIELD_SHAPE | FLX_KV_STORE_FIELD_MAX_SESSIONS;
+    p.capacity_bytes = 64u << 20, p.n_layers = 1, p.n_kv_heads = 1, p.n_q_heads = 1, p.head_dim = 16;
+    p.max_sessions = 3;
+    flx_kv_store_h s2;
+    CHECK_OK(flx_kv_store_create(&p, &s2));
+    sp.prompt_len = 100;
+    for (int i = 0; i < 3; i++) CHECK_OK(flx_kv_session_open(s2, &sp, &ids[i]));
+    CHECK_ST(flx_kv_session_open(s2, &sp, &x), FLX_ERR_CAPACITY);
+    flx_kv_store_destroy(s2); /* closes the open sessions */
+    flx_kv_store_destroy(s);
+}
+
+static long rss_pages(void)
+{
+    long size = 0, rss = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    CHECK(f && fscanf(f, "%ld %ld", &size, &rss) == 2);
+    fclose(f);
+    return rss;
+}
+
+static void test_cycles(void)
+{
+    flx_kv_store_h s = kv_make_store(2, 2, 2, 64, 64, 256, 64u << 20);
+    kv_prompt_t pr;
+    kv_prompt_random(&pr, 2, 2, 64, 700, &rng);
+    const int warm = 200, cycles = 10000;
+    long before = 0;
+    for (int i = 0; i < warm + cycles; i++) {
+        if (i == warm) before = rss_pages();
+        uint32_t L = 400 + (uint32_t)(i % 300);
+        flx_kv_session_id_t sid = open_session(s, L, 8, FLX_KV_SESSION_NO_STATS);
+        if (i % 3 == 0) {
+            CHECK_OK(kv_push_chunk(s, sid, &pr, 0, 0, 2, 0, L));
+            CHECK_OK(kv_push_chunk(s, sid, &pr, 1, 0, 2, 0, L));
+            CHECK(state_of(s, sid) == FLX_KV_READY);
+        } else if (i % 3 == 1) {
+            CHECK_OK(kv_push_chunk(s, sid, &pr, 0, 0, 1, 0, 16));
+        }
+        CHECK_OK(flx_kv_session_close(s, sid));
+    }
+    long after = rss_pages();
+    flx_kv_store_info_t si;
+    flx_kv_store_info(s, &si);
+    fprintf(stderr, "cycles: %d open/write/close, rss %ld -> %ld pages, used %zu bytes\n", cycles, before, after,
+            si.used_bytes);
+    CHECK(si.used_bytes == 0 && si.n_sessions == 0);
+#if defined(__SANITIZE_ADDRESS__)
+    /* ASan's quarantine keeps freed memory on purpose; LeakSanitizer checks leaks at exit instead. */
+    (void)before, (void)after;
+#else
+    CHECK(after <= before + 256); /* 1 MiB of slack for the allocator's own bookkeeping */
+#endif
+    kv_prompt_free(&pr);
+    flx_kv_store_destroy(s);
+}
+
+static void test_numa(void)
+{
+    CHECK(flx_numa_node_count() >= 1);
+    int node = flx_numa_current_node();
+    CHECK_OK(flx_numa_check_node(node));
+    CHECK_OK(flx_numa_bind_thread(node));
+    CHECK_ST(flx_numa_check_node(4096), FLX_ERR_INVALID);
+    CHECK_ST(flx_numa_check_node(-2), FLX_ERR_INVALID);
+    CHECK_ST(flx_numa_bind_thread(4096), FLX_ERR_INVALID);
+    flx_kv_store_h s = kv_make_store(1, 1, 1, 64, 64, 256, 8u << 20);
+    flx_kv_store_info_t si;
+    flx_kv_store_info(s, &si);
+    CHECK(si.numa_node == node && si.pinned == 0);
+    fprintf(stderr, "numa: %d node(s), store on node %d, thp %d\n", flx_numa_node_count(), si.numa_node, si.hugepages);
+    flx_kv_store_destroy(s);
+}
+
+int main(void)
+{
+    flx_rng_seed(&rng, flx_test_seed("test_kvstore"));
+    test_layout();
+    test_pyramid();
+    test_placement();
+    test_states();
+    test_bad_chunks();
+    test_stats();
+    test_claims();
+    test_capacity();
+    test_numa();
+    test_cycles();
+    printf("test_kvstore: ok\n");
+    return 0;
+}
