@@ -10,7 +10,8 @@ cd "$here"
 
 pkgs=(build-essential cmake pkg-config libnuma-dev numactl libucx-dev ucx-utils libgrpc-dev
       protobuf-c-compiler libprotobuf-c-dev libprotobuf-dev protobuf-compiler libopenblas-dev
-      libcjson-dev libomp-dev python3 python3-venv python3-grpcio python3-protobuf unzip)
+      libcjson-dev libomp-dev python3 python3-venv python3-grpcio python3-protobuf unzip
+      python3-numpy python3-matplotlib)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -33,6 +34,8 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing Python packages from scripts/requirements.txt"
+  # A numpy from PyPI left by an older requirements file would shadow Debian's (see requirements.txt).
+  "$venv/bin/python" -m pip uninstall -q -y numpy >/dev/null 2>&1 || true
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$req"
   echo "$want" > "$stamp"
 fi

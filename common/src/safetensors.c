@@ -365,7 +365,10 @@ flx_status_t flx_st_writer_save(flx_st_writer_h w, const char *path)
     char *js = NULL, *tmp = NULL;
     int fd = -1;
     if (!root) return flx_error_set(FLX_ERR_NOMEM, "safetensors header");
-    if (w->meta) cJSON_AddItemReferenceToObject(root, "__metadata__", w->meta);
+    if (w->meta && !cJSON_AddItemReferenceToObject(root, "__metadata__", w->meta)) {
+        cJSON_Delete(root);
+        return flx_error_set(FLX_ERR_NOMEM, "safetensors header");
+    }
     size_t off = 0;
     for (size_t i = 0; i < w->n; i++) {
         cJSON *o = cJSON_CreateObject(), *sh = cJSON_CreateArray(), *of = cJSON_CreateArray();
@@ -413,7 +416,8 @@ out:
     if (st != FLX_OK && tmp) unlink(tmp);
     free(tmp);
     free(js);
-    if (w->meta) cJSON_DetachItemFromObjectCaseSensitive(root, "__metadata__");
+    /* The reference item (and its key) belongs to root; the referenced object stays the writer's:
+     * cJSON_Delete frees a reference without following it. */
     cJSON_Delete(root);
     return st;
 }
