@@ -1,0 +1,299 @@
+/*
+ * attn_bench - Fluxion CPU attention core at Llama-3.1-8B per-layer shapes (32 query heads, 8 KV
+ * heads, head_dim 128), prompt lengths and batch sizes from the command line.
+ *
+ * For each L it creates a one-layer kvstore (sink 64, local 256; l_cpu = L - 320 host tokens per kv
+ * head), pushes the KV of the largest batch's sequences through flx_kv_chunk_write (the store builds
+ * the pyramid), binds the OpenMP pool to the store's NUMA node, and times the host part of one decode step
+ * (flx_attn_host_run for every (sequence, kv group)) in modes: FULL, and FIXED (blk, bgt) for blk in
+ * {16,32,64,128} x bgt in {0.02, 0.05}. Time is split into scoring+top-k and attention (Fig. 2(d)
+ * of the paper); GB/s is over the bytes each kernel must read (scoring: the metadata entries at that
+ * blk; attention: K+V of the distinct blocks the group's heads selected; full: all K+V), against a
+ * STREAM-like read bandwidth measured here with the same thread count.
+ *
+ * usage: attn_bench [--lens 32768,65536,131072] [--batches 1,4,8] [--reps N] [--csv PATH]
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include "flx/attn.h"
+#include "flx/kvstore.h"
+#include "flx/util.h"
+
+enum { HQ = 32, HKV = 8, G = HQ / HKV, D = 128, SINK = 64, LOCAL = 256 };
+
+typedef struct {
+    uint64_t seed;
+} rowgen_t;
+
+static inline uint64_t mix(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return x;
+}
+
+/* Stateless rows: values ~ sum of 4 uniform bytes (bell-shaped), with a slowly varying per-64-token
+ * bias so block scores are not all alike. */
+static void gen_row(void *ctx, uint32_t i, flx_bf16_t *k, flx_bf16_t *v)
+{
+    const rowgen_t *g = ctx;
+    float bias = (float)(mix(g->seed ^ (i / 64)) % 1000) / 1000.0f;
+    for (uint32_t d = 0; d < D; d += 4) {
+        uint64_t r = mix(g->seed * 0x9e3779b97f4a7c15ull + (uint64_t)i * D + d);
+        for (int j = 0; j < 4; j++) {
+            uint32_t b = (uint32_t)(r >> (16 * j));
+            float x = ((float)((b & 255) + ((b >> 8) & 255)) - 255.0f) / 90.0f;
+            k[d + j] = flx_f32_to_bf16(x + (j == 0 ? bias : 0.0f));
+            v[d + j] = flx_f32_to_bf16(-x * 0.5f);
+        }
+    }
+}
+
+__attribute__((target("avx2"))) static double read_bw(const uint8_t *buf, size_t bytes, int threads, int reps)
+{
+    double best = 0;
+    volatile uint64_t sink = 0;
+    for (int r = 0; r < reps; r++) {
+        uint64_t t0 = flx_now_ns();
+        uint64_t tot = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : tot)
+        {
+            int t = omp_get_thread_num(), n = omp_get_num_threads();
+            size_t c = bytes / 64, b0 = c * t / n * 64, b1 = c * (t + 1) / n * 64;
+            __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+            for (size_t o = b0; o + 128 <= b1; o += 128) {
+                a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i *)(buf + o)));
+                a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i *)(buf + o + 32)));
+                a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i *)(buf + o + 64)));
+                a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i *)(buf + o + 96)));
+            }
+            a0 = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+            uint64_t x[4];
+            _mm256_storeu_si256((__m256i *)x, a0);
+            tot += x[0] + x[1] + x[2] + x[3];
+        }
+        double s = (flx_now_ns() - t0) * 1e-9;
+        sink += tot;
+        if (bytes / s / 1e9 > best) best = bytes / s / 1e9;
+    }
+    (void)sink;
+    return best;
+}
+
+static int parse_list(const char *s, uint32_t *out, int max)
+{
+    int n = 0;
+    while (*s && n < max) {
+        out[n++] = (uint32_t)strtoul(s, (char **)&s, 10);
+        if (*s == ',') s++;
+    }
+    return n;
+}
+
+static long mem_available_kb(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %ld kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb;
+}
+
+typedef struct {
+    uint64_t score_ns, topk_ns, attn_ns, score_bytes, attn_bytes;
+} acc_t;
+
+int main(int argc, char **argv)
+{
+    uint32_t lens[8] = {32768, 65536, 131072}, batches[8] = {1, 4, 8};
+    int n_lens = 3, n_b = 3, reps = 3;
+    const char *csv_path = "attn.csv";
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--lens")) n_lens = parse_list(argv[i + 1], lens, 8);
+        else if (!strcmp(argv[i], "--batches")) n_b = parse_list(argv[i + 1], batches, 8);
+        else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--csv")) csv_path = argv[i + 1];
+    }
+    int threads = omp_get_max_threads();
+    uint32_t bmax = 0;
+    for (int i = 0; i < n_b; i++) bmax = batches[i] > bmax ? batches[i] : bmax;
+    if (bmax > 64) bmax = 64;
+    printf("attn_bench: Llama-3.1-8B layer shapes (H %d, H_kv %d, D %d), sink %d local %d, %d threads, isa %s\n", HQ,
+           HKV, D, SINK, LOCAL, threads, flx_isa_name(flx_isa_active()));
+
+    /* STREAM-like read bandwidth over 1 GiB with the same thread count */
+    size_t sb = (size_t)1 << 30;
+    uint8_t *sbuf = flx_aligned_alloc(4096, sb);
+    if (!sbuf) return 1;
+    memset(sbuf, 1, sb);
+    double bw = read_bw(sbuf, sb, threads, 5);
+    flx_aligned_free(sbuf);
+    printf("measured read bandwidth: %.1f GB/s (%d threads, best of 5 over 1 GiB)\n", bw, threads);
+
+    FILE *csv = fopen(csv_path, "w");
+    if (!csv) {
+        perror(csv_path);
+        return 1;
+    }
+    fprintf(csv, "L,batch,mode,blk,budget,score_ms,topk_ms,score_topk_ms,attn_ms,total_ms,topk_frac,score_GBps,attn_GBps,"
+                 "score_MB,attn_MB,read_bw_GBps,score_bw_frac,attn_bw_frac\n");
+    printf("%7s %5s %-6s %4s %6s %9s %9s %10s %10s %7s %9s %9s\n", "L", "batch", "mode", "blk", "bgt", "score ms",
+           "topk ms", "attn ms",
+           "total ms", "topk%", "score GB/s", "attn GB/s");
+
+    flx_attn_shape_t shape = {.group = G, .head_dim = D, .max_l_cpu = 0, .n_threads = (uint32_t)threads};
+    for (int li = 0; li < n_lens; li++) shape.max_l_cpu = lens[li] > shape.max_l_cpu ? lens[li] : shape.max_l_cpu;
+    size_t wsb;
+    if (flx_attn_plan(&shape, &wsb)) return 1;
+    void *wsm = flx_aligned_alloc(64, wsb);
+    flx_attn_ws_t ws;
+    if (flx_attn_ws_init(&ws, &shape, wsm, wsb)) return 1;
+    float q[HQ * D], o[G * D], lse[G];
+    flx_rng_t rng;
+    flx_rng_seed(&rng, 1234);
+    double last_attn_frac = -1, last_score_frac = -1, last_full_frac = -1;
+
+    for (int li = 0; li < n_lens; li++) {
+        uint32_t L = lens[li], B = bmax;
+        /* memory check: K+V + pyramid (~1/8 + 1/16 + ...) of one layer, batch B */
+        double need_gb = (double)L * D * 4 * HKV * B * 1.15 / 1e9;
+        long avail_kb = mem_available_kb();
+        while (B > 1 && avail_kb > 0 && need_gb > 0.6 * avail_kb / 1e6) {
+            B /= 2;
+            need_gb = (double)L * D * 4 * HKV * B * 1.15 / 1e9;
+        }
+        if (B < bmax)
+            printf("L %u: memory available %.1f GB: batch capped at %u; skipped larger batches\n", L, avail_kb / 1e6, B);
+        uint64_t t0 = flx_now_ns();
+        flx_kv_store_params_t sp = {.field_mask = FLX_KV_STORE_FIELD_CAPACITY | FLX_KV_STORE_FIELD_SHAPE |
+                                                  FLX_KV_STORE_FIELD_WINDOW,
+                                    .capacity_bytes = (size_t)(need_gb * 1.2e9) + ((size_t)64 << 20), .n_layers = 1,
+                                    .n_kv_heads = HKV, .n_q_heads = HQ, .head_dim = D, .sink = SINK, .local = LOCAL};
+        flx_kv_store_h store;
+        if (flx_kv_store_create(&sp, &store)) {
+            printf("L %u: store: %s\n", L, flx_error_msg());
+            return 1;
+        }
+        flx_kv_session_id_t sid[64];
+        flx_kv_session_h sess[64];
+        enum { CH = 1024 };
+        for (uint32_t x = 0; x < B; x++) {
+            flx_kv_session_params_t ssp = {.prompt_len = L, .max_new_tokens = 16, .flags = FLX_KV_SESSION_NO_STATS};
+            if (flx_kv_session_open(store, &ssp, &sid[x])) {
+                printf("L %u: session: %s\n", L, flx_error_msg());
+                return 1;
+            }
+            int fail = 0;
+#pragma omp parallel num_threads(threads)
+            {
+                flx_bf16_t *ck = malloc((size_t)HKV * CH * D * 2), *cv = malloc((size_t)HKV * CH * D * 2);
+#pragma omp for schedule(dynamic)
+                for (uint32_t c0 = 0; c0 < L; c0 += CH) {
+                    uint32_t c1 = c0 + CH < L ? c0 + CH : L;
+                    for (uint32_t h = 0; h < HKV; h++) {
+                        rowgen_t g = {.seed = mix(L * 1000003ull + x * HKV + h)};
+                        for (uint32_t t = c0; t < c1; t++)
+                            gen_row(&g, t, ck + ((size_t)h * (c1 - c0) + t - c0) * D, cv + ((size_t)h * (c1 - c0) + t - c0) * D);
+                    }
+                    flx_kv_chunk_t c = {.layer = 0, .head_begin = 0, .head_end = HKV, .tok_begin = c0, .tok_end = c1,
+                                        .dtype = FLX_DT_BF16, .head_dim = D};
+                    if (flx_kv_chunk_write(store, sid[x], &c, ck, cv)) fail = 1;
+                }
+                free(ck);
+                free(cv);
+            }
+            if (fail || flx_kv_session_acquire(store, sid[x], &sess[x])) {
+                printf("L %u: push/acquire: %s\n", L, flx_error_msg());
+                return 1;
+            }
+        }
+        flx_kv_store_info_t sinfo;
+        flx_kv_store_info(store, &sinfo);
+        if (flx_attn_bind_threads(sinfo.numa_node, (uint32_t)threads))
+            printf("binding threads to numa node %d failed: %s\n", sinfo.numa_node, flx_error_msg());
+        flx_kv_head_view_t *views = calloc((size_t)B * HKV, sizeof *views);
+        for (uint32_t x = 0; x < B * HKV; x++)
+            if (flx_kv_head_view(sess[x / HKV], 0, x % HKV, &views[x])) {
+                printf("view: %s\n", flx_error_msg());
+                return 1;
+            }
+        printf("L %u: pushed %u sequences x %d kv heads through the kvstore (numa node %d) in %.1f s\n", L, B, HKV,
+               sinfo.numa_node, (flx_now_ns() - t0) * 1e-9);
+        for (int bi = 0; bi < n_b; bi++) {
+            uint32_t b = batches[bi];
+            if (b > B) {
+                printf("skipped L %u batch %u (memory cap)\n", L, b);
+                continue;
+            }
+            struct { flx_attn_mode_t mode; uint32_t blk; float bgt; } modes[9];
+            int nm = 0;
+            modes[nm].mode = FLX_ATTN_FULL, modes[nm].blk = 16, modes[nm++].bgt = 1;
+            const uint32_t blks[4] = {16, 32, 64, 128};
+            const float bgts[2] = {0.02f, 0.05f};
+            for (int j = 0; j < 2; j++)
+                for (int i = 0; i < 4; i++) modes[nm].mode = FLX_ATTN_FIXED, modes[nm].blk = blks[i], modes[nm++].bgt = bgts[j];
+            for (int mi = 0; mi < nm; mi++) {
+                flx_attn_cfg_t cfg = {.mode = modes[mi].mode, .blk = modes[mi].blk, .budget = modes[mi].bgt};
+                acc_t a = {0};
+                int r_n = modes[mi].mode == FLX_ATTN_FULL ? (reps > 2 ? 2 : reps) : reps;
+                for (int r = 0; r < r_n + 1; r++) {   /* rep 0 warms up */
+                    for (uint32_t s = 0; s < b; s++)
+                        for (uint32_t g = 0; g < HKV; g++) {
+                            for (int i = 0; i < G * D; i++) q[i] = (float)flx_rng_normal(&rng);
+                            flx_attn_timing_t tm = {0};
+                            if (flx_attn_host_run(&ws, &views[s * HKV + g], q, &cfg, o, lse, &tm)) {
+                                printf("host_run: %s\n", flx_error_msg());
+                                return 1;
+                            }
+                            if (r == 0) continue;
+                            a.score_ns += tm.score_ns;
+                            a.topk_ns += tm.topk_ns;
+                            a.attn_ns += tm.attn_ns;
+                            a.score_bytes += tm.score_bytes;
+                            a.attn_bytes += tm.attn_bytes;
+                        }
+                }
+                double sc_only_ms = a.score_ns / 1e6 / r_n, tk_ms = a.topk_ns / 1e6 / r_n;
+                double sc_ms = (a.score_ns + a.topk_ns) / 1e6 / r_n, at_ms = a.attn_ns / 1e6 / r_n;
+                double sc_gb = a.score_ns ? a.score_bytes / (double)a.score_ns : 0;
+                double at_gb = a.attn_ns ? a.attn_bytes / (double)a.attn_ns : 0;
+                double frac = sc_ms / (sc_ms + at_ms);
+                const char *mn = modes[mi].mode == FLX_ATTN_FULL ? "full" : "fixed";
+                printf("%7u %5u %-6s %4u %6.2f %9.3f %9.3f %10.3f %10.3f %6.1f%% %9.1f %9.1f\n", L, b, mn, modes[mi].blk,
+                       modes[mi].bgt, sc_only_ms, tk_ms, at_ms, sc_ms + at_ms, 100 * frac, sc_gb, at_gb);
+                fprintf(csv, "%u,%u,%s,%u,%.2f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.2f,%.2f,%.2f,%.2f,%.2f,%.3f,%.3f\n", L, b, mn,
+                        modes[mi].blk, modes[mi].bgt, sc_only_ms, tk_ms, sc_ms, at_ms, sc_ms + at_ms, frac, sc_gb, at_gb,
+                        a.score_bytes / 1e6 / r_n, a.attn_bytes / 1e6 / r_n, bw, sc_gb / bw, at_gb / bw);
+                if (modes[mi].mode == FLX_ATTN_FULL) last_full_frac = at_gb / bw;
+                if (modes[mi].mode == FLX_ATTN_FIXED && modes[mi].blk == 16 && modes[mi].bgt == 0.05f) {
+                    last_attn_frac = at_gb / bw;
+                    last_score_frac = sc_gb / bw;
+                }
+            }
+            fflush(stdout);
+        }
+        for (uint32_t x = 0; x < B; x++) {
+            flx_kv_session_release(sess[x]);
+            flx_kv_session_close(store, sid[x]);
+        }
+        free(views);
+        flx_kv_store_destroy(store);
+    }
+    fclose(csv);
+    flx_aligned_free(wsm);
+    printf("bw fractions below: fixed (16, 0.05) and full at the largest (L, batch) measured; "
+           "score GB/s = metadata bytes over scoring time (top-k timed apart)\n");
+    printf("SUMMARY attn_bw_frac=%.3f score_bw_frac=%.3f full_bw_frac=%.3f\n", last_attn_frac, last_score_frac,
+           last_full_frac);
+    return 0;
+}

@@ -1,0 +1,163 @@
+/*
+ * test_attn_topk_merge - top-k exactness (ties -> lower index, NaN last, k = 0 and k = n) against
+ * the sorting reference; LSE merge against a long-double formula, including -inf parts; argument
+ * validation of the task (blk, budgets, NaN, G/D mismatch, l_cpu above plan, bad selections).
+ */
+#include "attn_testutil.h"
+
+static flx_rng_t rng;
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void test_topk(void)
+{
+    for (int it = 0; it < 400; it++) {
+        uint32_t n = (uint32_t)flx_rng_below(&rng, it < 20 ? 4 : 3000) + 1;
+        float *s = malloc(n * 4);
+        uint32_t *idx = malloc(n * 4), *ref = malloc(n * 4);
+        int mode = it % 4;
+        for (uint32_t i = 0; i < n; i++) {
+            if (mode == 0) s[i] = (float)flx_rng_normal(&rng);
+            else if (mode == 1) s[i] = (float)flx_rng_below(&rng, 5);          /* heavy ties */
+            else if (mode == 2) s[i] = 1.0f;                                    /* all equal */
+            else s[i] = flx_rng_below(&rng, 10) == 0 ? NAN : (float)flx_rng_below(&rng, 50) - 25;
+        }
+        uint32_t k = it % 7 == 0 ? 0 : it % 7 == 1 ? n : (uint32_t)flx_rng_below(&rng, n + 1);
+        CHECK_OK(flx_topk(s, n, k, idx));
+        CHECK_OK(flx_topk_ref(s, n, k, ref));
+        qsort(idx, k, 4, cmp_u32);
+        qsort(ref, k, 4, cmp_u32);
+        for (uint32_t i = 0; i < k; i++)
+            if (idx[i] != ref[i]) {
+                fprintf(stderr, "topk n %u k %u mode %d: set differs at %u: %u vs ref %u\n", n, k, mode, i, idx[i], ref[i]);
+                exit(1);
+            }
+        if (mode == 2) /* all equal: exactly the first k indices */
+            for (uint32_t i = 0; i < k; i++) CHECK(idx[i] == i);
+        free(s);
+        free(idx);
+        free(ref);
+    }
+    /* a hand case: ties broken toward lower index, NaN ranks last */
+    float s[6] = {3, NAN, 5, 3, 5, 3};
+    uint32_t idx[6];
+    CHECK_OK(flx_topk(s, 6, 3, idx));
+    qsort(idx, 3, 4, cmp_u32);
+    CHECK(idx[0] == 0 && idx[1] == 2 && idx[2] == 4);
+    CHECK_OK(flx_topk(s, 6, 5, idx));
+    qsort(idx, 5, 4, cmp_u32);
+    CHECK(idx[0] == 0 && idx[1] == 2 && idx[2] == 3 && idx[3] == 4 && idx[4] == 5);
+    CHECK_ST(flx_topk(s, 6, 7, idx), FLX_ERR_INVALID);
+    fprintf(stderr, "topk: ok\n");
+}
+
+static void test_merge(void)
+{
+    const uint32_t G = 6, D = 32;
+    float oa[6 * 32], ob[6 * 32], o[6 * 32], ref[6 * 32];
+    float la[6] = {0.5f, -INFINITY, 3.0f, -INFINITY, 80.0f, -90.0f};
+    float lb[6] = {1.5f, 2.0f, -INFINITY, -INFINITY, 75.0f, -88.0f};
+    float lse[6], lref[6];
+    for (uint32_t i = 0; i < G * D; i++) {
+        oa[i] = (float)flx_rng_normal(&rng);
+        ob[i] = (float)flx_rng_normal(&rng);
+    }
+    for (uint32_t h = 0; h < G; h++) {
+        long double ea = isinf(la[h]) ? 0 : expl((long double)la[h]), eb = isinf(lb[h]) ? 0 : expl((long double)lb[h]);
+        for (uint32_t d = 0; d < D; d++)
+            ref[h * D + d] = ea + eb == 0 ? 0.0f : (float)((ea * oa[h * D + d] + eb * ob[h * D + d]) / (ea + eb));
+        lref[h] = ea + eb == 0 ? -INFINITY : (float)logl(ea + eb);
+    }
+    flx_attn_merge(G, D, oa, la, ob, lb, o, lse);
+    CHECK_CLOSE("merge o", o, ref, G * D, 1e-6, 1e-5);
+    CHECK(lse_close("merge lse", lse, lref, G, 1e-6, 1e-6));
+    /* in place, into b */
+    flx_attn_merge(G, D, oa, la, ob, lb, ob, lb);
+    CHECK_CLOSE("merge in place o", ob, ref, G * D, 1e-6, 1e-5);
+    fprintf(stderr, "merge: ok\n");
+}
+
+static void test_validation(void)
+{
+    tkv_t t;
+    tkv_make(&t, &rng, 64, 333, 20);
+    flx_attn_shape_t shape = {.group = 4, .head_dim = 64, .max_l_cpu = 333, .n_threads = 2};
+    size_t bytes;
+    CHECK_OK(flx_attn_plan(&shape, &bytes));
+    void *mem = malloc(bytes);
+    flx_attn_ws_t ws;
+    CHECK_ST(flx_attn_ws_init(&ws, &shape, mem, bytes - 100), FLX_ERR_INVALID);
+    CHECK_OK(flx_attn_ws_init(&ws, &shape, mem, bytes));
+    float q[4 * 64] = {0}, o[4 * 64], lse[4];
+    float bud[4] = {0.1f, 0.2f, 0.3f, 0.4f};
+    flx_attn_cfg_t cfg = {.mode = FLX_ATTN_SPARSE, .blk = 20, .budgets = bud};
+    CHECK_ST(flx_attn_group_run(&ws, &t.view, q, &cfg, o, lse, NULL), FLX_ERR_INVALID);
+    fprintf(stderr, "  refusal: %s\n", flx_error_msg());
+    cfg.blk = 64;
+    bud[2] = 1.5f;
+    CHECK_ST(flx_attn_group_run(&ws, &t.view, q, &cfg, o, lse, NULL), FLX_ERR_INVALID);
+    fprintf(stderr, "  refusal: %s\n", flx_error_msg());
+    bud[2] = NAN;
+    CHECK_ST(flx_attn_group_run(&ws, &t.view, q, &cfg, o, lse, NULL), FLX_ERR_INVALID);
+    bud[2] = -0.01f;
+    CHECK_ST(flx_attn_host_run(&ws, &t.view, q, &cfg, o, lse, NULL), FLX_ERR_INVALID);
+    bud[2] = 0.3f;
+    flx_attn_cfg_t fx = {.mode = FLX_ATTN_FIXED, .blk = 16, .budget = NAN};
+    CHECK_ST(flx_attn_group_run(&ws, &t.view, q, &fx, o, lse, NULL), FLX_ERR_INVALID);
+    flx_attn_cfg_t bad = {.mode = (flx_attn_mode_t)7, .blk = 16};
+    CHECK_ST(flx_attn_group_run(&ws, &t.view, q, &bad, o, lse, NULL), FLX_ERR_INVALID);
+    CHECK_OK(flx_attn_group_run(&ws, &t.view, q, &cfg, o, lse, NULL));
+    /* D mismatch */
+    tkv_t t2;
+    tkv_make(&t2, &rng, 128, 100, 5);
+    CHECK_ST(flx_attn_group_run(&ws, &t2.view, q, &cfg, o, lse, NULL), FLX_ERR_INVALID);
+    fprintf(stderr, "  refusal: %s\n", flx_error_msg());
+    tkv_free(&t2);
+    /* l_cpu above plan */
+    tkv_make(&t2, &rng, 64, 400, 5);
+    CHECK_ST(flx_attn_group_run(&ws, &t2.view, q, &cfg, o, lse, NULL), FLX_ERR_INVALID);
+    fprintf(stderr, "  refusal: %s\n", flx_error_msg());
+    tkv_free(&t2);
+    /* bad selections */
+    uint32_t sel[4 * 8] = {0}, k[4] = {1, 1, 1, 1};
+    sel[0] = 999;
+    CHECK_ST(flx_attn_sparse(&ws, &t.view, 2, q, sel, 8, k, o, lse), FLX_ERR_INVALID);
+    CHECK_ST(flx_attn_sparse_ref(&t.view, 2, 4, q, sel, 8, k, o, lse), FLX_ERR_INVALID);
+    sel[0] = 1;
+    sel[1] = 1;
+    k[0] = 2;
+    CHECK_ST(flx_attn_sparse(&ws, &t.view, 2, q, sel, 8, k, o, lse), FLX_ERR_INVALID);
+    fprintf(stderr, "  refusal: %s\n", flx_error_msg());
+    k[0] = 7;
+    CHECK_ST(flx_attn_sparse(&ws, &t.view, 2, q, sel, 8, k, o, lse), FLX_ERR_INVALID);
+    /* plan refusals */
+    flx_attn_shape_t bs = shape;
+    bs.head_dim = 72;
+    CHECK_ST(flx_attn_plan(&bs, &bytes), FLX_ERR_INVALID);
+    bs = shape;
+    bs.group = 0;
+    CHECK_ST(flx_attn_plan(&bs, &bytes), FLX_ERR_INVALID);
+    /* budget -> k */
+    CHECK(flx_attn_budget_blocks(0.0f, 1000, 16) == 0);
+    CHECK(flx_attn_budget_blocks(1.0f, 1000, 16) == 63);
+    CHECK(flx_attn_budget_blocks(0.05f, 1000, 16) == 4);
+    CHECK(flx_attn_budget_blocks(0.02f, 32768, 32) == 21);
+    CHECK(flx_attn_budget_blocks(1.0f, 0, 128) == 0);
+    CHECK(flx_attn_blk_level(64) == 2 && flx_attn_blk_level(8) == -1);
+    free(mem);
+    tkv_free(&t);
+    fprintf(stderr, "validation: ok\n");
+}
+
+int main(void)
+{
+    flx_rng_seed(&rng, flx_test_seed("test_attn_topk_merge"));
+    test_topk();
+    test_merge();
+    test_validation();
+    return 0;
+}
