@@ -67,10 +67,9 @@ uint32_t flx_cpu_features(void)
 flx_isa_t flx_isa_best(void)
 {
     uint32_t f = flx_cpu_features();
-    const uint32_t need512 = FLX_CPU_AVX512F | FLX_CPU_AVX512BW | FLX_CPU_AVX512VL | FLX_CPU_AVX512DQ |
-                             FLX_CPU_AVX512BF16 | FLX_CPU_AVX2 | FLX_CPU_FMA | FLX_CPU_F16C;
     const uint32_t need2 = FLX_CPU_AVX2 | FLX_CPU_FMA | FLX_CPU_F16C;
-    if ((f & need512) == need512) return FLX_ISA_AVX512BF16;
+    const uint32_t need512 = need2 | FLX_CPU_AVX512F | FLX_CPU_AVX512BW | FLX_CPU_AVX512VL | FLX_CPU_AVX512DQ;
+    if ((f & need512) == need512) return (f & FLX_CPU_AVX512BF16) ? FLX_ISA_AVX512BF16 : FLX_ISA_AVX512;
     if ((f & need2) == need2) return FLX_ISA_AVX2;
     return FLX_ISA_SCALAR;
 }
@@ -80,7 +79,8 @@ int flx_isa_parse(const char *s, flx_isa_t *isa_p)
     if (!s) return -1;
     if (!strcmp(s, "scalar")) { *isa_p = FLX_ISA_SCALAR; return 0; }
     if (!strcmp(s, "avx2")) { *isa_p = FLX_ISA_AVX2; return 0; }
-    if (!strcmp(s, "avx512") || !strcmp(s, "avx512bf16")) { *isa_p = FLX_ISA_AVX512BF16; return 0; }
+    if (!strcmp(s, "avx512")) { *isa_p = FLX_ISA_AVX512; return 0; }
+    if (!strcmp(s, "avx512bf16")) { *isa_p = FLX_ISA_AVX512BF16; return 0; }
     return -1;
 }
 
@@ -110,6 +110,7 @@ const char *flx_isa_name(flx_isa_t isa)
     switch (isa) {
     case FLX_ISA_SCALAR: return "scalar";
     case FLX_ISA_AVX2: return "avx2";
+    case FLX_ISA_AVX512: return "avx512";
     case FLX_ISA_AVX512BF16: return "avx512bf16";
     }
     return "?";

@@ -25,9 +25,10 @@
 #endif
 
 #include "attn_internal.h"
+#include "attn_simd.h"
 #include "flx/util.h"
 
-#define PART_STRIDE(D) ((size_t)(D) + 16)   /* per (thread, head): m, l, pad..., acc at +16 */
+#define PART_STRIDE(D) ATTN_PART_STRIDE(D)   /* per (thread, head): m, l, pad..., acc at +16 */
 
 /* ---------------- thread helpers ---------------- */
 
@@ -90,129 +91,109 @@ static void unperm_eo(float *x, size_t n)
     }
 }
 
-static void prep_q_attn(flx_attn_ws_t *ws, const float *q, flx_isa_t isa)
+static void prep_finish(flx_attn_ws_t *ws, flx_isa_t isa, uint32_t W, attn_q_t *q)
+{
+    uint32_t G = ws->shape.group;
+    if (isa == FLX_ISA_AVX512BF16) prep_split(ws, G, W);
+    else if (isa == FLX_ISA_AVX2) perm_eo(ws->q_f32, (size_t)G * W);
+    q->f32 = ws->q_f32;
+    q->hi = ws->q_hi;
+    q->lo = ws->q_lo;
+    q->W = W;
+}
+
+/* Attention: q scaled by 1/sqrt(D). */
+static void prep_q_attn(flx_attn_ws_t *ws, const float *qin, flx_isa_t isa, attn_q_t *q)
 {
     uint32_t G = ws->shape.group, D = ws->shape.head_dim;
     float scale = 1.0f / sqrtf((float)D);
-    for (size_t i = 0; i < (size_t)G * D; i++) ws->q_f32[i] = q[i] * scale;
-    if (isa >= FLX_ISA_AVX512BF16) prep_split(ws, G, D);
-    else if (isa == FLX_ISA_AVX2) perm_eo(ws->q_f32, (size_t)G * D);
+    for (size_t i = 0; i < (size_t)G * D; i++) ws->q_f32[i] = qin[i] * scale;
+    prep_finish(ws, isa, D, q);
 }
 
-static void prep_q_score(flx_attn_ws_t *ws, const float *q, flx_isa_t isa)
+/* Quest scoring: [min(q, 0) | max(q, 0)] against an entry [min row | max row] gives
+ * sum_d max(q_d min_d, q_d max_d) as one dot product of width 2D (max >= min). */
+static void prep_q_score(flx_attn_ws_t *ws, const float *qin, flx_isa_t isa, attn_q_t *q)
 {
     uint32_t G = ws->shape.group, D = ws->shape.head_dim;
     for (uint32_t h = 0; h < G; h++)
         for (uint32_t d = 0; d < D; d++) {
-            float x = q[(size_t)h * D + d];
+            float x = qin[(size_t)h * D + d];
             ws->q_f32[(size_t)h * 2 * D + d] = x < 0 ? x : 0.0f;
             ws->q_f32[(size_t)h * 2 * D + D + d] = x > 0 ? x : 0.0f;
         }
-    if (isa >= FLX_ISA_AVX512BF16) prep_split(ws, G, 2 * D);
-    else if (isa == FLX_ISA_AVX2) perm_eo(ws->q_f32, (size_t)G * 2 * D);
+    prep_finish(ws, isa, 2 * D, q);
 }
 
-/* ---------------- scoring inner loops: entries [e0, e1) ---------------- */
+/* ---------------- scalar inner loops (the fast kernels' scalar level) ---------------- */
 
-static void score_scalar(const flx_attn_ws_t *ws, const flx_bf16_t *meta, uint32_t n, uint32_t e0, uint32_t e1,
-                         float *scores)
+static void dots_scalar(const flx_bf16_t *rows, size_t rstride, uint32_t nrows, const attn_q_t *q,
+                        const uint8_t *heads, uint32_t nh, float *out, size_t out_stride)
 {
-    uint32_t G = ws->shape.group, W = 2 * ws->shape.head_dim;
-    for (uint32_t e = e0; e < e1; e++) {
-        const flx_bf16_t *m = meta + (size_t)e * W;
-        for (uint32_t h = 0; h < G; h++) {
-            const float *qs = ws->q_f32 + (size_t)h * W;
+    for (uint32_t r = 0; r < nrows; r++) {
+        const flx_bf16_t *m = rows + (size_t)r * rstride;
+        for (uint32_t i = 0; i < nh; i++) {
+            const float *qs = q->f32 + (size_t)heads[i] * q->W;
             float s = 0;
-            for (uint32_t i = 0; i < W; i++) s += qs[i] * flx_bf16_to_f32(m[i]);
-            scores[(size_t)h * n + e] = s;
+            for (uint32_t d = 0; d < q->W; d++) s += qs[d] * flx_bf16_to_f32(m[d]);
+            out[(size_t)i * out_stride + r] = s;
         }
     }
 }
 
-__attribute__((target("avx2,fma,f16c"))) static inline __m256 ld8_bf16_avx2(const flx_bf16_t *p)
+static void block_scalar(const flx_bf16_t *kp, const flx_bf16_t *vp, uint32_t ntok, uint32_t D, const attn_q_t *q,
+                         const uint8_t *heads, uint32_t nh, float *part)
 {
-    __m128i x = _mm_loadu_si128((const __m128i *)p);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16));
-}
-
-__attribute__((target("avx2,fma,f16c"))) static inline float hsum8_avx2(__m256 v)
-{
-    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    a = _mm_add_ss(a, _mm_movehdup_ps(a));
-    return _mm_cvtss_f32(a);
-}
-
-/* Eight entries per pass: eight independent FMA chains (one chain per entry would leave the core
- * waiting on FMA latency) and one hadd-tree reduction into eight scores. The eight entries (4 KiB at
- * D = 128) stay in L1 while every head of the group uses them. */
-__attribute__((target("avx2,fma,f16c"))) static void score_avx2(const flx_attn_ws_t *ws, const flx_bf16_t *meta,
-                                                                  uint32_t n, uint32_t e0, uint32_t e1, float *scores)
-{
-    uint32_t G = ws->shape.group, W = 2 * ws->shape.head_dim;
-    const __m256i hi16 = _mm256_set1_epi32((int)0xffff0000u);
-    uint32_t e = e0;
-    for (; e + 8 <= e1; e += 8) {
-        const flx_bf16_t *m = meta + (size_t)e * W;
-        if (e + 24 <= e1) /* two batches ahead */
-            for (size_t off = 0; off < (size_t)8 * W * sizeof(flx_bf16_t); off += 64)
-                _mm_prefetch((const char *)(m + (size_t)16 * W) + off, _MM_HINT_T0);
-        for (uint32_t h = 0; h < G; h++) {
-            const float *qs = ws->q_f32 + (size_t)h * W;
-            __m256 a[8];
-#pragma GCC unroll 8
-            for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
-            for (uint32_t i = 0; i < W; i += 16) {
-                __m256 qe = _mm256_loadu_ps(qs + i), qo = _mm256_loadu_ps(qs + i + 8);
-#pragma GCC unroll 8
-                for (int j = 0; j < 8; j++) {
-                    __m256i x = _mm256_loadu_si256((const __m256i *)(m + (size_t)j * W + i));
-                    a[j] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)), qe, a[j]);
-                    a[j] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(x, hi16)), qo, a[j]);
-                }
-            }
-            __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-            __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-            _mm256_storeu_ps(scores + (size_t)h * n + e, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
-                                                                       _mm256_permute2f128_ps(u0, u1, 0x31)));
+    float S[64 * 16];
+    dots_scalar(kp, D, ntok, q, heads, nh, S, 16);
+    for (uint32_t i = 0; i < nh; i++) {
+        float *st = part + heads[i] * ATTN_PART_STRIDE(D), *acc = st + 16, *s = S + 16 * i, mb = -INFINITY;
+        for (uint32_t t = 0; t < ntok; t++) mb = s[t] > mb ? s[t] : mb;
+        float mn = st[0] > mb ? st[0] : mb;
+        float alpha = expf(st[0] - mn), l = st[1] * alpha;
+        for (uint32_t d = 0; d < D; d++) acc[d] *= alpha;
+        for (uint32_t t = 0; t < ntok; t++) {
+            float p = expf(s[t] - mn);
+            l += p;
+            for (uint32_t d = 0; d < D; d++) acc[d] += p * flx_bf16_to_f32(vp[(size_t)t * D + d]);
         }
-    }
-    for (; e < e1; e++) {
-        const flx_bf16_t *m = meta + (size_t)e * W;
-        for (uint32_t h = 0; h < G; h++) {
-            const float *qs = ws->q_f32 + (size_t)h * W;
-            __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-            for (uint32_t i = 0; i < W; i += 16) {
-                __m256i x = _mm256_loadu_si256((const __m256i *)(m + i));
-                a0 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)), _mm256_loadu_ps(qs + i), a0);
-                a1 = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(x, hi16)), _mm256_loadu_ps(qs + i + 8), a1);
-            }
-            scores[(size_t)h * n + e] = hsum8_avx2(_mm256_add_ps(a0, a1));
-        }
+        st[0] = mn;
+        st[1] = l;
     }
 }
 
-#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
-
-T512 static void score_avx512(const flx_attn_ws_t *ws, const flx_bf16_t *meta, uint32_t n, uint32_t e0, uint32_t e1,
-                              float *scores)
+static attn_dots_fn pick_dots(flx_isa_t isa)
 {
-    uint32_t G = ws->shape.group, W = 2 * ws->shape.head_dim;   /* W multiple of 32 */
-    for (uint32_t e = e0; e < e1; e++) {
-        const flx_bf16_t *m = meta + (size_t)e * W;
-        if (e + 4 < e1) _mm_prefetch((const char *)(m + 4 * (size_t)W), _MM_HINT_T0);
-        for (uint32_t h = 0; h < G; h++) {
-            const flx_bf16_t *qh = ws->q_hi + (size_t)h * W, *ql = ws->q_lo + (size_t)h * W;
-            __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-            for (uint32_t i = 0; i < W; i += 32) {
-                __m512bh kk = (__m512bh)_mm512_loadu_si512(m + i);
-                a0 = _mm512_dpbf16_ps(a0, kk, (__m512bh)_mm512_loadu_si512(qh + i));
-                a1 = _mm512_dpbf16_ps(a1, kk, (__m512bh)_mm512_loadu_si512(ql + i));
-            }
-            scores[(size_t)h * n + e] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-        }
+    switch (isa) {
+    case FLX_ISA_AVX512BF16: return attn_dots_avx512bf16;
+    case FLX_ISA_AVX512: return attn_dots_avx512;
+    case FLX_ISA_AVX2: return attn_dots_avx2;
+    default: return dots_scalar;
     }
 }
+
+static attn_block_fn pick_block(flx_isa_t isa)
+{
+    switch (isa) {
+    case FLX_ISA_AVX512BF16: return attn_block_avx512bf16;
+    case FLX_ISA_AVX512: return attn_block_avx512;
+    case FLX_ISA_AVX2: return attn_block_avx2;
+    default: return block_scalar;
+    }
+}
+
+/* Head indices of the set bits of mask, ascending; returns their count. */
+static uint32_t mask_heads(uint64_t mask, uint8_t *heads)
+{
+    uint32_t n = 0;
+    while (mask) {
+        heads[n++] = (uint8_t)__builtin_ctzll(mask);
+        mask &= mask - 1;
+    }
+    return n;
+}
+
+/* ---------------- scoring ---------------- */
 
 flx_status_t flx_attn_score(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int level, const float *q,
                             float *scores)
@@ -229,242 +210,23 @@ flx_status_t flx_attn_score(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, i
     if (!view->meta[level])
         return flx_error_set(FLX_ERR_INVALID, "score: metadata level %d missing", level);
     flx_isa_t isa = flx_isa_active();
-    prep_q_score(ws, q, isa);
+    attn_q_t pq;
+    prep_q_score(ws, q, isa, &pq);
+    attn_dots_fn dots = pick_dots(isa);
+    uint8_t heads[FLX_ATTN_MAX_GROUP];
+    uint32_t G = ws->shape.group;
+    for (uint32_t h = 0; h < G; h++) heads[h] = (uint8_t)h;
     const flx_bf16_t *meta = view->meta[level];
-#pragma omp parallel num_threads(attn_threads(ws))
+    const size_t W = pq.W;
+    int nt = attn_threads(ws);
+#pragma omp parallel num_threads(nt) if (nt > 1)
     {
         int tid, nth;
         thread_ids(&tid, &nth);
         uint32_t e0 = (uint32_t)((uint64_t)n * tid / nth), e1 = (uint32_t)((uint64_t)n * (tid + 1) / nth);
-        if (isa >= FLX_ISA_AVX512BF16) score_avx512(ws, meta, n, e0, e1, scores);
-        else if (isa >= FLX_ISA_AVX2) score_avx2(ws, meta, n, e0, e1, scores);
-        else score_scalar(ws, meta, n, e0, e1, scores);
+        if (e1 > e0) dots(meta + e0 * W, W, e1 - e0, &pq, heads, G, scores + e0, n);
     }
     return FLX_OK;
-}
-
-/* ---------------- attention inner loops: one chunk of ntok <= 16 rows ---------------- */
-
-/* Online-softmax state of one (thread, head): st[0] = m, st[1] = l, st + 16 = acc[D]. */
-
-static void chunk_scalar(const flx_attn_ws_t *ws, const flx_bf16_t *kp, const flx_bf16_t *vp, uint32_t ntok,
-                         uint64_t mask, float *part)
-{
-    uint32_t D = ws->shape.head_dim;
-    for (uint32_t h = 0; mask; h++, mask >>= 1) {
-        if (!(mask & 1)) continue;
-        float *st = part + h * PART_STRIDE(D), *acc = st + 16;
-        const float *q = ws->q_f32 + (size_t)h * D;
-        float s[16], mb = -INFINITY;
-        for (uint32_t t = 0; t < ntok; t++) {
-            float dot = 0;
-            for (uint32_t d = 0; d < D; d++) dot += q[d] * flx_bf16_to_f32(kp[(size_t)t * D + d]);
-            s[t] = dot;
-            mb = dot > mb ? dot : mb;
-        }
-        float mn = st[0] > mb ? st[0] : mb;
-        float alpha = expf(st[0] - mn), l = st[1] * alpha;
-        if (alpha != 1.0f)
-            for (uint32_t d = 0; d < D; d++) acc[d] *= alpha;
-        for (uint32_t t = 0; t < ntok; t++) {
-            float p = expf(s[t] - mn);
-            l += p;
-            for (uint32_t d = 0; d < D; d++) acc[d] += p * flx_bf16_to_f32(vp[(size_t)t * D + d]);
-        }
-        st[0] = mn;
-        st[1] = l;
-    }
-}
-
-/* exp for x <= 0 (scores minus their running max); lanes below -87 give ~1e-38, callers zero
- * masked lanes themselves. */
-__attribute__((target("avx2,fma,f16c"))) static inline __m256 exp_avx2(__m256 x)
-{
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-__attribute__((target("avx2,fma,f16c"))) static inline __m256i ld_row16_avx2(const flx_bf16_t *p, int live)
-{
-    return live ? _mm256_loadu_si256((const __m256i *)p) : _mm256_setzero_si256();
-}
-
-/* bf16 is widened in registers where it is used (shift = even elements, mask = odd elements), so
- * the block is read straight from the pool with no staging stores; q and acc are in even/odd order. */
-__attribute__((target("avx2,fma,f16c"))) static void chunk_avx2(const flx_attn_ws_t *ws, const flx_bf16_t *kp,
-                                                                  const flx_bf16_t *vp, uint32_t ntok, uint64_t mask,
-                                                                  float *part)
-{
-    uint32_t D = ws->shape.head_dim;
-    const __m256i hi16 = _mm256_set1_epi32((int)0xffff0000u);
-    for (uint32_t h = 0; mask; h++, mask >>= 1) {
-        if (!(mask & 1)) continue;
-        float *st = part + h * PART_STRIDE(D), *acc = st + 16;
-        const float *q = ws->q_f32 + (size_t)h * D;
-        float s[16] __attribute__((aligned(32)));
-        /* 8 tokens at a time: 8 independent accumulators sharing each q load, then one
-         * transpose-reduce (hadd tree) into 8 scores. Rows >= ntok are never loaded. */
-        for (uint32_t t0 = 0; t0 < ntok; t0 += 8) {
-            __m256 a[8];
-            int nl = (int)(ntok - t0);
-#pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
-            const flx_bf16_t *k = kp + (size_t)t0 * D;
-            if (nl >= 8) {
-                for (uint32_t d = 0; d < D; d += 16) {
-                    __m256 qe = _mm256_loadu_ps(q + d), qo = _mm256_loadu_ps(q + d + 8);
-#pragma GCC unroll 8
-                    for (int i = 0; i < 8; i++) {
-                        __m256i x = _mm256_loadu_si256((const __m256i *)(k + (size_t)i * D + d));
-                        a[i] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)), qe, a[i]);
-                        a[i] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(x, hi16)), qo, a[i]);
-                    }
-                }
-            } else {
-                for (uint32_t d = 0; d < D; d += 16) {
-                    __m256 qe = _mm256_loadu_ps(q + d), qo = _mm256_loadu_ps(q + d + 8);
-                    for (int i = 0; i < 8; i++) {
-                        __m256i x = ld_row16_avx2(k + (size_t)i * D + d, i < nl);
-                        a[i] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(x, 16)), qe, a[i]);
-                        a[i] = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_and_si256(x, hi16)), qo, a[i]);
-                    }
-                }
-            }
-            __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-            __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-            _mm256_store_ps(s + t0, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
-                                                  _mm256_permute2f128_ps(u0, u1, 0x31)));
-        }
-        float mb = -INFINITY;
-        for (uint32_t t = 0; t < ntok; t++) mb = s[t] > mb ? s[t] : mb;
-        for (uint32_t t = ntok; t < 16; t++) s[t] = -INFINITY;
-        float mn = st[0] > mb ? st[0] : mb;
-        float alpha = expf(st[0] - mn);
-        __m256 vm = _mm256_set1_ps(mn);
-        float p[16] __attribute__((aligned(32)));
-        _mm256_store_ps(p, exp_avx2(_mm256_sub_ps(_mm256_load_ps(s), vm)));
-        _mm256_store_ps(p + 8, exp_avx2(_mm256_sub_ps(_mm256_load_ps(s + 8), vm)));
-        float l = st[1] * alpha;
-        for (uint32_t t = 0; t < ntok; t++) l += p[t];
-        __m256 va = _mm256_set1_ps(alpha);
-        uint32_t d = 0;
-        for (; d + 64 <= D; d += 64) {
-            __m256 a[8];
-#pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) a[i] = _mm256_mul_ps(_mm256_loadu_ps(acc + d + 8 * i), va);
-            for (uint32_t t = 0; t < ntok; t++) {
-                __m256 pb = _mm256_set1_ps(p[t]);
-                const flx_bf16_t *v = vp + (size_t)t * D + d;
-#pragma GCC unroll 4
-                for (int c = 0; c < 4; c++) {
-                    __m256i x = _mm256_loadu_si256((const __m256i *)(v + 16 * c));
-                    a[2 * c] = _mm256_fmadd_ps(pb, _mm256_castsi256_ps(_mm256_slli_epi32(x, 16)), a[2 * c]);
-                    a[2 * c + 1] = _mm256_fmadd_ps(pb, _mm256_castsi256_ps(_mm256_and_si256(x, hi16)), a[2 * c + 1]);
-                }
-            }
-#pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) _mm256_storeu_ps(acc + d + 8 * i, a[i]);
-        }
-        for (; d < D; d += 16) {
-            __m256 ae = _mm256_mul_ps(_mm256_loadu_ps(acc + d), va), ao = _mm256_mul_ps(_mm256_loadu_ps(acc + d + 8), va);
-            for (uint32_t t = 0; t < ntok; t++) {
-                __m256 pb = _mm256_set1_ps(p[t]);
-                __m256i x = _mm256_loadu_si256((const __m256i *)(vp + (size_t)t * D + d));
-                ae = _mm256_fmadd_ps(pb, _mm256_castsi256_ps(_mm256_slli_epi32(x, 16)), ae);
-                ao = _mm256_fmadd_ps(pb, _mm256_castsi256_ps(_mm256_and_si256(x, hi16)), ao);
-            }
-            _mm256_storeu_ps(acc + d, ae);
-            _mm256_storeu_ps(acc + d + 8, ao);
-        }
-        st[0] = mn;
-        st[1] = l;
-    }
-}
-
-T512 static inline __m512 exp_avx512(__m512 x)
-{
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
-T512 static inline __m512 ld16_bf16_avx512(const flx_bf16_t *p)
-{
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-
-T512 static void chunk_avx512(const flx_attn_ws_t *ws, const flx_bf16_t *kp, const flx_bf16_t *vp, uint32_t ntok,
-                              uint64_t mask, float *part)
-{
-    uint32_t D = ws->shape.head_dim;
-    float vf[16 * FLX_ATTN_MAX_HEAD_DIM] __attribute__((aligned(64)));
-    /* V converted once per block for all heads of the mask. */
-    for (uint32_t t = 0; t < ntok; t++)
-        for (uint32_t d = 0; d < D; d += 16)
-            _mm512_store_ps(vf + (size_t)t * D + d, ld16_bf16_avx512(vp + (size_t)t * D + d));
-    __mmask16 live = (__mmask16)((1u << ntok) - 1u);
-    for (uint32_t h = 0; mask; h++, mask >>= 1) {
-        if (!(mask & 1)) continue;
-        float *st = part + h * PART_STRIDE(D), *acc = st + 16;
-        const flx_bf16_t *qh = ws->q_hi + (size_t)h * D, *ql = ws->q_lo + (size_t)h * D;
-        float s[16] __attribute__((aligned(64)));
-        for (uint32_t t = 0; t < ntok; t++) {
-            const flx_bf16_t *k = kp + (size_t)t * D;
-            __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-            for (uint32_t d = 0; d < D; d += 32) {
-                __m512bh kk = (__m512bh)_mm512_loadu_si512(k + d);
-                a0 = _mm512_dpbf16_ps(a0, kk, (__m512bh)_mm512_loadu_si512(qh + d));
-                a1 = _mm512_dpbf16_ps(a1, kk, (__m512bh)_mm512_loadu_si512(ql + d));
-            }
-            s[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
-        }
-        __m512 sv = _mm512_mask_load_ps(_mm512_set1_ps(-INFINITY), live, s);
-        float mb = _mm512_reduce_max_ps(sv);
-        float mn = st[0] > mb ? st[0] : mb;
-        float alpha = expf(st[0] - mn);
-        __m512 p = _mm512_maskz_mov_ps(live, exp_avx512(_mm512_sub_ps(sv, _mm512_set1_ps(mn))));
-        float l = st[1] * alpha + _mm512_reduce_add_ps(p);
-        float pa[16] __attribute__((aligned(64)));
-        _mm512_store_ps(pa, p);
-        __m512 va = _mm512_set1_ps(alpha);
-        for (uint32_t d = 0; d < D; d += 16) {
-            __m512 a = _mm512_mul_ps(_mm512_loadu_ps(acc + d), va);
-            for (uint32_t t = 0; t < ntok; t++)
-                a = _mm512_fmadd_ps(_mm512_set1_ps(pa[t]), _mm512_load_ps(vf + (size_t)t * D + d), a);
-            _mm512_storeu_ps(acc + d, a);
-        }
-        st[0] = mn;
-        st[1] = l;
-    }
-}
-
-typedef void (*chunk_fn)(const flx_attn_ws_t *, const flx_bf16_t *, const flx_bf16_t *, uint32_t, uint64_t, float *);
-
-static chunk_fn pick_chunk(flx_isa_t isa)
-{
-    return isa >= FLX_ISA_AVX512BF16 ? chunk_avx512 : isa >= FLX_ISA_AVX2 ? chunk_avx2 : chunk_scalar;
 }
 
 static void part_reset(float *part, uint32_t G, uint32_t D)
@@ -525,12 +287,14 @@ flx_status_t flx_attn_window(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, 
     if (n && (!view->win_k || !view->win_v))
         return flx_error_set(FLX_ERR_INVALID, "window: n_win %u but no window arrays", n);
     flx_isa_t isa = flx_isa_active();
-    prep_q_attn(ws, q, isa);
-    chunk_fn fn = pick_chunk(isa);
-    uint64_t all = G == 64 ? ~0ull : ((1ull << G) - 1);
+    attn_q_t pq;
+    prep_q_attn(ws, q, isa, &pq);
+    attn_block_fn fn = pick_block(isa);
+    uint8_t heads[FLX_ATTN_MAX_GROUP];
+    const uint32_t nh = mask_heads(G == 64 ? ~0ull : ((1ull << G) - 1), heads);
     uint32_t nchunk = (n + 15) / 16;
-    int used = 1;
-#pragma omp parallel num_threads(attn_threads(ws))
+    int used = 1, nt = attn_threads(ws);
+#pragma omp parallel num_threads(nt) if (nt > 1)
     {
         int tid, nth;
         thread_ids(&tid, &nth);
@@ -539,8 +303,8 @@ flx_status_t flx_attn_window(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, 
         part_reset(part, G, D);
         uint32_t c0 = (uint32_t)((uint64_t)nchunk * tid / nth), c1 = (uint32_t)((uint64_t)nchunk * (tid + 1) / nth);
         for (uint32_t c = c0; c < c1; c++) {
-            uint32_t nt = n - c * 16 < 16 ? n - c * 16 : 16;
-            fn(ws, view->win_k + (size_t)c * 16 * D, view->win_v + (size_t)c * 16 * D, nt, all, part);
+            uint32_t ntok = n - c * 16 < 16 ? n - c * 16 : 16;
+            fn(view->win_k + (size_t)c * 16 * D, view->win_v + (size_t)c * 16 * D, ntok, D, &pq, heads, nh, part);
         }
     }
     part_finish(ws, used, isa, o, lse);
@@ -574,20 +338,22 @@ static flx_status_t build_union(flx_attn_ws_t *ws, uint32_t n, const uint32_t *s
     return FLX_OK;
 }
 
+/* Software prefetch of a gathered block (the hardware streamer starts cold at every block of a
+ * sparse selection): one line in two; the adjacent-line prefetcher brings its pair. */
 static inline void prefetch_block(const flx_kv_head_view_t *view, uint32_t pb)
 {
     const char *p = (const char *)flx_kv_block_k(view, pb);
-    for (size_t off = 0; off < view->block_bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+    for (size_t off = 0; off < view->block_bytes; off += 128) _mm_prefetch(p + off, _MM_HINT_T0);
 }
 
 /* Attention over ws->list[0..n_list) (masks in ws->mask) at blk = 16 << level; q already prepared. */
 static void sparse_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int level, uint32_t n_list,
-                       flx_isa_t isa, float *o, float *lse)
+                       flx_isa_t isa, const attn_q_t *pq, float *o, float *lse)
 {
     uint32_t G = ws->shape.group, D = ws->shape.head_dim, ppb = 1u << level, l_cpu = view->l_cpu;
-    chunk_fn fn = pick_chunk(isa);
-    int used = 1;
-#pragma omp parallel num_threads(attn_threads(ws))
+    attn_block_fn fn = pick_block(isa);
+    int used = 1, nt = attn_threads(ws);
+#pragma omp parallel num_threads(nt) if (nt > 1)
     {
         int tid, nth;
         thread_ids(&tid, &nth);
@@ -596,7 +362,7 @@ static void sparse_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int le
         part_reset(part, G, D);
         uint32_t u0 = (uint32_t)((uint64_t)n_list * tid / nth), u1 = (uint32_t)((uint64_t)n_list * (tid + 1) / nth);
         /* Walk the slice's physical blocks in order, prefetching PF_AHEAD blocks ahead (the hardware
-         * prefetcher does not cross the 8 KiB block boundaries of a gathered selection). */
+         * prefetcher does not cross the block boundaries of a gathered selection). */
         enum { PF_AHEAD = 2 };
         uint32_t pu = u0, ppb_i = 0;   /* prefetch cursor: list position and block within it */
         for (int a = 0; a < PF_AHEAD && pu < u1; a++) {
@@ -604,18 +370,19 @@ static void sparse_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int le
             if (pb < view->n_blocks) prefetch_block(view, pb);
             if (++ppb_i == ppb || ws->list[pu] * ppb + ppb_i >= view->n_blocks) { pu++; ppb_i = 0; }
         }
+        uint8_t heads[FLX_ATTN_MAX_GROUP];
         for (uint32_t u = u0; u < u1; u++) {
             uint32_t b = ws->list[u];
-            uint64_t mask = ws->mask[b];
+            const uint32_t nh = mask_heads(ws->mask[b], heads);
             uint32_t p1 = (b + 1) * ppb < view->n_blocks ? (b + 1) * ppb : view->n_blocks;
             for (uint32_t pb = b * ppb; pb < p1; pb++) {
-                uint32_t nt = l_cpu - pb * 16 < 16 ? l_cpu - pb * 16 : 16;
+                uint32_t ntok = l_cpu - pb * 16 < 16 ? l_cpu - pb * 16 : 16;
                 if (pu < u1) {
                     uint32_t nb = ws->list[pu] * ppb + ppb_i;
                     if (nb < view->n_blocks) prefetch_block(view, nb);
                     if (++ppb_i == ppb || ws->list[pu] * ppb + ppb_i >= view->n_blocks) { pu++; ppb_i = 0; }
                 }
-                fn(ws, flx_kv_block_k(view, pb), flx_kv_block_v(view, pb), nt, mask, part);
+                fn(flx_kv_block_k(view, pb), flx_kv_block_v(view, pb), ntok, D, pq, heads, nh, part);
             }
         }
     }
@@ -639,8 +406,9 @@ flx_status_t flx_attn_sparse(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, 
     }
     if ((st = build_union(ws, n, sel, sel_stride, k, &n_list))) return st;
     flx_isa_t isa = flx_isa_active();
-    prep_q_attn(ws, q, isa);
-    sparse_run(ws, view, level, n_list, isa, o, lse);
+    attn_q_t pq;
+    prep_q_attn(ws, q, isa, &pq);
+    sparse_run(ws, view, level, n_list, isa, &pq, o, lse);
     return FLX_OK;
 }
 
@@ -657,8 +425,9 @@ flx_status_t flx_attn_internal_full_host(flx_attn_ws_t *ws, const flx_kv_head_vi
         ws->list[b] = b;
     }
     flx_isa_t isa = flx_isa_active();
-    prep_q_attn(ws, q, isa);
-    sparse_run(ws, view, 0, n, isa, o, lse);
+    attn_q_t pq;
+    prep_q_attn(ws, q, isa, &pq);
+    sparse_run(ws, view, 0, n, isa, &pq, o, lse);
     *bytes_p = (uint64_t)view->l_cpu * view->head_dim * 4;
     return FLX_OK;
 }
@@ -688,8 +457,9 @@ flx_status_t flx_attn_internal_sparse(flx_attn_ws_t *ws, const flx_kv_head_view_
     flx_status_t st = build_union(ws, n, ws->sel, ws->n_max, ws->k, &n_list);
     if (st) return st;
     flx_isa_t isa = flx_isa_active();
-    prep_q_attn(ws, q, isa);
-    sparse_run(ws, view, level, n_list, isa, o, lse);
+    attn_q_t pq;
+    prep_q_attn(ws, q, isa, &pq);
+    sparse_run(ws, view, level, n_list, isa, &pq, o, lse);
     *bytes_p = flx_attn_internal_union_bytes(ws, view, level, n_list);
     return FLX_OK;
 }

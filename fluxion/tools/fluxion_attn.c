@@ -3,7 +3,7 @@
  * check the kernels against their own framework.
  *
  * usage: fluxion-attn IN.safetensors OUT.safetensors [--mode full|sparse|fixed] [--blk N]
- *                     [--budget X] [--sink N] [--local N] [--threads N] [--isa scalar|avx2|avx512] [--ref]
+ *                     [--budget X] [--sink N] [--local N] [--threads N] [--isa scalar|avx2|avx512|avx512bf16] [--ref]
  *
  * INPUT tensors
  *   q        F32 or BF16  (H, D)          one decode query per query head
@@ -145,7 +145,7 @@ int main(int argc, char **argv)
     }
     if (!in || !out) {
         fprintf(stderr, "usage: fluxion-attn IN.safetensors OUT.safetensors [--mode full|sparse|fixed] [--blk N]\n"
-                        "       [--budget X] [--sink N] [--local N] [--threads N] [--isa scalar|avx2|avx512] [--ref]\n");
+                        "       [--budget X] [--sink N] [--local N] [--threads N] [--isa scalar|avx2|avx512|avx512bf16] [--ref]\n");
         return 2;
     }
     flx_st_reader_h rd = NULL;
@@ -228,7 +228,7 @@ int main(int argc, char **argv)
     if (isa_s) {
         flx_isa_t isa;
         if (flx_isa_parse(isa_s, &isa)) {
-            fprintf(stderr, "fluxion-attn: isa \"%s\" is not scalar, avx2 or avx512\n", isa_s);
+            fprintf(stderr, "fluxion-attn: isa \"%s\" is not scalar, avx2, avx512 or avx512bf16\n", isa_s);
             goto out;
         }
         flx_isa_force(isa);

@@ -164,7 +164,8 @@ void flx_kv_pyramid_build(const flx_kv_head_view_t *view, flx_bf16_t *const meta
 {
 #if defined(__x86_64__)
     switch (flx_isa_active()) {
-    case FLX_ISA_AVX512BF16: build(view, meta, rows_minmax_avx512, pair_minmax_avx512); return;
+    case FLX_ISA_AVX512BF16:
+    case FLX_ISA_AVX512: build(view, meta, rows_minmax_avx512, pair_minmax_avx512); return;
     case FLX_ISA_AVX2: build(view, meta, rows_minmax_avx2, pair_minmax_avx2); return;
     default: break;
     }

@@ -205,8 +205,8 @@ int main(void)
 {
     flx_rng_seed(&rng, flx_test_seed("test_attn_kernels"));
     const uint32_t Gs[] = {1, 4, 7, 8}, Ds[] = {64, 128};
-    const flx_isa_t isas[] = {FLX_ISA_SCALAR, FLX_ISA_AVX2, FLX_ISA_AVX512BF16};
-    for (size_t ii = 0; ii < 3; ii++) {
+    const flx_isa_t isas[] = {FLX_ISA_SCALAR, FLX_ISA_AVX2, FLX_ISA_AVX512, FLX_ISA_AVX512BF16};
+    for (size_t ii = 0; ii < FLX_ARRAY_SIZE(isas); ii++) {
         flx_isa_t got = flx_isa_force(isas[ii]);
         if (got != isas[ii]) {
             fprintf(stderr, "level %s not available here (runs as %s): skipped\n", flx_isa_name(isas[ii]),

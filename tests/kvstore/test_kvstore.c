@@ -92,8 +92,8 @@ static void test_pyramid(void)
             }
             flx_kv_pyramid_build_ref(&v, ref);
             check_pyramid(&v, ref, "pyramid_ref");
-            flx_isa_t levels[] = {FLX_ISA_SCALAR, FLX_ISA_AVX2, FLX_ISA_AVX512BF16};
-            for (int t = 0; t < 3; t++) {
+            flx_isa_t levels[] = {FLX_ISA_SCALAR, FLX_ISA_AVX2, FLX_ISA_AVX512, FLX_ISA_AVX512BF16};
+            for (int t = 0; t < 4; t++) {
                 if (flx_isa_force(levels[t]) != levels[t]) continue; /* not on this CPU */
                 for (int j = 0; j < 4; j++) memset(fast[j], 0xab, (size_t)flx_kv_meta_count(L, j) * 4 * D);
                 flx_kv_pyramid_build(&v, fast);

@@ -5,7 +5,7 @@
  * Kernels are compiled for several instruction sets in one binary (per-function target attributes,
  * never a global -march), and one of them is chosen at run time. The level is the best the CPU
  * and the OS (XSAVE state for AVX/AVX-512) support, capped by FLX_ISA in the environment
- * (scalar|avx2|avx512) or by flx_isa_force(). Tests force each level in turn and hold every fast
+ * (scalar|avx2|avx512|avx512bf16) or by flx_isa_force(). Tests force each level in turn and hold every fast
  * kernel to its scalar reference, so a machine without AVX-512 runs the same code paths CI tested.
  */
 #ifndef FLX_CPU_H
@@ -20,7 +20,8 @@ extern "C" {
 typedef enum {
     FLX_ISA_SCALAR = 0,
     FLX_ISA_AVX2 = 1,       /* AVX2 + FMA + F16C */
-    FLX_ISA_AVX512BF16 = 2, /* AVX-512 F/BW/VL/DQ + AVX512_BF16 */
+    FLX_ISA_AVX512 = 2,     /* + AVX-512 F/BW/VL/DQ: bf16 widened by shifts, fp32 FMA (Skylake-X, Ice Lake) */
+    FLX_ISA_AVX512BF16 = 3, /* + AVX512_BF16: _mm512_dpbf16_ps for bf16 dot products (Cooper Lake, SPR, Zen 4) */
 } flx_isa_t;
 
 enum {
@@ -49,7 +50,7 @@ flx_isa_t flx_isa_active(void);
 flx_isa_t flx_isa_force(flx_isa_t isa);
 
 const char *flx_isa_name(flx_isa_t isa);
-/* Parses "scalar", "avx2", "avx512"; returns 0 on success. */
+/* Parses "scalar", "avx2", "avx512", "avx512bf16"; returns 0 on success. */
 int flx_isa_parse(const char *s, flx_isa_t *isa_p);
 
 #ifdef __cplusplus

@@ -1,0 +1,55 @@
+/*
+ * attn_simd.h - SIMD inner loops of the attention kernels (attn_simd.c), shared by the drivers in
+ * attn_cpu.c. Not a public header.
+ *
+ * Two primitives per instruction set:
+ *   dots   scores of up to 16 bf16 rows (width W, row stride in elements) against the prepared
+ *          queries of a list of heads: out[i * out_stride + r] for head list entry i, row r. Used
+ *          for QK (rows = K rows, W = D) and for Quest scoring (rows = metadata entries, W = 2D).
+ *   block  one online-softmax update of a list of heads over a K/V chunk of ntok <= 16 rows:
+ *          dots for the scores, then m, l and acc[D] of each head's state (attn_cpu.c's part
+ *          layout: st[0] = m, st[1] = l, st + 16 = acc).
+ * Query layouts per level (prepared by attn_cpu.c): scalar and AVX-512 natural fp32; AVX2 fp32 in
+ * even/odd order within each 16-value chunk (bf16 widens into even and odd lanes); AVX-512 BF16
+ * adds a bf16 hi + lo split for _mm512_dpbf16_ps. Accumulators follow the same order.
+ * Rows past ntok are never read: partial tiles use masked loads, which do not touch memory for
+ * masked-out elements.
+ */
+#ifndef FLX_ATTN_SIMD_H
+#define FLX_ATTN_SIMD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flx/bf16.h"
+
+/* The prepared queries of one kernel call. */
+typedef struct attn_q {
+    const float *f32;        /* (G, W) fp32, level-specific order */
+    const flx_bf16_t *hi;    /* (G, W) bf16 hi part (AVX-512 BF16 only) */
+    const flx_bf16_t *lo;    /* (G, W) bf16 lo part */
+    uint32_t W;              /* row width: D for attention, 2D for scoring */
+} attn_q_t;
+
+#define ATTN_PART_STRIDE(D) ((size_t)(D) + 16)
+
+typedef void (*attn_dots_fn)(const flx_bf16_t *rows, size_t rstride, uint32_t nrows, const attn_q_t *q,
+                             const uint8_t *heads, uint32_t nh, float *out, size_t out_stride);
+typedef void (*attn_block_fn)(const flx_bf16_t *k, const flx_bf16_t *v, uint32_t ntok, uint32_t D,
+                              const attn_q_t *q, const uint8_t *heads, uint32_t nh, float *part);
+
+void attn_dots_avx2(const flx_bf16_t *rows, size_t rstride, uint32_t nrows, const attn_q_t *q, const uint8_t *heads,
+                    uint32_t nh, float *out, size_t out_stride);
+void attn_dots_avx512(const flx_bf16_t *rows, size_t rstride, uint32_t nrows, const attn_q_t *q,
+                      const uint8_t *heads, uint32_t nh, float *out, size_t out_stride);
+void attn_dots_avx512bf16(const flx_bf16_t *rows, size_t rstride, uint32_t nrows, const attn_q_t *q,
+                          const uint8_t *heads, uint32_t nh, float *out, size_t out_stride);
+
+void attn_block_avx2(const flx_bf16_t *k, const flx_bf16_t *v, uint32_t ntok, uint32_t D, const attn_q_t *q,
+                     const uint8_t *heads, uint32_t nh, float *part);
+void attn_block_avx512(const flx_bf16_t *k, const flx_bf16_t *v, uint32_t ntok, uint32_t D, const attn_q_t *q,
+                       const uint8_t *heads, uint32_t nh, float *part);
+void attn_block_avx512bf16(const flx_bf16_t *k, const flx_bf16_t *v, uint32_t ntok, uint32_t D, const attn_q_t *q,
+                           const uint8_t *heads, uint32_t nh, float *part);
+
+#endif
