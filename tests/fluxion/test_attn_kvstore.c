@@ -2,7 +2,7 @@
  * test_attn_kvstore - the attention task on views of the real kvstore: a one-layer store, a session
  * pushed in chunks, the store's own pyramid and window; FULL and SPARSE (budget 0 and 1 included)
  * against a dense softmax over the raw prompt arrays (window = first sink + last local tokens).
- * Also binds the OpenMP pool to the store's NUMA node.
+ * Also binds the OpenMP pool to the store's NUMA node, and addresses tasks by (session, layer, kv group).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -100,7 +100,8 @@ int main(void)
             float bud[G] = {0.0f, 1.0f, 0.1f, 0.25f};
             flx_attn_cfg_t cfg = mode ? (flx_attn_cfg_t){.mode = FLX_ATTN_SPARSE, .blk = 32, .budgets = bud}
                                       : (flx_attn_cfg_t){.mode = FLX_ATTN_FULL};
-            CHECK_OK(flx_attn_group_run(&ws, &view, q, &cfg, o, lse, NULL));
+            if (g == 0) CHECK_OK(flx_attn_group_run(&ws, &view, q, &cfg, o, lse, NULL));
+            else CHECK_OK(flx_attn_session_run(&ws, sess, 0, g, q, &cfg, o, lse, NULL));
             for (uint32_t h = 0; h < G; h++) {
                 size_t n = 0;
                 for (uint32_t t = 0; t < si.n_sink; t++) tok[n++] = t;
@@ -120,6 +121,11 @@ int main(void)
             CHECK_CLOSE(mode ? "kvstore SPARSE lse" : "kvstore FULL lse", lse, lse_or, G, 1e-4, 1e-5);
         }
     }
+    /* addressing errors name the value */
+    flx_attn_cfg_t full = {.mode = FLX_ATTN_FULL};
+    CHECK_ST(flx_attn_session_run(&ws, sess, 1, 0, q, &full, o, lse, NULL), FLX_ERR_INVALID);
+    CHECK(strstr(flx_error_msg(), "layer 1") != NULL);
+    CHECK_ST(flx_attn_session_run(&ws, sess, 0, HKV, q, &full, o, lse, NULL), FLX_ERR_INVALID);
     flx_kv_session_release(sess);
     CHECK_OK(flx_kv_session_close(store, sid));
     flx_kv_store_destroy(store);

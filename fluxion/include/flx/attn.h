@@ -190,6 +190,14 @@ flx_status_t flx_attn_host_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view
 flx_status_t flx_attn_group_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q,
                                 const flx_attn_cfg_t *cfg, float *o, float *lse, flx_attn_timing_t *timing);
 
+/* The task by its names: (session, layer, kv group = kv_head, cfg with blk and per-head budgets) ->
+ * per-head (o, lse) of the group's G query heads (q (G, D): query heads kv_head * G .. + G - 1).
+ * Looks the (layer, kv_head) view up in the acquired session and runs flx_attn_group_run. In
+ * flx_fluxion only (needs the kvstore library). */
+flx_status_t flx_attn_session_run(flx_attn_ws_t *ws, flx_kv_session_h sess, uint32_t layer, uint32_t kv_head,
+                                  const float *q, const flx_attn_cfg_t *cfg, float *o, float *lse,
+                                  flx_attn_timing_t *timing);
+
 /* Binds every thread of the OpenMP pool (n_threads of them) to numa_node with the kvstore's
  * flx_numa_bind_thread; call once per pool, not per kernel call. In flx_fluxion only. */
 flx_status_t flx_attn_bind_threads(int numa_node, uint32_t n_threads);
