@@ -159,6 +159,22 @@ static void cmp_models(const flx_model_t *got, const flx_model_t *ref, flx_dtype
     }
 }
 
+/* Whether p lies in a mapping of a file whose path contains name (per /proc/self/maps). */
+static int in_file_mapping(const void *p, const char *name)
+{
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return -1;
+    char line[1024];
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && (uintptr_t)p >= lo && (uintptr_t)p < hi)
+            found = strstr(line, name) != NULL;
+    }
+    fclose(f);
+    return found;
+}
+
 typedef struct {
     const char *label;
     flx_arch_t arch;
@@ -204,6 +220,10 @@ static void test_hf_roundtrips(void)
         CHECK((access(p, F_OK) == 0) == (k->shards > 1));
         CHECK_OK(flx_model_load_hf(dir, &got));
         cmp_models(got, ref, k->dtype);
+        /* BF16 matrices are used in place (zero copy); other dtypes are converted into the heap. */
+        int mapped = in_file_mapping(got->layers[0].wq, ".safetensors");
+        CHECK(mapped == (k->dtype == FLX_DT_BF16));
+        CHECK(in_file_mapping(got->layers[0].attn_norm, ".safetensors") == 0);
         CHECK_OK(flx_model_load(dir, &got2)); /* dispatch: a directory is a HF checkpoint */
         cmp_models(got2, ref, k->dtype);
         fprintf(stderr, "hf round trip %s: every weight matches\n", k->label);
@@ -774,6 +794,44 @@ static void test_gguf_models(flx_rng_t *rng)
     }
 }
 
+/* Llama 3.1 files carry rope_freqs.weight: per-frequency divisors computed by convert_hf_to_gguf.py
+ * from config.json's llama3 rope_scaling; written here the way the converter computes them. */
+static void test_gguf_rope_freqs(flx_rng_t *rng)
+{
+    const double base = 1e6, factor = 8, low = 1, high = 4, old_ctx = 8192;
+    float rf[G_HD / 2];
+    for (int i = 0; i < G_HD / 2; i++) {
+        double freq = 1.0 / pow(base, (2.0 * i) / G_HD), wl = 2 * M_PI / freq;
+        if (wl < old_ctx / high) rf[i] = 1;
+        else if (wl > old_ctx / low) rf[i] = (float)factor;
+        else {
+            double smooth = (old_ctx / wl - low) / (high - low);
+            rf[i] = (float)(1 / ((1 - smooth) / factor + smooth));
+        }
+    }
+    char p[600];
+    snprintf(p, sizeof p, "%s/rope_freqs.gguf", g_tmp);
+    gmodel_t gm;
+    gm_build(&gm, rng, "llama", 1, NULL);
+    add_t(&gm.g, "rope_freqs.weight", FLX_GGML_F32, 1, G_HD / 2, 1, rf);
+    gguf_save(&gm.g, p, "GGUF", 3);
+    flx_model_t *m;
+    CHECK_OK(flx_model_load_gguf(p, &m));
+    CHECK(m->cfg.rope_scaling == FLX_ROPE_LLAMA3 && m->cfg.rope_factor == 8 && m->cfg.rope_orig_ctx == 8192);
+    CHECK(m->cfg.rope_low_freq_factor == 1 && m->cfg.rope_high_freq_factor == 4);
+    flx_model_destroy(m);
+    gm_free(&gm);
+    /* Divisors that no llama3 parameters produce (a low_freq_factor of 2, say) are refused. */
+    rf[0] = 2;
+    gm_build(&gm, rng, "llama", 1, NULL);
+    add_t(&gm.g, "rope_freqs.weight", FLX_GGML_F32, 1, G_HD / 2, 1, rf);
+    gguf_save(&gm.g, p, "GGUF", 3);
+    CHECK_ST(flx_model_load_gguf(p, &m), FLX_ERR_UNSUPPORTED);
+    CHECK_MSG("rope_freqs.weight");
+    gm_free(&gm);
+    fprintf(stderr, "gguf rope_freqs: llama3 scaling recognised, a mismatch refused\n");
+}
+
 /* Loads a GGUF model expecting st and a message naming the culprits. */
 static void expect_gguf_fail(const char *path, flx_status_t st, const char *name1, const char *name2)
 {
@@ -1108,6 +1166,7 @@ int main(int argc, char **argv)
     flx_rng_seed(&rng, g_seed);
     test_gguf_metadata();
     test_gguf_models(&rng);
+    test_gguf_rope_freqs(&rng);
     test_gguf_refusals(&rng);
     test_hf_roundtrips();
     test_gen_tool(argv[1]);
