@@ -510,6 +510,14 @@ typedef struct {
     int is_f32;
 } save_item_t;
 
+static void item(save_item_t *it, size_t *k, const char *name, int n_dims, int64_t s0, int64_t s1, const void *src,
+                 int is_f32)
+{
+    save_item_t *x = &it[(*k)++];
+    snprintf(x->name, sizeof x->name, "%s", name);
+    x->n_dims = n_dims, x->shape[0] = s0, x->shape[1] = s1, x->src = src, x->is_f32 = is_f32;
+}
+
 static cJSON *config_json(const flx_model_config_t *cfg, flx_dtype_t dt)
 {
     cJSON *r = cJSON_CreateObject();
@@ -569,34 +577,29 @@ flx_status_t flx_model_save_hf(const flx_model_t *m, const char *dir, flx_dtype_
         goto out;
     }
     size_t k = 0;
-#define ITEM(nm_fmt, l, nd, s0, s1, p, f32)                                       \
-    do {                                                                          \
-        snprintf(it[k].name, sizeof it[k].name, nm_fmt, l);                       \
-        it[k].n_dims = nd, it[k].shape[0] = s0, it[k].shape[1] = s1;              \
-        it[k].src = p, it[k].is_f32 = f32;                                        \
-        k++;                                                                      \
-    } while (0)
-    ITEM("model.embed_tokens.weight%.0u", 0u, 2, V, H, m->tok_embd, 0);
+    char nm[96];
+    item(it, &k, "model.embed_tokens.weight", 2, V, H, m->tok_embd, 0);
     for (uint32_t l = 0; l < cfg->n_layers; l++) {
         const flx_layer_weights_t *lw = &m->layers[l];
-        ITEM("model.layers.%u.input_layernorm.weight", l, 1, H, 0, lw->attn_norm, 1);
-        ITEM("model.layers.%u.self_attn.q_proj.weight", l, 2, qd, H, lw->wq, 0);
-        ITEM("model.layers.%u.self_attn.k_proj.weight", l, 2, kvd, H, lw->wk, 0);
-        ITEM("model.layers.%u.self_attn.v_proj.weight", l, 2, kvd, H, lw->wv, 0);
+#define LAYER(sfx) (snprintf(nm, sizeof nm, "model.layers.%u.%s", l, sfx), nm)
+        item(it, &k, LAYER("input_layernorm.weight"), 1, H, 0, lw->attn_norm, 1);
+        item(it, &k, LAYER("self_attn.q_proj.weight"), 2, qd, H, lw->wq, 0);
+        item(it, &k, LAYER("self_attn.k_proj.weight"), 2, kvd, H, lw->wk, 0);
+        item(it, &k, LAYER("self_attn.v_proj.weight"), 2, kvd, H, lw->wv, 0);
         if (cfg->qkv_bias) {
-            ITEM("model.layers.%u.self_attn.q_proj.bias", l, 1, qd, 0, lw->bq, 1);
-            ITEM("model.layers.%u.self_attn.k_proj.bias", l, 1, kvd, 0, lw->bk, 1);
-            ITEM("model.layers.%u.self_attn.v_proj.bias", l, 1, kvd, 0, lw->bv, 1);
+            item(it, &k, LAYER("self_attn.q_proj.bias"), 1, qd, 0, lw->bq, 1);
+            item(it, &k, LAYER("self_attn.k_proj.bias"), 1, kvd, 0, lw->bk, 1);
+            item(it, &k, LAYER("self_attn.v_proj.bias"), 1, kvd, 0, lw->bv, 1);
         }
-        ITEM("model.layers.%u.self_attn.o_proj.weight", l, 2, H, qd, lw->wo, 0);
-        ITEM("model.layers.%u.post_attention_layernorm.weight", l, 1, H, 0, lw->ffn_norm, 1);
-        ITEM("model.layers.%u.mlp.gate_proj.weight", l, 2, F, H, lw->w_gate, 0);
-        ITEM("model.layers.%u.mlp.up_proj.weight", l, 2, F, H, lw->w_up, 0);
-        ITEM("model.layers.%u.mlp.down_proj.weight", l, 2, H, F, lw->w_down, 0);
+        item(it, &k, LAYER("self_attn.o_proj.weight"), 2, H, qd, lw->wo, 0);
+        item(it, &k, LAYER("post_attention_layernorm.weight"), 1, H, 0, lw->ffn_norm, 1);
+        item(it, &k, LAYER("mlp.gate_proj.weight"), 2, F, H, lw->w_gate, 0);
+        item(it, &k, LAYER("mlp.up_proj.weight"), 2, F, H, lw->w_up, 0);
+        item(it, &k, LAYER("mlp.down_proj.weight"), 2, H, F, lw->w_down, 0);
+#undef LAYER
     }
-    ITEM("model.norm.weight%.0u", 0u, 1, H, 0, m->out_norm, 1);
-    if (!cfg->tied_embeddings) ITEM("lm_head.weight%.0u", 0u, 2, V, H, m->lm_head, 0);
-#undef ITEM
+    item(it, &k, "model.norm.weight", 1, H, 0, m->out_norm, 1);
+    if (!cfg->tied_embeddings) item(it, &k, "lm_head.weight", 2, V, H, m->lm_head, 0);
     const size_t n = k;
     if (n_shards > n) {
         st = flx_error_set(FLX_ERR_INVALID, "save_hf: %u shards for %zu tensors", n_shards, n);

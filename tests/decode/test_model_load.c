@@ -787,6 +787,15 @@ static void test_gguf_models(flx_rng_t *rng)
                         CHECK(w->wq[(size_t)hf * G_H + 5] == flx_f32_to_bf16(v));
                     }
         }
+        if (c == 0) {
+            /* Dispatch by magic when the name does not say .gguf. */
+            snprintf(p, sizeof p, "%s/weights.bin", g_tmp);
+            gguf_save(&gm.g, p, "GGUF", 3);
+            flx_model_t *m2;
+            CHECK_OK(flx_model_load(p, &m2));
+            CHECK(m2->cfg.n_layers == 1 && !memcmp(m2->layers[0].wq, m->layers[0].wq, (size_t)G_HEADS * G_HD * G_H * 2));
+            flx_model_destroy(m2);
+        }
         fprintf(stderr, "gguf %s %s v%d: config and every tensor match\n", cases[c].arch,
                 cases[c].tied ? "tied" : "untied", c == 3 ? 2 : 3);
         flx_model_destroy(m);
