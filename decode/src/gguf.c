@@ -318,9 +318,10 @@ flx_status_t flx_gguf_open(const char *path, flx_gguf_h *h_p)
     }
     h->len = (size_t)sb.st_size;
     void *map = mmap(NULL, h->len, PROT_READ, MAP_PRIVATE, fd, 0);
+    int map_errno = errno;
     close(fd);
     if (map == MAP_FAILED) {
-        st = flx_error_set(FLX_ERR_IO, "file %s: mmap of %zu bytes failed: %s", path, h->len, strerror(errno));
+        st = flx_error_set(FLX_ERR_IO, "file %s: mmap of %zu bytes failed: %s", path, h->len, strerror(map_errno));
         goto err;
     }
     h->map = map;
