@@ -345,6 +345,9 @@ static flx_status_t load_layer(gctx_t *c, uint32_t l)
         (st = load_mat(c, n[7], cfg->ffn, H, 0, &w->w_up)) != FLX_OK ||
         (st = load_mat(c, n[8], H, cfg->ffn, 0, &w->w_down)) != FLX_OK)
         return st;
+    if (!cfg->qkv_bias && flx_gguf_find_tensor(c->g, n[9]))
+        return flx_error_set(FLX_ERR_UNSUPPORTED, "file %s: tensor '%s': QKV biases are not supported for %s", c->path,
+                             n[9], c->arch);
     if (cfg->qkv_bias &&
         ((st = load_vec(c, n[9], qd, &w->bq)) != FLX_OK || (st = load_vec(c, n[10], kvd, &w->bk)) != FLX_OK ||
          (st = load_vec(c, n[11], kvd, &w->bv)) != FLX_OK))

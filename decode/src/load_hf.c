@@ -189,6 +189,21 @@ static flx_status_t parse_config(const char *dir, const char *path, flx_model_co
                            type ? type : arch);
         goto out;
     }
+    /* Variants this runtime would silently compute wrong: refuse them by name. */
+    static const char *const no_bias[] = {"attention_bias", "mlp_bias"};
+    for (size_t i = 0; i < 2; i++) {
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(root, no_bias[i]);
+        if (cJSON_IsTrue(b) && (i == 1 || cfg->arch == FLX_ARCH_LLAMA)) {
+            st = flx_error_set(FLX_ERR_UNSUPPORTED, "file %s: field '%s' is true (not supported)", path, no_bias[i]);
+            goto out;
+        }
+    }
+    const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
+    if (act && !(cJSON_IsString(act) && !strcmp(act->valuestring, "silu"))) {
+        st = flx_error_set(FLX_ERR_UNSUPPORTED, "file %s: field 'hidden_act' is '%s', only silu is supported", path,
+                           cJSON_IsString(act) ? act->valuestring : "(not a string)");
+        goto out;
+    }
     double tie = 0;
     const cJSON *tj = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
     if (tj && !cJSON_IsBool(tj) && !cJSON_IsNull(tj)) {

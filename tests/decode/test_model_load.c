@@ -354,6 +354,16 @@ static void test_hf_refusals(void)
     edit_config(d, "model_type", cJSON_CreateString("mistral"));
     expect_hf_fail(d, FLX_ERR_UNSUPPORTED, "mistral", NULL);
 
+    /* Llama with attention biases, and a non-SwiGLU activation: refused, not silently ignored. */
+    d = subdir("attn_bias");
+    gen_small(d, FLX_ARCH_LLAMA, 1, FLX_DT_BF16);
+    edit_config(d, "attention_bias", cJSON_CreateTrue());
+    expect_hf_fail(d, FLX_ERR_UNSUPPORTED, "attention_bias", NULL);
+    d = subdir("gelu");
+    gen_small(d, FLX_ARCH_QWEN2, 1, FLX_DT_BF16);
+    edit_config(d, "hidden_act", cJSON_CreateString("gelu"));
+    expect_hf_fail(d, FLX_ERR_UNSUPPORTED, "hidden_act", "gelu");
+
     /* A config whose ffn disagrees with the tensors: the first mis-shaped tensor is named. */
     d = subdir("bad_shape");
     gen_small(d, FLX_ARCH_LLAMA, 1, FLX_DT_F16);
@@ -957,6 +967,12 @@ static void test_gguf_refusals(flx_rng_t *rng)
     gm_build(&gm, rng, "llama", 1, "blk.0.ffn_up.weight");
     gguf_save(&gm.g, p, "GGUF", 3);
     expect_gguf_fail(p, FLX_ERR_NOT_FOUND, "blk.0.ffn_up.weight", NULL);
+    gm_free(&gm);
+    gm_build(&gm, rng, "llama", 1, NULL);
+    float bias[G_HEADS * G_HD] = {0};
+    add_t(&gm.g, "blk.0.attn_q.bias", FLX_GGML_F32, 1, G_HEADS * G_HD, 1, bias);
+    gguf_save(&gm.g, p, "GGUF", 3);
+    expect_gguf_fail(p, FLX_ERR_UNSUPPORTED, "blk.0.attn_q.bias", NULL);
     gm_free(&gm);
     gm_build(&gm, rng, "qwen2", 1, "blk.0.attn_k.bias");
     gguf_save(&gm.g, p, "GGUF", 3);
