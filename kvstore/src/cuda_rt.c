@@ -89,7 +89,24 @@ static flx_status_t device_check(int device, const char *what)
     return FLX_OK;
 }
 
+static atomic_int g_faults = 0;
+
+void flx_cuda_inject_faults(int n)
+{
+    atomic_store(&g_faults, n > 0 ? n : 0);
+}
+
 #ifdef FLX_HAVE_CUDA
+/* Consumes one injected fault, if armed. */
+static flx_status_t injected_fault(const char *what)
+{
+    int n = atomic_load(&g_faults);
+    while (n > 0)
+        if (atomic_compare_exchange_weak(&g_faults, &n, n - 1))
+            return flx_error_set(FLX_ERR_DEVICE, "%s: injected fault", what);
+    return FLX_OK;
+}
+
 /* Makes device current for this thread; *prev_p is the device to restore with device_leave. */
 static flx_status_t device_enter(int device, const char *what, int *prev_p)
 {
@@ -146,6 +163,10 @@ flx_status_t flx_cuda_malloc(int device, size_t len, void **dev_p)
     int prev;
     flx_status_t st = device_enter(device, "cudaMalloc", &prev);
     if (st != FLX_OK) return st;
+    if ((st = injected_fault("cudaMalloc")) != FLX_OK) {
+        device_leave(device, prev);
+        return st;
+    }
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, len);
     device_leave(device, prev);
@@ -192,6 +213,10 @@ flx_status_t flx_cuda_copy_htod_2d(int device, void *dst_dev, size_t dst_pitch, 
     int prev;
     flx_status_t st = device_enter(device, "host-to-device copy", &prev);
     if (st != FLX_OK) return st;
+    if ((st = injected_fault("host-to-device copy")) != FLX_OK) {
+        device_leave(device, prev);
+        return st;
+    }
     cudaError_t e = cudaSuccess;
     if (height == 1) {
         e = cudaMemcpy(dst_dev, src, width, cudaMemcpyHostToDevice);
@@ -221,6 +246,10 @@ flx_status_t flx_cuda_copy_dtoh(int device, void *dst, const void *src_dev, size
     int prev;
     flx_status_t st = device_enter(device, "device-to-host copy", &prev);
     if (st != FLX_OK) return st;
+    if ((st = injected_fault("device-to-host copy")) != FLX_OK) {
+        device_leave(device, prev);
+        return st;
+    }
     cudaError_t e = cudaMemcpy(dst, src_dev, len, cudaMemcpyDeviceToHost);
     device_leave(device, prev);
     if (e != cudaSuccess) return cuda_fail(e, "device-to-host copy");

@@ -2,7 +2,8 @@
  * test_kvstore_gpu.c - the store's use of a CUDA device: pinning the KV arena for UVA, and the
  * device copy of each session's window (FLX_KV_STORE_WINDOW_DEVICE): uploaded at READY byte for
  * byte equal to the host window, appends landing on both copies, the device budget refusing
- * cleanly, and device memory released when the last reference goes. Needs a CUDA device: exits 77
+ * cleanly, device memory released when the last reference goes, and (injected) device failures:
+ * cudaMalloc at open, upload at layer completion, append. Needs a CUDA device: exits 77
  * (skipped) where none is usable, including binaries built without CUDA.
  */
 #include <stdio.h>
@@ -33,26 +34,30 @@ static size_t dev_free(void)
 }
 
 /* Rows [0, n_win) of every head's device window equal the host window, byte for byte. */
+static void check_device_windows_layer(flx_kv_session_h sess, uint32_t l, uint32_t n_kv, uint32_t want_n_win)
+{
+    for (uint32_t h = 0; h < n_kv; h++) {
+        flx_kv_head_view_t v;
+        CHECK_OK(flx_kv_head_view(sess, l, h, &v));
+        CHECK(v.win_k_dev && v.win_v_dev && v.win_device == 0);
+        CHECK(v.n_win == want_n_win);
+        size_t bytes = (size_t)v.n_win * v.head_dim * sizeof(flx_bf16_t);
+        flx_bf16_t *k = malloc(bytes), *vv = malloc(bytes);
+        CHECK(k && vv);
+        memset(k, 0xff, bytes);
+        memset(vv, 0xff, bytes);
+        CHECK_OK(flx_cuda_copy_dtoh(v.win_device, k, v.win_k_dev, bytes));
+        CHECK_OK(flx_cuda_copy_dtoh(v.win_device, vv, v.win_v_dev, bytes));
+        CHECK(memcmp(k, v.win_k, bytes) == 0);
+        CHECK(memcmp(vv, v.win_v, bytes) == 0);
+        free(k);
+        free(vv);
+    }
+}
+
 static void check_device_windows(flx_kv_session_h sess, uint32_t layers, uint32_t n_kv, uint32_t want_n_win)
 {
-    for (uint32_t l = 0; l < layers; l++)
-        for (uint32_t h = 0; h < n_kv; h++) {
-            flx_kv_head_view_t v;
-            CHECK_OK(flx_kv_head_view(sess, l, h, &v));
-            CHECK(v.win_k_dev && v.win_v_dev && v.win_device == 0);
-            CHECK(v.n_win == want_n_win);
-            size_t bytes = (size_t)v.n_win * v.head_dim * sizeof(flx_bf16_t);
-            flx_bf16_t *k = malloc(bytes), *vv = malloc(bytes);
-            CHECK(k && vv);
-            memset(k, 0xff, bytes);
-            memset(vv, 0xff, bytes);
-            CHECK_OK(flx_cuda_copy_dtoh(v.win_device, k, v.win_k_dev, bytes));
-            CHECK_OK(flx_cuda_copy_dtoh(v.win_device, vv, v.win_v_dev, bytes));
-            CHECK(memcmp(k, v.win_k, bytes) == 0);
-            CHECK(memcmp(vv, v.win_v, bytes) == 0);
-            free(k);
-            free(vv);
-        }
+    for (uint32_t l = 0; l < layers; l++) check_device_windows_layer(sess, l, n_kv, want_n_win);
 }
 
 static void test_pinned(void)
@@ -197,6 +202,62 @@ static void test_budget(void)
     flx_kv_store_destroy(s);
 }
 
+/* Device failures (injected): a failed cudaMalloc refuses the open and leaves nothing reserved; a
+ * failed upload makes the session FAILED with the reason, never READY; a failed append appends
+ * nothing, and the next append lands in the same row. */
+static void test_faults(void)
+{
+    const uint32_t layers = 3, n_kv = 2, D = 64, L = 700, max_new = 8;
+    flx_kv_store_h s = make_store(FLX_KV_STORE_HUGEPAGES | FLX_KV_STORE_WINDOW_DEVICE, 64u << 20, D);
+    flx_kv_session_params_t sp = {L, max_new, FLX_KV_SESSION_NO_STATS};
+    flx_kv_session_id_t sid;
+    flx_kv_store_info_t si;
+    flx_cuda_inject_faults(1);
+    CHECK_ST(flx_kv_session_open(s, &sp, &sid), FLX_ERR_DEVICE);
+    CHECK(strstr(flx_error_msg(), "device window") && strstr(flx_error_msg(), "injected fault"));
+    flx_kv_store_info(s, &si);
+    CHECK(si.used_bytes == 0 && si.device_used_bytes == 0 && si.n_sessions == 0);
+
+    kv_prompt_t pr;
+    kv_prompt_random(&pr, layers, n_kv, D, L, &rng);
+    CHECK_OK(flx_kv_session_open(s, &sp, &sid));
+    CHECK_OK(kv_push_chunk(s, sid, &pr, 0, 0, n_kv, 0, L));
+    flx_cuda_inject_faults(1);
+    CHECK_ST(kv_push_chunk(s, sid, &pr, 1, 0, n_kv, 0, L), FLX_ERR_DEVICE);
+    flx_kv_session_info_t info;
+    CHECK_OK(flx_kv_session_info(s, sid, &info));
+    CHECK(info.state == FLX_KV_FAILED && strstr(info.fail_reason, "device window upload of layer 1"));
+    CHECK_ST(kv_push_chunk(s, sid, &pr, 2, 0, n_kv, 0, L), FLX_ERR_STATE);
+    CHECK_OK(flx_kv_session_info(s, sid, &info));
+    CHECK(info.state == FLX_KV_FAILED);
+    CHECK_OK(flx_kv_session_close(s, sid));
+    flx_kv_store_info(s, &si);
+    CHECK(si.used_bytes == 0 && si.device_used_bytes == 0);
+
+    CHECK_OK(flx_kv_session_open(s, &sp, &sid));
+    for (uint32_t l = 0; l < layers; l++) CHECK_OK(kv_push_chunk(s, sid, &pr, l, 0, n_kv, 0, L));
+    CHECK_OK(flx_kv_session_begin_decode(s, sid));
+    flx_kv_session_h sess;
+    CHECK_OK(flx_kv_session_acquire(s, sid, &sess));
+    flx_bf16_t k[2 * 64], v[2 * 64];
+    for (int i = 0; i < 2 * 64; i++) k[i] = flx_f32_to_bf16(1.0f + (float)i), v[i] = flx_f32_to_bf16(-1.0f - (float)i);
+    flx_kv_head_view_t hv;
+    CHECK_OK(flx_kv_head_view(sess, 1, 0, &hv));
+    const uint32_t n0 = hv.n_win;
+    flx_cuda_inject_faults(1);
+    CHECK_ST(flx_kv_window_append(sess, 1, k, v), FLX_ERR_DEVICE);
+    CHECK(strstr(flx_error_msg(), "window append"));
+    CHECK_OK(flx_kv_head_view(sess, 1, 0, &hv));
+    CHECK(hv.n_win == n0);
+    CHECK_OK(flx_kv_window_append(sess, 1, k, v));
+    check_device_windows_layer(sess, 1, n_kv, n0 + 1);
+    flx_kv_session_release(sess);
+    CHECK_OK(flx_kv_session_close(s, sid));
+    flx_cuda_inject_faults(0);
+    kv_prompt_free(&pr);
+    flx_kv_store_destroy(s);
+}
+
 int main(void)
 {
     if (flx_cuda_device_count() == 0) {
@@ -209,6 +270,7 @@ int main(void)
     test_window(200, 128, 1);   /* the prompt fits the window: l_cpu 0; pinned upload source */
     test_window(333, 128, 0);   /* partial last granule */
     test_budget();
+    test_faults();
     printf("test_kvstore_gpu: arena pinning and device windows on %d device(s): ok\n", flx_cuda_device_count());
     return 0;
 }

@@ -54,6 +54,12 @@ flx_status_t flx_cuda_copy_dtoh(int device, void *dst, const void *src_dev, size
 flx_status_t flx_cuda_copy_htod_2d(int device, void *dst_dev, size_t dst_pitch, const void *src, size_t src_pitch,
                                    size_t width, size_t height);
 
+/* Test hook: the next n calls of flx_cuda_malloc and the copies fail with FLX_ERR_DEVICE (message
+ * "injected fault") without reaching the runtime, so tests on a GPU machine can check what a
+ * failed cudaMalloc or copy does to a session. Process-wide; n <= 0 disarms it. Never used by
+ * library code. */
+void flx_cuda_inject_faults(int n);
+
 #ifdef __cplusplus
 }
 #endif

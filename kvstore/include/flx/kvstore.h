@@ -243,7 +243,9 @@ typedef struct flx_kv_chunk {
 
 /* Validates, copies and completes a chunk. A malformed, overlapping or duplicate chunk for a
  * RESERVED/RECEIVING session is refused and the session goes FAILED (its peer is broken); a chunk
- * for an unknown, closed, READY or DECODING session is refused and nothing changes. */
+ * for an unknown, closed, READY or DECODING session is refused and nothing changes. A chunk that
+ * completes a layer whose device-window upload fails returns that error (FLX_ERR_DEVICE...) and
+ * the session goes FAILED. */
 flx_status_t flx_kv_chunk_write(flx_kv_store_h store, flx_kv_session_id_t sid, const flx_kv_chunk_t *chunk,
                                 const flx_bf16_t *k, const flx_bf16_t *v);
 
