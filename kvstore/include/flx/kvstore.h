@@ -55,7 +55,8 @@
  * n_kv_heads, win_cap, head_dim) like the host window. Device memory is a different resource from
  * host memory, so it has its own budget, device_capacity_bytes, and never counts against
  * capacity_bytes; a session whose window does not fit the device budget, or whose cudaMalloc
- * fails, is refused at open with FLX_ERR_CAPACITY and nothing stays reserved. The prompt rows of
+ * runs out of memory, is refused at open with FLX_ERR_CAPACITY (any other device error is returned
+ * as itself, FLX_ERR_DEVICE); either way nothing stays reserved. The prompt rows of
  * a layer are uploaded when the layer completes (every granule, window rows included, has landed;
  * the same moment its pyramid is built); READY comes only after every layer's upload, and a
  * failed upload makes the session FAILED with the reason. flx_kv_window_append writes the new row
