@@ -1,9 +1,12 @@
 /*
- * cuda_rt.c - device discovery and pinning (see flx/cuda_rt.h). Compiled with or without CUDA.
+ * cuda_rt.c - device discovery, pinning, device memory and synchronous copies (see flx/cuda_rt.h).
+ * Compiled with or without CUDA; without it every device call refuses with FLX_ERR_NO_DEVICE.
  */
 #include "flx/cuda_rt.h"
 
+#include <limits.h>
 #include <stdatomic.h>
+#include <stdio.h>
 
 #ifdef FLX_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -65,5 +68,193 @@ flx_status_t flx_cuda_host_unregister(void *p)
 #else
     (void)p;
     return FLX_ERR_NO_DEVICE;
+#endif
+}
+
+/* ---- device memory and copies ---- */
+
+/* Checks that device exists; sets the message naming the call. */
+static flx_status_t device_check(int device, const char *what)
+{
+    int n = flx_cuda_device_count();
+    if (n == 0) {
+#ifdef FLX_HAVE_CUDA
+        return flx_error_set(FLX_ERR_NO_DEVICE, "%s on device %d: no CUDA device", what, device);
+#else
+        return flx_error_set(FLX_ERR_NO_DEVICE, "%s on device %d: built without CUDA", what, device);
+#endif
+    }
+    if (device < 0 || device >= n)
+        return flx_error_set(FLX_ERR_INVALID, "%s: device %d out of range (%d devices)", what, device, n);
+    return FLX_OK;
+}
+
+static atomic_int g_faults = 0;
+
+void flx_cuda_inject_faults(int n)
+{
+    atomic_store(&g_faults, n > 0 ? n : 0);
+}
+
+#ifdef FLX_HAVE_CUDA
+/* Consumes one injected fault, if armed. */
+static flx_status_t injected_fault(const char *what)
+{
+    int n = atomic_load(&g_faults);
+    while (n > 0)
+        if (atomic_compare_exchange_weak(&g_faults, &n, n - 1))
+            return flx_error_set(FLX_ERR_DEVICE, "%s: injected fault", what);
+    return FLX_OK;
+}
+
+/* Makes device current for this thread; *prev_p is the device to restore with device_leave. */
+static flx_status_t device_enter(int device, const char *what, int *prev_p)
+{
+    flx_status_t st = device_check(device, what);
+    if (st != FLX_OK) return st;
+    int prev = 0;
+    cudaError_t e = cudaGetDevice(&prev);
+    if (e == cudaSuccess && prev != device) e = cudaSetDevice(device);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return flx_status_from_cuda(e, "cudaSetDevice");
+    }
+    *prev_p = prev;
+    return FLX_OK;
+}
+
+static void device_leave(int device, int prev)
+{
+    if (prev != device) (void)cudaSetDevice(prev);
+}
+
+/* Translates a failed call and clears the runtime's last error so it does not leak into the next
+ * unrelated check (kernel launches read cudaGetLastError). */
+static flx_status_t cuda_fail(cudaError_t e, const char *what)
+{
+    (void)cudaGetLastError();
+    return flx_status_from_cuda(e, what);
+}
+#endif
+
+flx_status_t flx_cuda_mem_info(int device, size_t *free_p, size_t *total_p)
+{
+    if (!free_p || !total_p) return flx_error_set(FLX_ERR_INVALID, "cuda mem info: NULL argument");
+#ifdef FLX_HAVE_CUDA
+    int prev;
+    flx_status_t st = device_enter(device, "cudaMemGetInfo", &prev);
+    if (st != FLX_OK) return st;
+    size_t f = 0, t = 0;
+    cudaError_t e = cudaMemGetInfo(&f, &t);
+    device_leave(device, prev);
+    if (e != cudaSuccess) return cuda_fail(e, "cudaMemGetInfo");
+    *free_p = f;
+    *total_p = t;
+    return FLX_OK;
+#else
+    return device_check(device, "cudaMemGetInfo");
+#endif
+}
+
+flx_status_t flx_cuda_malloc(int device, size_t len, void **dev_p)
+{
+    if (!dev_p || len == 0) return flx_error_set(FLX_ERR_INVALID, "cudaMalloc of %zu bytes: NULL or empty", len);
+#ifdef FLX_HAVE_CUDA
+    int prev;
+    flx_status_t st = device_enter(device, "cudaMalloc", &prev);
+    if (st != FLX_OK) return st;
+    if ((st = injected_fault("cudaMalloc")) != FLX_OK) {
+        device_leave(device, prev);
+        return st;
+    }
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, len);
+    device_leave(device, prev);
+    if (e != cudaSuccess) {
+        char what[80];
+        snprintf(what, sizeof what, "cudaMalloc of %zu bytes on device %d", len, device);
+        return cuda_fail(e, what);
+    }
+    *dev_p = p;
+    return FLX_OK;
+#else
+    return device_check(device, "cudaMalloc");
+#endif
+}
+
+flx_status_t flx_cuda_free(int device, void *dev)
+{
+    if (!dev) return FLX_OK;
+#ifdef FLX_HAVE_CUDA
+    int prev;
+    flx_status_t st = device_enter(device, "cudaFree", &prev);
+    if (st != FLX_OK) return st;
+    cudaError_t e = cudaFree(dev);
+    device_leave(device, prev);
+    return e == cudaSuccess ? FLX_OK : cuda_fail(e, "cudaFree");
+#else
+    return device_check(device, "cudaFree");
+#endif
+}
+
+flx_status_t flx_cuda_copy_htod(int device, void *dst_dev, const void *src, size_t len)
+{
+    return flx_cuda_copy_htod_2d(device, dst_dev, len, src, len, len, 1);
+}
+
+flx_status_t flx_cuda_copy_htod_2d(int device, void *dst_dev, size_t dst_pitch, const void *src, size_t src_pitch,
+                                   size_t width, size_t height)
+{
+    if (width == 0 || height == 0) return FLX_OK;
+    if (!dst_dev || !src || dst_pitch < width || src_pitch < width)
+        return flx_error_set(FLX_ERR_INVALID, "host-to-device copy: NULL pointer or pitch (%zu, %zu) below width %zu",
+                             dst_pitch, src_pitch, width);
+#ifdef FLX_HAVE_CUDA
+    int prev;
+    flx_status_t st = device_enter(device, "host-to-device copy", &prev);
+    if (st != FLX_OK) return st;
+    if ((st = injected_fault("host-to-device copy")) != FLX_OK) {
+        device_leave(device, prev);
+        return st;
+    }
+    cudaError_t e = cudaSuccess;
+    if (height == 1) {
+        e = cudaMemcpy(dst_dev, src, width, cudaMemcpyHostToDevice);
+    } else if (dst_pitch <= INT_MAX && src_pitch <= INT_MAX) {
+        e = cudaMemcpy2D(dst_dev, dst_pitch, src, src_pitch, width, height, cudaMemcpyHostToDevice);
+    } else {
+        /* cudaMemcpy2D refuses pitches past the device's memPitch (2^31 - 1): row by row. */
+        for (size_t r = 0; r < height && e == cudaSuccess; r++)
+            e = cudaMemcpy((char *)dst_dev + r * dst_pitch, (const char *)src + r * src_pitch, width,
+                           cudaMemcpyHostToDevice);
+    }
+    /* From pageable memory cudaMemcpy may return before the DMA lands: wait for it. */
+    if (e == cudaSuccess) e = cudaStreamSynchronize(0);
+    device_leave(device, prev);
+    if (e != cudaSuccess) return cuda_fail(e, "host-to-device copy");
+    return FLX_OK;
+#else
+    return device_check(device, "host-to-device copy");
+#endif
+}
+
+flx_status_t flx_cuda_copy_dtoh(int device, void *dst, const void *src_dev, size_t len)
+{
+    if (len == 0) return FLX_OK;
+    if (!dst || !src_dev) return flx_error_set(FLX_ERR_INVALID, "device-to-host copy of %zu bytes: NULL pointer", len);
+#ifdef FLX_HAVE_CUDA
+    int prev;
+    flx_status_t st = device_enter(device, "device-to-host copy", &prev);
+    if (st != FLX_OK) return st;
+    if ((st = injected_fault("device-to-host copy")) != FLX_OK) {
+        device_leave(device, prev);
+        return st;
+    }
+    cudaError_t e = cudaMemcpy(dst, src_dev, len, cudaMemcpyDeviceToHost);
+    device_leave(device, prev);
+    if (e != cudaSuccess) return cuda_fail(e, "device-to-host copy");
+    return FLX_OK;
+#else
+    return device_check(device, "device-to-host copy");
 #endif
 }

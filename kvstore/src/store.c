@@ -23,9 +23,28 @@
  * last reference goes, so a receiver or the decode loop never touches freed memory. Ids are
  * (generation << 32 | slot + 1): never 0 and never reused.
  *
- * Locks. store->lock guards the pool (free list, bump, used_bytes), the session table and
- * generations. sess->lock guards state, bitmaps, counters and fail_reason. Order: store before
- * session; no lock is held while copying KV or building a pyramid.
+ * Device window. With FLX_KV_STORE_WINDOW_DEVICE and a GPU at create, each session also owns one
+ * cudaMalloc holding a copy of its window (K half then V half, the host window's layout), so
+ * GPU window attention reads device memory instead of pulling the window over PCIe every step.
+ * The host window stays: it is where chunks land (a transport's zero-copy receive writes host
+ * memory) and what CPU workers read, so a node without a GPU runs the same code. The device copy
+ * is filled at the one moment its rows are final and nobody reads them yet: when a layer's last
+ * granule completes, after the pyramid, by that same thread; layers_built counts a layer only
+ * after its upload, so READY implies every upload finished, and a failed upload fails the session
+ * instead. Appends write the host row, then the device row, and advance n_win only when both
+ * succeeded. Device bytes have their own budget (dev_capacity): device and host memory are
+ * different resources and mixing them in capacity_bytes would let one starve the other. The
+ * allocation is made at open, after both budgets were reserved under the store lock and before the
+ * id is published, so a refused cudaMalloc undoes the reservation and the caller sees
+ * FLX_ERR_CAPACITY with nothing left behind. It is freed with the rest of the session memory on the
+ * last reference, so a view held across close keeps its device pointers valid. Copies are
+ * synchronous for now (flx/cuda_rt.h); cudaFree synchronises the device, a cost paid at session
+ * free, off the per-token path (a store-wide device arena like the host one would remove it).
+ *
+ * Locks. store->lock guards the pool (free list, bump, used_bytes, dev_used), the session table,
+ * generations and session ids. sess->lock guards state, bitmaps, counters and fail_reason. Order:
+ * store before session; no lock is held while copying KV, uploading a window or building a
+ * pyramid.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -53,6 +72,9 @@ struct flx_kv_store {
     size_t block_bytes;
     int numa_node;
     int hugepages, pinned;
+    int win_dev;               /* sessions get a device window */
+    int cuda_device;           /* ordinal of the device windows; -1 when !win_dev */
+    size_t dev_capacity;       /* bytes: budget of all device windows; 0 when !win_dev */
     uint8_t *arena;            /* (n_blocks_max, block_bytes) */
     size_t arena_bytes;
     uint32_t n_blocks_max;
@@ -63,6 +85,7 @@ struct flx_kv_store {
     uint32_t n_free;
     uint32_t bump;             /* blocks never handed out start here */
     size_t used_bytes;
+    size_t dev_used;           /* bytes of device windows reserved by sessions not yet freed */
     uint32_t n_sessions;
     struct flx_kv_session **slots; /* (max_sessions) */
     uint32_t *gen;             /* (max_sessions) */
@@ -78,6 +101,7 @@ typedef struct session_layout {
         off_missing;
     size_t side_bytes;
     size_t kv_bytes;                     /* blocks * block_bytes */
+    size_t dev_bytes;                    /* device window bytes (K and V); 0 when host-only */
     int with_stats;
 } session_layout_t;
 
@@ -95,6 +119,8 @@ struct flx_kv_session {
     flx_bf16_t *meta;         /* (n_layers, n_kv_heads, meta_per_head) */
     flx_bf16_t *win_k;        /* (n_layers, n_kv_heads, win_cap, D) */
     flx_bf16_t *win_v;        /* (n_layers, n_kv_heads, win_cap, D) */
+    flx_bf16_t *win_k_dev;    /* device (n_layers, n_kv_heads, win_cap, D), the one allocation, or NULL */
+    flx_bf16_t *win_v_dev;    /* device (n_layers, n_kv_heads, win_cap, D), inside it; or NULL */
     uint32_t *n_win;          /* (n_layers); appended by the decode thread only */
     flx_head_stats_t *stats;  /* (n_layers, n_q_heads) or NULL */
     float *mean_k;            /* (n_layers, n_q_heads, D) or NULL */
@@ -160,6 +186,7 @@ static flx_status_t session_layout(const struct flx_kv_store *s, uint32_t L, uin
     lay->off_missing = take(&off, s->n_layers * sizeof(uint32_t));
     lay->side_bytes = FLX_ALIGN_UP(off, 4096);
     lay->kv_bytes = LH * lay->n_blocks * s->block_bytes;
+    lay->dev_bytes = s->win_dev ? 2 * LH * lay->win_cap * D * sizeof(flx_bf16_t) : 0;
     return FLX_OK;
 }
 
@@ -197,6 +224,14 @@ flx_status_t flx_kv_store_create(const flx_kv_store_params_t *p, flx_kv_store_h 
                              "kv store: capacity %zu bytes must be at least 1 MiB and at most 90%% of the %zu bytes of "
                              "physical memory",
                              p->capacity_bytes, phys);
+    const uint32_t known_flags =
+        FLX_KV_STORE_HUGEPAGES | FLX_KV_STORE_PREFAULT | FLX_KV_STORE_PIN_CUDA | FLX_KV_STORE_WINDOW_DEVICE;
+    if ((p->field_mask & FLX_KV_STORE_FIELD_FLAGS) && (p->flags & ~known_flags))
+        return flx_error_set(FLX_ERR_INVALID, "kv store: unknown flags 0x%x", p->flags & ~known_flags);
+    const int dev = (p->field_mask & FLX_KV_STORE_FIELD_CUDA_DEVICE) ? p->cuda_device : 0;
+    if (dev < 0) return flx_error_set(FLX_ERR_INVALID, "kv store: cuda_device %d is negative", dev);
+    if ((p->field_mask & FLX_KV_STORE_FIELD_DEVICE_CAPACITY) && p->device_capacity_bytes == 0)
+        return flx_error_set(FLX_ERR_INVALID, "kv store: device_capacity_bytes is 0");
     int node = (p->field_mask & FLX_KV_STORE_FIELD_NUMA_NODE) ? p->numa_node : FLX_KV_NUMA_ANY;
     if (node == FLX_KV_NUMA_ANY) node = flx_numa_current_node();
     if ((st = flx_numa_check_node(node)) != FLX_OK) return st;
@@ -218,6 +253,32 @@ flx_status_t flx_kv_store_create(const flx_kv_store_params_t *p, flx_kv_store_h 
     s->capacity = p->capacity_bytes;
     s->block_bytes = (size_t)64 * s->head_dim;
     s->numa_node = node;
+    s->cuda_device = -1;
+    if (s->flags & FLX_KV_STORE_WINDOW_DEVICE) {
+        const int n_dev = flx_cuda_device_count();
+        if (n_dev == 0) {
+            flx_log_info(MOD, "store: device windows asked for but no cuda device is usable: windows stay in host "
+                              "memory");
+        } else {
+            if (dev >= n_dev) {
+                st = flx_error_set(FLX_ERR_INVALID, "kv store: cuda_device %d out of range (%d devices)", dev, n_dev);
+                goto err;
+            }
+            size_t dfree = 0, dtotal = 0;
+            if ((st = flx_cuda_mem_info(dev, &dfree, &dtotal)) != FLX_OK) goto err;
+            size_t cap = (p->field_mask & FLX_KV_STORE_FIELD_DEVICE_CAPACITY) ? p->device_capacity_bytes : dfree / 4;
+            if (cap > dfree) {
+                st = flx_error_set(FLX_ERR_CAPACITY,
+                                   "kv store: device window budget of %zu bytes exceeds the %zu bytes free on device "
+                                   "%d (%zu total)",
+                                   cap, dfree, dev, dtotal);
+                goto err;
+            }
+            s->win_dev = 1;
+            s->cuda_device = dev;
+            s->dev_capacity = cap;
+        }
+    }
     s->n_blocks_max = (uint32_t)FLX_MIN(s->capacity / s->block_bytes, (size_t)UINT32_MAX - 1);
     s->arena_bytes = FLX_ALIGN_UP((size_t)s->n_blocks_max * s->block_bytes, 2u << 20);
     pthread_mutex_init(&s->lock, NULL);
@@ -245,8 +306,11 @@ flx_status_t flx_kv_store_create(const flx_kv_store_params_t *p, flx_kv_store_h 
         if ((st = flx_cuda_host_register(s->arena, s->arena_bytes)) != FLX_OK) goto err;
         s->pinned = 1;
     }
-    flx_log_info(MOD, "store: %zu bytes capacity, %u blocks of %zu bytes on numa node %d (thp %d, pinned %d)",
-                 s->capacity, s->n_blocks_max, s->block_bytes, node, s->hugepages, s->pinned);
+    flx_log_info(MOD,
+                 "store: %zu bytes capacity, %u blocks of %zu bytes on numa node %d (thp %d, pinned %d); device "
+                 "windows %s (device %d, %zu bytes)",
+                 s->capacity, s->n_blocks_max, s->block_bytes, node, s->hugepages, s->pinned,
+                 s->win_dev ? "on" : "off", s->cuda_device, s->dev_capacity);
     *store_p = s;
     return FLX_OK;
 err:
@@ -286,6 +350,7 @@ void flx_kv_store_info(flx_kv_store_h s, flx_kv_store_info_t *info)
     memset(info, 0, sizeof *info);
     pthread_mutex_lock(&s->lock);
     info->used_bytes = s->used_bytes;
+    info->device_used_bytes = s->dev_used;
     info->n_sessions = s->n_sessions;
     pthread_mutex_unlock(&s->lock);
     info->numa_node = s->numa_node;
@@ -299,6 +364,9 @@ void flx_kv_store_info(flx_kv_store_h s, flx_kv_store_info_t *info)
     info->head_dim = s->head_dim;
     info->sink = s->sink;
     info->local = s->local;
+    info->window_on_device = s->win_dev;
+    info->cuda_device = s->cuda_device;
+    info->device_capacity_bytes = s->dev_capacity;
 }
 
 flx_status_t flx_kv_session_bytes(flx_kv_store_h s, uint32_t L, uint32_t max_new, size_t *bytes_p)
@@ -307,6 +375,15 @@ flx_status_t flx_kv_session_bytes(flx_kv_store_h s, uint32_t L, uint32_t max_new
     flx_status_t st = session_layout(s, L, max_new, 1, &lay);
     if (st != FLX_OK) return st;
     *bytes_p = lay.kv_bytes + lay.side_bytes;
+    return FLX_OK;
+}
+
+flx_status_t flx_kv_session_device_bytes(flx_kv_store_h s, uint32_t L, uint32_t max_new, size_t *bytes_p)
+{
+    session_layout_t lay;
+    flx_status_t st = session_layout(s, L, max_new, 1, &lay);
+    if (st != FLX_OK) return st;
+    *bytes_p = lay.dev_bytes;
     return FLX_OK;
 }
 
@@ -329,8 +406,13 @@ static void session_free(struct flx_kv_session *x)
 {
     struct flx_kv_store *s = x->store;
     const size_t n_blocks = (size_t)s->n_layers * s->n_kv_heads * x->lay.n_blocks;
+    /* Free before un-reserving, so the budget never promises memory the device has not got back. */
+    if (x->win_k_dev && flx_cuda_free(s->cuda_device, x->win_k_dev) != FLX_OK)
+        flx_log_warn(MOD, "session %#llx: freeing its device window of %zu bytes: %s", (unsigned long long)x->id,
+                     x->lay.dev_bytes, flx_error_msg());
     pthread_mutex_lock(&s->lock);
     pool_put(s, x->table, n_blocks, x->lay.kv_bytes + x->lay.side_bytes);
+    s->dev_used -= x->lay.dev_bytes;
     pthread_mutex_unlock(&s->lock);
     if (x->side_pinned) flx_cuda_host_unregister(x->side);
     if (numa_available() >= 0) numa_free(x->side, x->lay.side_bytes);
@@ -371,6 +453,10 @@ flx_status_t flx_kv_session_open(flx_kv_store_h s, const flx_kv_session_params_t
     }
     x->table = (uint32_t *)(x->side + lay.off_table);
 
+    /* The slot is taken under the lock but the id is published only once the session is complete
+     * (x->id stays 0 until then, and no caller can name id 0), so no other thread reaches a
+     * half-built session and a refusal below can still undo everything. */
+    flx_kv_session_id_t id = 0;
     pthread_mutex_lock(&s->lock);
     uint32_t slot = UINT32_MAX;
     for (uint32_t i = 0; i < s->max_sessions; i++)
@@ -385,18 +471,45 @@ flx_status_t flx_kv_session_open(flx_kv_store_h s, const flx_kv_session_params_t
         st = flx_error_set(FLX_ERR_CAPACITY,
                            "session open: prompt of %u tokens needs %zu bytes, %zu of %zu bytes in use (%u sessions)",
                            p->prompt_len, total, s->used_bytes, s->capacity, s->n_sessions);
+    } else if (lay.dev_bytes > s->dev_capacity - s->dev_used) {
+        st = flx_error_set(FLX_ERR_CAPACITY,
+                           "session open: prompt of %u tokens, %u new: device window needs %zu bytes, %zu of %zu "
+                           "device bytes in use (%u sessions)",
+                           p->prompt_len, p->max_new_tokens, lay.dev_bytes, s->dev_used, s->dev_capacity,
+                           s->n_sessions);
     } else {
         for (size_t i = 0; i < n_blocks; i++)
             x->table[i] = s->n_free ? s->free_list[--s->n_free] : s->bump++;
         s->used_bytes += total;
+        s->dev_used += lay.dev_bytes;
         s->n_sessions++;
         s->gen[slot]++;
-        x->id = ((uint64_t)s->gen[slot] << 32) | (slot + 1);
+        id = ((uint64_t)s->gen[slot] << 32) | (slot + 1);
         x->slot = slot;
         s->slots[slot] = x;
         st = FLX_OK;
     }
     pthread_mutex_unlock(&s->lock);
+    if (st == FLX_OK && lay.dev_bytes) {
+        void *d = NULL;
+        if ((st = flx_cuda_malloc(s->cuda_device, lay.dev_bytes, &d)) == FLX_OK) {
+            x->win_k_dev = d;
+            x->win_v_dev = x->win_k_dev + (size_t)LH * lay.win_cap * s->head_dim;
+        } else {
+            char why[FLX_ERROR_MSG_MAX];
+            snprintf(why, sizeof why, "%s", flx_error_msg());
+            /* A full device is a capacity refusal (try later or elsewhere); anything else is the device's. */
+            st = flx_error_set(st == FLX_ERR_NOMEM ? FLX_ERR_CAPACITY : st,
+                               "session open: device window of %zu bytes for a prompt of %u tokens: %s",
+                               lay.dev_bytes, p->prompt_len, why);
+            pthread_mutex_lock(&s->lock);
+            pool_put(s, x->table, n_blocks, total);
+            s->dev_used -= lay.dev_bytes;
+            s->slots[slot] = NULL;
+            s->n_sessions--;
+            pthread_mutex_unlock(&s->lock);
+        }
+    }
     if (st != FLX_OK) {
         if (numa_available() >= 0) numa_free(x->side, lay.side_bytes);
         else munmap(x->side, lay.side_bytes);
@@ -440,7 +553,10 @@ flx_status_t flx_kv_session_open(flx_kv_store_h s, const flx_kv_session_params_t
     if (s->pinned && flx_cuda_host_register(x->side, lay.side_bytes) == FLX_OK) x->side_pinned = 1;
     pthread_mutex_init(&x->lock, NULL);
     x->state = FLX_KV_RESERVED;
-    *sid_p = x->id;
+    pthread_mutex_lock(&s->lock);
+    x->id = id;
+    pthread_mutex_unlock(&s->lock);
+    *sid_p = id;
     return FLX_OK;
 }
 
@@ -540,6 +656,7 @@ flx_status_t flx_kv_session_info(flx_kv_store_h s, flx_kv_session_id_t sid, flx_
     info->max_new_tokens = x->max_new;
     info->bytes_expected = (uint64_t)s->n_layers * s->n_kv_heads * x->prompt_len * s->head_dim * 2 * sizeof(flx_bf16_t);
     info->reserved_bytes = x->lay.kv_bytes + x->lay.side_bytes;
+    info->device_bytes = x->lay.dev_bytes;
     session_unref(x);
     return FLX_OK;
 }
@@ -707,6 +824,23 @@ static void build_layer(struct flx_kv_session *x, uint32_t layer)
     }
 }
 
+/* Copies the prompt rows of one layer's window (all heads) to the device window. Called once per
+ * layer, by the thread that completed it: the rows are final and no view exists yet. */
+static flx_status_t upload_layer(struct flx_kv_session *x, uint32_t layer)
+{
+    if (!x->win_k_dev) return FLX_OK;
+    const struct flx_kv_store *s = x->store;
+    const size_t D = s->head_dim, row = D * sizeof(flx_bf16_t), pitch = x->lay.win_cap * row;
+    const size_t off = (size_t)layer * s->n_kv_heads * x->lay.win_cap * D;
+    const size_t width = (size_t)(x->lay.n_sink + x->lay.n_local) * row;
+    flx_status_t st = flx_cuda_copy_htod_2d(s->cuda_device, x->win_k_dev + off, pitch, x->win_k + off, pitch, width,
+                                            s->n_kv_heads);
+    if (st == FLX_OK)
+        st = flx_cuda_copy_htod_2d(s->cuda_device, x->win_v_dev + off, pitch, x->win_v + off, pitch, width,
+                                   s->n_kv_heads);
+    return st;
+}
+
 flx_status_t flx_kv_chunk_complete(flx_kv_store_h s, flx_kv_claim_t *cl, int ok)
 {
     if (!s || !cl) return flx_error_set(FLX_ERR_INVALID, "chunk complete: NULL argument");
@@ -736,10 +870,19 @@ flx_status_t flx_kv_chunk_complete(flx_kv_store_h s, flx_kv_claim_t *cl, int ok)
     pthread_mutex_unlock(&sess->lock);
     if (build) {
         build_layer(sess, c->layer);
+        flx_status_t up = upload_layer(sess, c->layer);
+        char reason[160];
+        if (up != FLX_OK) snprintf(reason, sizeof reason, "device window upload of layer %u: %s", c->layer,
+                                   flx_error_msg());
         pthread_mutex_lock(&sess->lock);
-        sess->layers_built++;
-        check_ready_locked(sess);
+        if (up == FLX_OK) {
+            sess->layers_built++;
+            check_ready_locked(sess);
+        } else {
+            session_fail_locked(sess, reason);
+        }
         pthread_mutex_unlock(&sess->lock);
+        if (up != FLX_OK) st = flx_error_set(up, "session %#llx: %s", (unsigned long long)cl->sid, reason);
     }
     free(priv);
     session_unref(sess);
@@ -921,6 +1064,9 @@ flx_status_t flx_kv_head_view(flx_kv_session_h x, uint32_t layer, uint32_t kv_he
     v->n_win = x->n_win[layer];
     v->win_cap = x->lay.win_cap;
     v->numa_node = s->numa_node;
+    v->win_k_dev = x->win_k_dev ? x->win_k_dev + lh * x->lay.win_cap * s->head_dim : NULL;
+    v->win_v_dev = x->win_v_dev ? x->win_v_dev + lh * x->lay.win_cap * s->head_dim : NULL;
+    v->win_device = x->win_k_dev ? s->cuda_device : -1;
     return FLX_OK;
 }
 
@@ -958,6 +1104,20 @@ flx_status_t flx_kv_window_append(flx_kv_session_h x, uint32_t layer, const flx_
         size_t lh = (size_t)layer * s->n_kv_heads + h;
         memcpy(x->win_k + (lh * x->lay.win_cap + n) * D, k + h * D, D * sizeof(flx_bf16_t));
         memcpy(x->win_v + (lh * x->lay.win_cap + n) * D, v + h * D, D * sizeof(flx_bf16_t));
+    }
+    if (x->win_k_dev) {
+        /* Row n of every head of the layer: n_kv_heads rows of D, a win_cap-row pitch apart. */
+        const size_t row = D * sizeof(flx_bf16_t), pitch = x->lay.win_cap * row;
+        const size_t off = ((size_t)layer * s->n_kv_heads * x->lay.win_cap + n) * D;
+        flx_status_t st = flx_cuda_copy_htod_2d(s->cuda_device, x->win_k_dev + off, pitch, k, row, row, s->n_kv_heads);
+        if (st == FLX_OK)
+            st = flx_cuda_copy_htod_2d(s->cuda_device, x->win_v_dev + off, pitch, v, row, row, s->n_kv_heads);
+        if (st != FLX_OK) {
+            char why[FLX_ERROR_MSG_MAX];
+            snprintf(why, sizeof why, "%s", flx_error_msg());
+            return flx_error_set(st, "window append: session %#llx layer %u row %u to device %d: %s",
+                                 (unsigned long long)x->id, layer, n, s->cuda_device, why);
+        }
     }
     x->n_win[layer] = n + 1;
     return FLX_OK;

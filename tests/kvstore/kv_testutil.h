@@ -15,6 +15,26 @@ typedef struct kv_prompt {
     flx_bf16_t *k, *v; /* (n_layers, n_kv, L, D) */
 } kv_prompt_t;
 
+/* flags: FLX_KV_STORE_* (for example WINDOW_DEVICE); kv_make_store keeps the store's defaults. */
+static inline flx_kv_store_h kv_make_store_flags(uint32_t layers, uint32_t n_kv, uint32_t n_q, uint32_t D,
+                                                 uint32_t sink, uint32_t local, size_t capacity, uint32_t flags)
+{
+    flx_kv_store_params_t p = {0};
+    p.field_mask = FLX_KV_STORE_FIELD_CAPACITY | FLX_KV_STORE_FIELD_SHAPE | FLX_KV_STORE_FIELD_WINDOW |
+                   FLX_KV_STORE_FIELD_FLAGS;
+    p.capacity_bytes = capacity;
+    p.n_layers = layers;
+    p.n_kv_heads = n_kv;
+    p.n_q_heads = n_q;
+    p.head_dim = D;
+    p.sink = sink;
+    p.local = local;
+    p.flags = flags;
+    flx_kv_store_h s;
+    CHECK_OK(flx_kv_store_create(&p, &s));
+    return s;
+}
+
 static inline flx_kv_store_h kv_make_store(uint32_t layers, uint32_t n_kv, uint32_t n_q, uint32_t D, uint32_t sink,
                                            uint32_t local, size_t capacity)
 {

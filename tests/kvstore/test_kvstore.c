@@ -1,8 +1,8 @@
 /*
  * test_kvstore.c - the host KV store: layout arithmetic, the metadata pyramid against a brute-force
  * oracle at every ISA level, the session state machine, capacity, chunk placement in any order,
- * refusal of bad input (and what it does to the session), statistics, window, claims, and a
- * 10,000-cycle leak check.
+ * refusal of bad input (and what it does to the session), statistics, window, claims, the
+ * device-window flag and its host fallback, and a 10,000-cycle leak check.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "flx/cpu.h"
+#include "flx/cuda_rt.h"
 #include "kv_testutil.h"
 
 static flx_rng_t rng;
@@ -508,6 +509,128 @@ static void test_capacity(void)
     flx_kv_store_destroy(s);
 }
 
+/* FLX_KV_STORE_WINDOW_DEVICE: parameter checks, then the documented fallback. Without a usable
+ * device (this build without CUDA, or no GPU / no driver) the store falls back to host-only
+ * windows: info says so, views carry NULL device pointers, nothing is reserved on a device, and
+ * everything else works unchanged. With a device (the GPU machine) the same test checks the
+ * device fields are consistent; test_kvstore_gpu checks the device bytes themselves. */
+static void test_window_device(void)
+{
+    const int n_dev = flx_cuda_device_count();
+    flx_kv_store_params_t p = {0};
+    p.field_mask = FLX_KV_STORE_FIELD_CAPACITY | FLX_KV_STORE_FIELD_SHAPE | FLX_KV_STORE_FIELD_FLAGS;
+    p.capacity_bytes = 64u << 20, p.n_layers = 2, p.n_kv_heads = 2, p.n_q_heads = 4, p.head_dim = 64;
+    flx_kv_store_h s;
+    p.flags = 1u << 9;
+    CHECK_ST(flx_kv_store_create(&p, &s), FLX_ERR_INVALID);
+    CHECK(strstr(flx_error_msg(), "unknown flags 0x200"));
+    p.flags = FLX_KV_STORE_HUGEPAGES | FLX_KV_STORE_WINDOW_DEVICE;
+    p.field_mask |= FLX_KV_STORE_FIELD_CUDA_DEVICE;
+    p.cuda_device = -1;
+    CHECK_ST(flx_kv_store_create(&p, &s), FLX_ERR_INVALID);
+    CHECK(strstr(flx_error_msg(), "cuda_device -1"));
+    p.cuda_device = 0;
+    p.field_mask |= FLX_KV_STORE_FIELD_DEVICE_CAPACITY;
+    p.device_capacity_bytes = 0;
+    CHECK_ST(flx_kv_store_create(&p, &s), FLX_ERR_INVALID);
+    CHECK(strstr(flx_error_msg(), "device_capacity_bytes is 0"));
+    p.device_capacity_bytes = 32u << 20;
+
+    /* Without the flag: host-only whatever the machine has. With it: device windows iff a device. */
+    for (int with_flag = 0; with_flag < 2; with_flag++) {
+        p.flags = FLX_KV_STORE_HUGEPAGES | (with_flag ? FLX_KV_STORE_WINDOW_DEVICE : 0);
+        CHECK_OK(flx_kv_store_create(&p, &s));
+        const int on_dev = with_flag && n_dev > 0;
+        flx_kv_store_info_t si;
+        flx_kv_store_info(s, &si);
+        CHECK(si.window_on_device == on_dev);
+        CHECK(si.cuda_device == (on_dev ? 0 : -1));
+        CHECK(si.device_capacity_bytes == (on_dev ? (size_t)32 << 20 : 0));
+        CHECK(si.device_used_bytes == 0);
+        const uint32_t L = 700, max_new = 4, win_cap = 64 + 256 + max_new;
+        size_t dev_bytes, host_bytes;
+        CHECK_OK(flx_kv_session_device_bytes(s, L, max_new, &dev_bytes));
+        CHECK_OK(flx_kv_session_bytes(s, L, max_new, &host_bytes));
+        CHECK(dev_bytes == (on_dev ? (size_t)2 * 2 * 2 * win_cap * 64 * sizeof(flx_bf16_t) : 0));
+        CHECK_ST(flx_kv_session_device_bytes(s, 0, max_new, &dev_bytes), FLX_ERR_INVALID);
+
+        kv_prompt_t pr;
+        kv_prompt_random(&pr, 2, 2, 64, L, &rng);
+        flx_kv_session_id_t sid = open_session(s, L, max_new, FLX_KV_SESSION_NO_STATS);
+        flx_kv_session_info_t info;
+        CHECK_OK(flx_kv_session_info(s, sid, &info));
+        /* flx_kv_session_bytes counts statistics; this session has none. */
+        CHECK(info.device_bytes == dev_bytes && info.reserved_bytes > 0 && info.reserved_bytes <= host_bytes);
+        host_bytes = info.reserved_bytes;
+        flx_kv_store_info(s, &si);
+        CHECK(si.device_used_bytes == dev_bytes && si.used_bytes == host_bytes);
+        kv_push_random(s, sid, &pr, &rng);
+        CHECK(state_of(s, sid) == FLX_KV_READY);
+        CHECK_OK(flx_kv_session_info(s, sid, &info));
+        flx_kv_session_h sess;
+        CHECK_OK(flx_kv_session_acquire(s, sid, &sess));
+        kv_check_placement(sess, &info, &pr);
+        CHECK_OK(flx_kv_session_begin_decode(s, sid));
+        flx_bf16_t k[2 * 64], v[2 * 64];
+        for (uint32_t t = 0; t < max_new; t++)
+            for (uint32_t l = 0; l < 2; l++) {
+                for (int i = 0; i < 2 * 64; i++) {
+                    k[i] = flx_f32_to_bf16((float)(t * 1000 + l * 100 + i));
+                    v[i] = flx_f32_to_bf16(-(float)(t * 1000 + l * 100 + i));
+                }
+                CHECK_OK(flx_kv_window_append(sess, l, k, v));
+            }
+        CHECK_ST(flx_kv_window_append(sess, 0, k, v), FLX_ERR_CAPACITY);
+        for (uint32_t l = 0; l < 2; l++)
+            for (uint32_t h = 0; h < 2; h++) {
+                flx_kv_head_view_t hv;
+                memset(&hv, 0xa5, sizeof hv); /* every field must be written */
+                CHECK_OK(flx_kv_head_view(sess, l, h, &hv));
+                CHECK(hv.n_win == win_cap && hv.win_cap == win_cap);
+                CHECK((hv.win_k_dev != NULL) == on_dev && (hv.win_v_dev != NULL) == on_dev);
+                CHECK(hv.win_device == (on_dev ? 0 : -1));
+                if (on_dev) CHECK(hv.win_v_dev != hv.win_k_dev);
+                /* The last appended row of this head, host side. */
+                const uint32_t t = max_new - 1;
+                const float want = (float)(t * 1000 + l * 100 + h * 64 + 3);
+                CHECK(hv.win_k[(size_t)(win_cap - 1) * 64 + 3] == flx_f32_to_bf16(want));
+                CHECK(hv.win_v[(size_t)(win_cap - 1) * 64 + 3] == flx_f32_to_bf16(-want));
+            }
+        /* Close while the view is held: the reservation (host and device) lasts until the release. */
+        CHECK_OK(flx_kv_session_close(s, sid));
+        flx_kv_store_info(s, &si);
+        CHECK(si.device_used_bytes == dev_bytes && si.used_bytes == host_bytes && si.n_sessions == 0);
+        flx_kv_session_release(sess);
+        flx_kv_store_info(s, &si);
+        CHECK(si.device_used_bytes == 0 && si.used_bytes == 0);
+        kv_prompt_free(&pr);
+        flx_kv_store_destroy(s);
+    }
+
+    if (n_dev == 0) {
+        /* The runtime wrappers refuse cleanly, naming the call, and write no out-param. */
+        void *d = (void *)&p;
+        CHECK_ST(flx_cuda_malloc(0, 4096, &d), FLX_ERR_NO_DEVICE);
+        CHECK(d == (void *)&p && strstr(flx_error_msg(), "cudaMalloc"));
+        CHECK(strstr(flx_error_msg(), "no CUDA device") || strstr(flx_error_msg(), "built without CUDA"));
+        CHECK_ST(flx_cuda_malloc(0, 0, &d), FLX_ERR_INVALID);
+        CHECK_OK(flx_cuda_free(0, NULL));
+        char buf[64] = {0};
+        CHECK_ST(flx_cuda_copy_htod(0, buf, buf + 32, 16), FLX_ERR_NO_DEVICE);
+        CHECK(strstr(flx_error_msg(), "host-to-device"));
+        CHECK_ST(flx_cuda_copy_htod_2d(0, buf, 32, buf + 32, 16, 16, 2), FLX_ERR_NO_DEVICE);
+        CHECK_ST(flx_cuda_copy_dtoh(0, buf, buf + 32, 16), FLX_ERR_NO_DEVICE);
+        CHECK(strstr(flx_error_msg(), "device-to-host"));
+        CHECK_OK(flx_cuda_copy_htod(0, buf, buf + 32, 0));
+        size_t fr = 1, tot = 2;
+        CHECK_ST(flx_cuda_mem_info(0, &fr, &tot), FLX_ERR_NO_DEVICE);
+        CHECK(fr == 1 && tot == 2);
+        fprintf(stderr, "window device: no cuda device: host-only windows, wrappers refuse with no_device\n");
+    } else {
+        fprintf(stderr, "window device: %d cuda device(s): device windows on device 0\n", n_dev);
+    }
+}
+
 static long rss_pages(void)
 {
     long size = 0, rss = 0;
@@ -581,6 +704,7 @@ int main(void)
     test_stats();
     test_claims();
     test_capacity();
+    test_window_device();
     test_numa();
     test_cycles();
     printf("test_kvstore: ok\n");

@@ -1,12 +1,16 @@
 /*
  * test_kvstore_concurrency.c - many receiver threads write chunks of many sessions in random order
  * while reader threads acquire READY sessions and check their data, and a churn thread opens and
- * closes sessions. Runs under TSan in the test command (label concurrency).
+ * closes sessions. Runs under TSan in the test command (label concurrency). The store asks for
+ * device windows: where a GPU exists, uploads run from the writer threads, churn opens and frees
+ * device memory, and readers check each device window against the host copy; elsewhere the store
+ * falls back to host windows and the test is the host-only one.
  */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 
+#include "flx/cuda_rt.h"
 #include "kv_testutil.h"
 
 #define N_SESS 12
@@ -37,6 +41,25 @@ static void *writer(void *arg)
     return NULL;
 }
 
+/* With device windows: rows [0, n_win) on the device equal the host rows. */
+static void check_device(flx_kv_session_h sess, const kv_prompt_t *pr)
+{
+    for (uint32_t l = 0; l < pr->n_layers; l++)
+        for (uint32_t h = 0; h < pr->n_kv; h++) {
+            flx_kv_head_view_t v;
+            CHECK_OK(flx_kv_head_view(sess, l, h, &v));
+            if (!v.win_k_dev) continue;
+            size_t bytes = (size_t)v.n_win * v.head_dim * sizeof(flx_bf16_t);
+            flx_bf16_t *k = malloc(bytes ? bytes : 1), *vv = malloc(bytes ? bytes : 1);
+            CHECK(k && vv);
+            CHECK_OK(flx_cuda_copy_dtoh(v.win_device, k, v.win_k_dev, bytes));
+            CHECK_OK(flx_cuda_copy_dtoh(v.win_device, vv, v.win_v_dev, bytes));
+            CHECK(memcmp(k, v.win_k, bytes) == 0 && memcmp(vv, v.win_v, bytes) == 0);
+            free(k);
+            free(vv);
+        }
+}
+
 static void *reader(void *arg)
 {
     uint8_t seen[N_SESS] = {0};
@@ -52,6 +75,7 @@ static void *reader(void *arg)
             flx_kv_session_info_t info;
             CHECK_OK(flx_kv_session_info(store, sids[s], &info));
             kv_check_placement(sess, &info, &prompts[s]);
+            check_device(sess, &prompts[s]);
             flx_kv_session_release(sess);
             seen[s] = 1;
             left--;
@@ -89,7 +113,8 @@ int main(void)
     uint64_t seed = flx_test_seed("test_kvstore_concurrency");
     flx_rng_seed(&rng, seed);
     flx_rng_seed(&rng2, seed + 1);
-    store = kv_make_store(2, 4, 8, 64, 64, 256, 256u << 20);
+    store = kv_make_store_flags(2, 4, 8, 64, 64, 256, 256u << 20,
+                                FLX_KV_STORE_HUGEPAGES | FLX_KV_STORE_WINDOW_DEVICE);
     size_t cap = 0;
     for (int s = 0; s < N_SESS; s++) {
         uint32_t L = 300 + (uint32_t)flx_rng_below(&rng, 1500);
@@ -128,10 +153,12 @@ int main(void)
     }
     flx_kv_store_info_t si;
     flx_kv_store_info(store, &si);
-    CHECK(si.used_bytes == 0 && si.n_sessions == 0);
+    CHECK(si.used_bytes == 0 && si.n_sessions == 0 && si.device_used_bytes == 0);
+    const int on_dev = si.window_on_device;
     flx_kv_store_destroy(store);
     free(jobs);
-    printf("test_kvstore_concurrency: %u chunks from %d writers, %d sessions verified by %d readers: ok\n", n_jobs,
-           N_WRITERS, N_SESS, N_READERS);
+    printf("test_kvstore_concurrency: %u chunks from %d writers, %d sessions verified by %d readers (%s windows): "
+           "ok\n",
+           n_jobs, N_WRITERS, N_SESS, N_READERS, on_dev ? "device" : "host");
     return 0;
 }

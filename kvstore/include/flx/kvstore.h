@@ -9,6 +9,11 @@
  * predictor statistics have arrived. The decode loop then reads READY/DECODING sessions through
  * views, appends generated tokens to the device-resident window, and closes the session.
  *
+ * Each (layer, kv head) keeps its window (sink + local + generated tokens) apart from the host
+ * segment. The window always has a host copy: chunks land there (UCX writes host memory) and CPU
+ * workers read it. With FLX_KV_STORE_WINDOW_DEVICE and a GPU it also has a device copy, which GPU
+ * window attention reads (see DEVICE WINDOW).
+ *
  * TOKEN SEGMENTS (prompt of L tokens, store defaults sink = 64, local = 256)
  *   n_sink  = min(sink, L)
  *   n_local = min(local, L - n_sink)
@@ -33,7 +38,9 @@
  *     entry b = per-channel min (row 0) and max (row 1) of K over host tokens
  *     [b * blk, min((b + 1) * blk, l_cpu)). The last, partial block covers only existing tokens.
  *
- *   Window of (layer, kv head): win_k, win_v bf16 (win_cap, head_dim).
+ *   Window of (layer, kv head): win_k, win_v bf16 (win_cap, head_dim); rows [0, n_win) hold
+ *   data, rows past n_win are room for generated tokens. The device copy (win_k_dev, win_v_dev)
+ *   has the same shape, and rows [0, n_win) equal the host rows byte for byte.
  *
  * MEMORY PLACEMENT
  * KV blocks come from one arena per store, allocated on a NUMA node (chosen by the caller, or the
@@ -41,6 +48,25 @@
  * for CUDA UVA. Per-session side memory (block tables, metadata, window, statistics, completion
  * bitmaps) is one allocation on the same node. Both count against capacity_bytes; a session that
  * does not fit is refused with FLX_ERR_CAPACITY at open, never later.
+ *
+ * DEVICE WINDOW (FLX_KV_STORE_WINDOW_DEVICE)
+ * When the flag is set and a CUDA device exists at store create, every session gets one device
+ * allocation at open holding a copy of its whole window, K then V, each bf16 (n_layers,
+ * n_kv_heads, win_cap, head_dim) like the host window. Device memory is a different resource from
+ * host memory, so it has its own budget, device_capacity_bytes, and never counts against
+ * capacity_bytes; a session whose window does not fit the device budget, or whose cudaMalloc
+ * runs out of memory, is refused at open with FLX_ERR_CAPACITY (any other device error is returned
+ * as itself, FLX_ERR_DEVICE); either way nothing stays reserved. The prompt rows of
+ * a layer are uploaded when the layer completes (every granule, window rows included, has landed;
+ * the same moment its pyramid is built); READY comes only after every layer's upload, and a
+ * failed upload makes the session FAILED with the reason. flx_kv_window_append writes the new row
+ * to both copies. The device memory is freed with the session's memory, when the last reference
+ * goes (a view held across close keeps it valid). Copies are synchronous at this stage (see
+ * flx/cuda_rt.h): an append returns once the row is on the device.
+ * Without a device (no GPU, no driver, or a build without CUDA) the flag is accepted and the store
+ * falls back to host-only windows: flx_kv_store_info reports window_on_device = 0, views carry
+ * NULL device pointers, and everything else works unchanged, so one configuration runs on every
+ * node.
  *
  * SESSION STATE MACHINE
  *   RESERVED --first chunk--> RECEIVING --last byte + pyramid + stats--> READY
@@ -85,12 +111,24 @@ enum {
     FLX_KV_STORE_FIELD_WINDOW = 1u << 3,     /* sink, local */
     FLX_KV_STORE_FIELD_FLAGS = 1u << 4,
     FLX_KV_STORE_FIELD_MAX_SESSIONS = 1u << 5,
+    FLX_KV_STORE_FIELD_CUDA_DEVICE = 1u << 6,       /* cuda_device */
+    FLX_KV_STORE_FIELD_DEVICE_CAPACITY = 1u << 7,   /* device_capacity_bytes */
 };
 
 enum {
     FLX_KV_STORE_HUGEPAGES = 1u << 0,  /* madvise(MADV_HUGEPAGE) on the arena (default on) */
     FLX_KV_STORE_PREFAULT = 1u << 1,   /* touch the whole arena at create: memory is really there */
     FLX_KV_STORE_PIN_CUDA = 1u << 2,   /* cudaHostRegister the arena and side memory if a GPU exists */
+    /*
+     * Device copy of every session's window when a GPU exists at create (DEVICE WINDOW above);
+     * host-only windows otherwise. Opt-in, off by default: the device memory is shared with the
+     * model weights and the GPU worker's workspaces, so how much of it windows may take is a
+     * deployment decision; asking for it creates a CUDA context (hundreds of MiB, seconds) that
+     * tools, tests and CPU-only deployments should not pay for; and every append costs a
+     * synchronous copy until the GPU worker owns a stream. The decode node sets it when it starts
+     * a GPU worker.
+     */
+    FLX_KV_STORE_WINDOW_DEVICE = 1u << 3,
 };
 
 typedef struct flx_kv_store_params {
@@ -105,8 +143,15 @@ typedef struct flx_kv_store_params {
     uint32_t local;          /* default 256 */
     uint32_t flags;          /* FLX_KV_STORE_*; default HUGEPAGES */
     uint32_t max_sessions;   /* default 1024 */
+    int cuda_device;         /* device ordinal of the device windows (default 0); >= 0 */
+    size_t device_capacity_bytes; /* device windows of all sessions; default a quarter of the device
+                                   * memory free at create; at most the free memory at create.
+                                   * Only with FLX_KV_STORE_WINDOW_DEVICE and a device. */
 } flx_kv_store_params_t;
 
+/* Unknown flags, a negative cuda_device, a device_capacity_bytes of 0 or above the device's free
+ * memory are refused. With WINDOW_DEVICE, a cuda_device that does not exist is refused when the
+ * machine has devices; on a machine with none the store falls back to host windows. */
 flx_status_t flx_kv_store_create(const flx_kv_store_params_t *params, flx_kv_store_h *store_p);
 /* Closes every session; views must have been released. Accepts NULL. */
 void flx_kv_store_destroy(flx_kv_store_h store);
@@ -120,13 +165,22 @@ typedef struct flx_kv_store_info {
     size_t block_bytes;
     uint32_t n_sessions;      /* not CLOSED */
     uint32_t n_layers, n_kv_heads, n_q_heads, head_dim, sink, local;
+    int window_on_device;     /* sessions get device windows (WINDOW_DEVICE asked and a device found) */
+    int cuda_device;          /* ordinal of the device windows; -1 when window_on_device is 0 */
+    size_t device_capacity_bytes; /* device window budget; 0 when window_on_device is 0 */
+    size_t device_used_bytes; /* device window bytes of sessions not yet freed */
 } flx_kv_store_info_t;
 
 void flx_kv_store_info(flx_kv_store_h store, flx_kv_store_info_t *info_p);
 
-/* Bytes a session of this prompt length would reserve (KV blocks + side memory). */
+/* Host bytes a session of this prompt length would reserve (KV blocks + side memory), counted
+ * against capacity_bytes. */
 flx_status_t flx_kv_session_bytes(flx_kv_store_h store, uint32_t prompt_len, uint32_t max_new_tokens,
                                   size_t *bytes_p);
+/* Device bytes the same session would reserve against device_capacity_bytes (its device window);
+ * 0 when the store keeps windows in host memory only. */
+flx_status_t flx_kv_session_device_bytes(flx_kv_store_h store, uint32_t prompt_len, uint32_t max_new_tokens,
+                                         size_t *bytes_p);
 
 /* ---- sessions ---- */
 
@@ -167,6 +221,7 @@ typedef struct flx_kv_session_info {
     uint64_t bytes_received;
     size_t reserved_bytes;
     char fail_reason[160];     /* why FAILED, else empty */
+    size_t device_bytes;       /* device window bytes (0: host-only window) */
 } flx_kv_session_info_t;
 
 flx_status_t flx_kv_session_info(flx_kv_store_h store, flx_kv_session_id_t sid, flx_kv_session_info_t *info_p);
@@ -189,7 +244,9 @@ typedef struct flx_kv_chunk {
 
 /* Validates, copies and completes a chunk. A malformed, overlapping or duplicate chunk for a
  * RESERVED/RECEIVING session is refused and the session goes FAILED (its peer is broken); a chunk
- * for an unknown, closed, READY or DECODING session is refused and nothing changes. */
+ * for an unknown, closed, READY or DECODING session is refused and nothing changes. A chunk that
+ * completes a layer whose device-window upload fails returns that error (FLX_ERR_DEVICE...) and
+ * the session goes FAILED. */
 flx_status_t flx_kv_chunk_write(flx_kv_store_h store, flx_kv_session_id_t sid, const flx_kv_chunk_t *chunk,
                                 const flx_bf16_t *k, const flx_bf16_t *v);
 
@@ -257,7 +314,8 @@ flx_status_t flx_kv_session_acquire(flx_kv_store_h store, flx_kv_session_id_t si
 void flx_kv_session_release(flx_kv_session_h sess);
 
 /* Everything a kernel needs about one (layer, kv head); pointers stay valid while the session is
- * acquired. */
+ * acquired. n_win is a snapshot taken when the view is made: rows [0, n_win) of both window copies
+ * are valid; a later append adds rows past it (take a new view to see them). */
 typedef struct flx_kv_head_view {
     uint32_t head_dim;
     uint32_t l_cpu;                    /* host-resident tokens */
@@ -272,6 +330,12 @@ typedef struct flx_kv_head_view {
     uint32_t n_win;                    /* tokens in the window now */
     uint32_t win_cap;
     int numa_node;
+    /* Device copy of this head's window (DEVICE WINDOW): device pointers, never dereference on
+     * the host. Same shape as win_k / win_v, rows [0, n_win) equal to them. NULL when the store
+     * keeps windows in host memory only. */
+    flx_bf16_t *win_k_dev;             /* device (win_cap, head_dim) or NULL */
+    flx_bf16_t *win_v_dev;             /* device (win_cap, head_dim) or NULL */
+    int win_device;                    /* CUDA ordinal holding win_*_dev; -1 when they are NULL */
 } flx_kv_head_view_t;
 
 flx_status_t flx_kv_head_view(flx_kv_session_h sess, uint32_t layer, uint32_t kv_head, flx_kv_head_view_t *view_p);
@@ -281,8 +345,11 @@ flx_status_t flx_kv_head_view(flx_kv_session_h sess, uint32_t layer, uint32_t kv
 flx_status_t flx_kv_head_stats(flx_kv_session_h sess, uint32_t layer, uint32_t q_head, const flx_head_stats_t **stats_p,
                                const float **mean_k_p, const float **q_anchor_p);
 
-/* Appends one generated token of one layer: k, v bf16 (n_kv_heads, head_dim). FLX_ERR_CAPACITY when
- * the window is full. Only for DECODING sessions, one thread at a time per session. */
+/* Appends one generated token of one layer: k, v bf16 (n_kv_heads, head_dim), to the host window
+ * and, when the session has one, to the device window (synchronously: on return the row is on the
+ * device). FLX_ERR_CAPACITY when the window is full; on any failure (a device copy error included)
+ * nothing is appended and n_win stays. Only for DECODING sessions, one thread at a time per
+ * session. */
 flx_status_t flx_kv_window_append(flx_kv_session_h sess, uint32_t layer, const flx_bf16_t *k, const flx_bf16_t *v);
 
 /* Physical block pointer helpers (no checks: kernels call them in loops). */
