@@ -95,5 +95,7 @@ flx_status_t flx_attn_layout_build(flx_attn_layout_t *lay, uint32_t L, uint32_t 
     v->n_win = n_win;
     v->win_cap = n_win;
     v->numa_node = 0;
+    v->win_k_dev = v->win_v_dev = NULL;   /* host-only window */
+    v->win_device = -1;
     return FLX_OK;
 }

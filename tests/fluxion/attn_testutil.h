@@ -109,6 +109,8 @@ static inline void tkv_make(tkv_t *t, flx_rng_t *r, uint32_t D, uint32_t l_cpu, 
     t->view.n_win = n_win;
     t->view.win_cap = cap;
     t->view.numa_node = 0;
+    t->view.win_k_dev = t->view.win_v_dev = NULL;   /* host-only window */
+    t->view.win_device = -1;
 }
 
 static inline void tkv_free(tkv_t *t)
