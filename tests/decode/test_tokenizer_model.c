@@ -51,6 +51,51 @@ static const char *k_inline[] = {
     "'s's 'll've're 'd'm't '",
 };
 
+/* Random valid UTF-8: mostly words and spaces, with code points drawn from the whole of Unicode
+ * (surrogates and the unassigned planes 4-13 left out), unusual spaces, digits of many scripts and
+ * emoji, so the class tables and matchers meet what they rarely see in prose. */
+static size_t random_text(flx_rng_t *rng, char *out, size_t n_chars)
+{
+    static const uint32_t special[] = {0x20, 0x20, 0x20, 0x0A, 0x09, 0x0D, 0x0B, 0x0C, 0x85, 0xA0, 0x1680, 0x2000,
+                                       0x200A, 0x2028, 0x2029, 0x202F, 0x205F, 0x3000, 0x200B, 0x1C, 0x1F, 0x27,
+                                       0x27, 0x0660, 0x0966, 0x0BE7, 0xFF10, 0x2160, 0x00B2, 0x00BD, 0x1F600,
+                                       0x1F44D, 0x1F3FD, 0x200D, 0xFE0F, 0x0301, 0x017F, 0x212A, 0xFFFD, 0x10FFFF};
+    size_t len = 0;
+    for (size_t i = 0; i < n_chars; i++) {
+        uint32_t cp, r = (uint32_t)flx_rng_below(rng, 100);
+        if (r < 45)
+            cp = (uint32_t)(r < 30 ? 'a' + flx_rng_below(rng, 26) : 'A' + flx_rng_below(rng, 26));
+        else if (r < 55)
+            cp = (uint32_t)('0' + flx_rng_below(rng, 10));
+        else if (r < 65)
+            cp = (uint32_t)(33 + flx_rng_below(rng, 94));
+        else if (r < 80)
+            cp = special[flx_rng_below(rng, FLX_ARRAY_SIZE(special))];
+        else if (r < 92)
+            cp = (uint32_t)(0x80 + flx_rng_below(rng, 0x10000 - 0x80));
+        else
+            cp = (uint32_t)(0x10000 + flx_rng_below(rng, 0x40000 - 0x10000));
+        if ((cp >= 0xD800 && cp <= 0xDFFF) || cp == 0) cp = ' ';
+        if (cp < 0x80) {
+            out[len++] = (char)cp;
+        } else if (cp < 0x800) {
+            out[len++] = (char)(0xC0 | (cp >> 6));
+            out[len++] = (char)(0x80 | (cp & 0x3F));
+        } else if (cp < 0x10000) {
+            out[len++] = (char)(0xE0 | (cp >> 12));
+            out[len++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+            out[len++] = (char)(0x80 | (cp & 0x3F));
+        } else {
+            out[len++] = (char)(0xF0 | (cp >> 18));
+            out[len++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+            out[len++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+            out[len++] = (char)(0x80 | (cp & 0x3F));
+        }
+    }
+    out[len] = 0;
+    return len;
+}
+
 static char g_work[] = "/tmp/flx_tok_model_XXXXXX";
 
 static void write_text(int k, const char *text, size_t len)
@@ -190,6 +235,15 @@ int main(int argc, char **argv)
         size_t len = strlen(k_inline[i]);
         texts[n_texts] = (text_t){strdup(k_inline[i]), len};
         write_text(n_texts++, k_inline[i], len);
+    }
+    flx_rng_t rng;
+    flx_rng_seed(&rng, flx_test_seed("test_tokenizer_model"));
+    for (int i = 0; i < 8; i++) {
+        char *s = malloc(4 * 3000 + 1);
+        CHECK(s != NULL);
+        size_t len = random_text(&rng, s, 3000);
+        texts[n_texts] = (text_t){s, len};
+        write_text(n_texts++, s, len);
     }
     snprintf(cmd, sizeof(cmd), "'%s' '%s' '%s' '%s'", argv[1], argv[2], model, g_work);
     t0 = flx_now_ns();
