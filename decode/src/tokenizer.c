@@ -57,6 +57,8 @@ struct flx_tok {
     uint32_t n_added;
     uint8_t added_first[32]; /* bitmap of the first bytes of added tokens */
     int32_t byte_id[256];    /* id of the one-byte token of each byte, -1 if the vocab lacks it */
+    char byte_str[256][2];   /* UTF-8 of each byte's bytes_to_unicode character (< U+0144) */
+    uint8_t byte_len[256];   /* 1 or 2 */
     flx_tok_pre_t pre;
     int ignore_merges;
     int32_t bos, eos;
@@ -354,6 +356,8 @@ flx_status_t flx_tok_create(const flx_tok_vocab_t *v, flx_tok_t **tok_p)
         char c[4];
         size_t cl = u8_put(byte_to_cp((uint8_t)b), c);
         t->byte_id[b] = vocab_find(t, c, cl);
+        memcpy(t->byte_str[b], c, cl);
+        t->byte_len[b] = (uint8_t)cl;
     }
 
     /* merges */
@@ -663,7 +667,10 @@ static flx_status_t bpe_piece(const flx_tok_t *t, scratch_t *sc, const uint8_t *
         return flx_error_set(FLX_ERR_NOMEM, "tokenizer: no memory for a piece of %zu bytes", n);
     if (t->ignore_merges) {
         size_t m = 0;
-        for (size_t i = 0; i < n; i++) m += u8_put(byte_to_cp(b[i]), sc->mapped + m);
+        for (size_t i = 0; i < n; i++) {
+            memcpy(sc->mapped + m, t->byte_str[b[i]], 2);
+            m += t->byte_len[b[i]];
+        }
         int32_t id = vocab_find(t, sc->mapped, m);
         if (id >= 0) {
             out_push(o, id);

@@ -250,6 +250,17 @@ int main(int argc, char **argv)
     CHECK(system(cmd) == 0);
     fprintf(stderr, "reference ids written in %.1f s\n", (double)(flx_now_ns() - t0) / 1e9);
 
+    {
+        size_t cap = texts[0].len + 16, nn = 0;
+        int32_t *tmp = malloc(cap * sizeof(int32_t));
+        CHECK(tmp != NULL);
+        t0 = flx_now_ns();
+        CHECK_OK(flx_tok_encode(gg, texts[0].s, texts[0].len, 0, tmp, cap, &nn));
+        double s = (double)(flx_now_ns() - t0) / 1e9;
+        fprintf(stderr, "encode speed: %zu bytes -> %zu tokens in %.1f ms (%.1f MB/s)\n", texts[0].len, nn, s * 1e3,
+                (double)texts[0].len / s / 1e6);
+        free(tmp);
+    }
     snprintf(path, sizeof(path), "%s/smollm.ref", g_work);
     size_t total = compare(gg, "gguf (smollm)", texts, n_texts, path);
     CHECK(total > 20000); /* the licences alone are tens of thousands of tokens */
