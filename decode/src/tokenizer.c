@@ -1190,7 +1190,12 @@ flx_status_t flx_tok_load_json(const char *json_path, const char *config_path, f
     }
     v.add_bos = add_bos && v.bos_id >= 0;
 
-    if ((st = flx_tok_create(&v, &t))) goto out;
+    if ((st = flx_tok_create(&v, &t))) {
+        char msg[FLX_ERROR_MSG_MAX]; /* name the file: the builder's message speaks of "tokenizer" */
+        snprintf(msg, sizeof(msg), "%s", flx_error_msg());
+        st = flx_error_set(st, "%s: %s", P, msg);
+        goto out;
+    }
     *tok_p = t;
     goto out;
 nomem:
@@ -1233,6 +1238,13 @@ flx_status_t flx_tok_load(const char *path, flx_tok_t **tok_p)
         return flx_tok_load_json(json, is_file(conf) ? conf : NULL, tok_p);
     }
     if (ends_with(path, ".gguf")) return flx_tok_load_gguf(path, tok_p);
+    char magic[4] = {0};
+    FILE *f = fopen(path, "rb");
+    if (f) {
+        size_t got = fread(magic, 1, 4, f);
+        fclose(f);
+        if (got == 4 && memcmp(magic, "GGUF", 4) == 0) return flx_tok_load_gguf(path, tok_p);
+    }
     /* a sibling tokenizer_config.json belongs to a file named tokenizer.json */
     const char *slash = strrchr(path, '/');
     const char *base = slash ? slash + 1 : path;

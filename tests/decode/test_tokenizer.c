@@ -320,7 +320,7 @@ static void test_json(void)
         {"\"merges\": [", "\"merjes\": [", FLX_ERR_FORMAT, "model.merges"},
         {"\"vocab\": {", "\"vocob\": {", FLX_ERR_FORMAT, "model.vocab"},
         {"\"b\": 1,", "\"b\": \"x\",", FLX_ERR_FORMAT, "model.vocab entry 'b'"},
-        {"[\"ab\", \"c\"]", "[\"ab\", \"q\"]", FLX_ERR_FORMAT, "merge 1 'ab q'"},
+        {"[\"ab\", \"c\"]", "[\"ab\", \"q\"]", FLX_ERR_FORMAT, "variant.json: tokenizer: merge 1 'ab q'"},
         {"\"type\": \"BPE\"", "\"type\": \"Unigram\"", FLX_ERR_UNSUPPORTED, "model.type 'Unigram'"},
         {"{\"type\": \"Digits\", \"individual_digits\": true},",
          "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\w+\"}, \"behavior\": \"Isolated\"},", FLX_ERR_UNSUPPORTED,
@@ -434,6 +434,14 @@ static void test_gguf(void)
     CHECK_OK(flx_tok_encode(t, "ab<s>ba", 7, 0, ids, 8, &n));
     CHECK(n == 4 && ids[0] == 2 && ids[1] == 3 && ids[2] == 1 && ids[3] == 0);
     flx_tok_destroy(t);
+    {   /* found by its magic under another name */
+        char other[300];
+        snprintf(other, sizeof(other), "%s/vocab.bin", g_dir);
+        CHECK(rename(write_gguf("gpt2", "smollm", NULL, 3), other) == 0);
+        CHECK_OK(flx_tok_load(other, &t));
+        CHECK(flx_tok_pre(t) == FLX_TOK_PRE_SMOLLM);
+        flx_tok_destroy(t);
+    }
     CHECK_OK(flx_tok_load(write_gguf("gpt2", "llama-bpe", "tokenizer.ggml.token_type", 3), &t));
     CHECK(flx_tok_pre(t) == FLX_TOK_PRE_LLAMA3 && flx_tok_attrs(t, 3) == FLX_TOK_ATTR_EOG);
     flx_tok_destroy(t);

@@ -67,8 +67,9 @@ typedef enum {
     FLX_TOK_PRE_QWEN2 = 3,
 } flx_tok_pre_t;
 
-/* Loads from path: a file ending in .gguf, a .json file (tokenizer.json), or a directory holding
- * tokenizer.json (and optionally tokenizer_config.json). On success *tok_p owns the tokenizer.
+/* Loads from path: a GGUF file (by its .gguf name or its magic), a tokenizer.json (a file named
+ * tokenizer.json also reads the tokenizer_config.json beside it, when there is one), or a
+ * directory holding tokenizer.json (and optionally tokenizer_config.json). On success *tok_p owns the tokenizer.
  * Refusals name the file and field: FLX_ERR_FORMAT for malformed input, FLX_ERR_UNSUPPORTED for
  * well-formed input of a kind not handled (Unigram model, unknown pre-tokenizer). */
 flx_status_t flx_tok_load(const char *path, flx_tok_t **tok_p);
@@ -156,7 +157,8 @@ typedef struct flx_tok_msg {
  *       system message when the first message is not "system" (SmolLM2, Qwen2), it is written too.
  *   Llama-3:  <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> ... with content
  *       trimmed of surrounding whitespace, then <|start_header_id|>assistant<|end_header_id|>\n\n.
- *       BOS is not written: encode with add_bos.
+ *       BOS is not written: encode with add_bos. Llama-3.1's dated default system preamble
+ *       ("Cutting Knowledge Date: ...") is not reproduced; pass a system message instead.
  * A template with neither marker is FLX_ERR_UNSUPPORTED; no template is FLX_ERR_NOT_FOUND. */
 flx_status_t flx_tok_chat(const flx_tok_t *tok, const flx_tok_msg_t *msgs, size_t n_msgs, int add_generation_prompt,
                           char *buf, size_t cap, size_t *len_p);
