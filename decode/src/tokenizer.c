@@ -5,8 +5,8 @@
  * One tokenizer is a handful of flat arrays built once at load and never written again, so every
  * call is thread-safe without locks:
  *   - token strings in one pool, found by id through offsets and by string through an
- *     open-addressing hash table (FNV-1a, linear probing, load <= 1/2): 150K tokens load in a few
- *     ten milliseconds, most of it JSON parsing;
+ *     open-addressing hash table (FNV-1a, linear probing, load <= 1/2). Measured: SmolLM2's 49K
+ *     GGUF vocabulary in ~30 ms, a 150K-token tokenizer.json in ~0.12 s of CPU, JSON included;
  *   - merges in a second open-addressing table keyed by the pair of ids (left << 32 | right),
  *     giving rank and result id; BPE runs on ids, never on strings;
  *   - each token's decoded bytes precomputed, so decode is a copy per token.
