@@ -990,7 +990,7 @@ static const char *json_post_bos(const cJSON *pp)
 
 static int json_id(const cJSON *v, uint32_t *id)
 {
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= (double)(INT32_MAX / 2) ||
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < (double)(INT32_MAX / 2)) ||
         v->valuedouble != (double)(uint32_t)v->valuedouble)
         return -1;
     *id = (uint32_t)v->valuedouble;
