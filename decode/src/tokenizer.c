@@ -204,12 +204,12 @@ static uint32_t table_size(uint32_t n)
     return cap;
 }
 
-static inline uint32_t tok_len(const flx_tok_t *t, uint32_t id)
+static inline uint32_t tok_len(const struct flx_tok *t, uint32_t id)
 {
     return t->str_off[id + 1] - t->str_off[id] - 1;
 }
 
-static int32_t vocab_find(const flx_tok_t *t, const char *s, size_t n)
+static int32_t vocab_find(const struct flx_tok *t, const char *s, size_t n)
 {
     uint32_t i = (uint32_t)fnv1a(s, n) & t->vmap_mask;
     for (;;) {
@@ -221,7 +221,7 @@ static int32_t vocab_find(const flx_tok_t *t, const char *s, size_t n)
     }
 }
 
-static int merge_find(const flx_tok_t *t, int32_t a, int32_t b, uint32_t *rank, int32_t *res)
+static int merge_find(const struct flx_tok *t, int32_t a, int32_t b, uint32_t *rank, int32_t *res)
 {
     uint64_t key = (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
     uint32_t i = (uint32_t)mix64(key) & t->mmap_mask;
@@ -243,7 +243,7 @@ static const char *const k_eog_names[] = {"<|im_end|>",   "<|eot_id|>",     "<|e
                                           "<|endoftext|>", "<end_of_turn>", "<|end|>"};
 
 
-void flx_tok_destroy(flx_tok_t *tok)
+void flx_tok_destroy(flx_tok_h tok)
 {
     if (!tok) return;
     free(tok->strs);
@@ -260,10 +260,10 @@ void flx_tok_destroy(flx_tok_t *tok)
     free(tok);
 }
 
-flx_status_t flx_tok_create(const flx_tok_vocab_t *v, flx_tok_t **tok_p)
+flx_status_t flx_tok_create(const flx_tok_vocab_t *v, flx_tok_h *tok_p)
 {
     flx_status_t st = FLX_OK;
-    flx_tok_t *t = NULL;
+    flx_tok_h t = NULL;
     int16_t inv[324];
 
     if (!v || !tok_p || (v->n_tokens && !v->tokens) || (v->n_merges && !v->merges))
@@ -650,7 +650,7 @@ static heap_ent_t heap_pop(heap_ent_t *h, size_t *n)
     return top;
 }
 
-static void try_pair(const flx_tok_t *t, scratch_t *sc, size_t *hn, int32_t left)
+static void try_pair(const struct flx_tok *t, scratch_t *sc, size_t *hn, int32_t left)
 {
     int32_t right = sc->next[left];
     uint32_t rank;
@@ -660,7 +660,7 @@ static void try_pair(const flx_tok_t *t, scratch_t *sc, size_t *hn, int32_t left
         heap_push(sc->heap, hn, (heap_ent_t){rank, (uint32_t)left, res});
 }
 
-static flx_status_t bpe_piece(const flx_tok_t *t, scratch_t *sc, const uint8_t *b, size_t n, out_t *o)
+static flx_status_t bpe_piece(const struct flx_tok *t, scratch_t *sc, const uint8_t *b, size_t n, out_t *o)
 {
     if (n == 0) return FLX_OK;
     if (scratch_reserve(sc, n))
@@ -709,7 +709,7 @@ static flx_status_t bpe_piece(const flx_tok_t *t, scratch_t *sc, const uint8_t *
 }
 
 /* Pre-tokenizes s[start, end) (no added tokens inside) and BPE-encodes every piece. */
-static flx_status_t encode_span(const flx_tok_t *t, scratch_t *sc, const uint8_t *s, size_t start, size_t end,
+static flx_status_t encode_span(const struct flx_tok *t, scratch_t *sc, const uint8_t *s, size_t start, size_t end,
                                 out_t *o)
 {
     flx_status_t st;
@@ -744,7 +744,7 @@ static flx_status_t encode_span(const flx_tok_t *t, scratch_t *sc, const uint8_t
     return FLX_OK;
 }
 
-flx_status_t flx_tok_encode(const flx_tok_t *tok, const char *text, size_t len, int add_bos, int32_t *ids,
+flx_status_t flx_tok_encode(flx_tok_h tok, const char *text, size_t len, int add_bos, int32_t *ids,
                             size_t cap, size_t *n_p)
 {
     flx_status_t st = FLX_OK;
@@ -788,7 +788,7 @@ out:
     return st;
 }
 
-flx_status_t flx_tok_decode(const flx_tok_t *tok, const int32_t *ids, size_t n, unsigned flags, char *buf,
+flx_status_t flx_tok_decode(flx_tok_h tok, const int32_t *ids, size_t n, unsigned flags, char *buf,
                             size_t cap, size_t *len_p)
 {
     if (!tok || !len_p || (n && !ids)) return flx_error_set(FLX_ERR_INVALID, "tokenizer: decode NULL argument");
@@ -819,32 +819,32 @@ flx_status_t flx_tok_decode(const flx_tok_t *tok, const int32_t *ids, size_t n, 
 
 /* ---- getters -------------------------------------------------------------------------------- */
 
-const char *flx_tok_token_str(const flx_tok_t *tok, int32_t id)
+const char *flx_tok_token_str(flx_tok_h tok, int32_t id)
 {
     if (!tok || id < 0 || (uint32_t)id >= tok->n_vocab) return NULL;
     return tok->strs + tok->str_off[id];
 }
 
-int32_t flx_tok_find(const flx_tok_t *tok, const char *str)
+int32_t flx_tok_find(flx_tok_h tok, const char *str)
 {
     if (!tok || !str || !str[0]) return -1;
     return vocab_find(tok, str, strlen(str));
 }
 
-uint32_t flx_tok_vocab_size(const flx_tok_t *tok) { return tok ? tok->n_vocab : 0; }
-int32_t flx_tok_bos(const flx_tok_t *tok) { return tok ? tok->bos : -1; }
-int32_t flx_tok_eos(const flx_tok_t *tok) { return tok ? tok->eos : -1; }
-int flx_tok_add_bos_default(const flx_tok_t *tok) { return tok ? tok->add_bos : 0; }
-flx_tok_pre_t flx_tok_pre(const flx_tok_t *tok) { return tok ? tok->pre : FLX_TOK_PRE_GPT2; }
-const char *flx_tok_chat_template(const flx_tok_t *tok) { return tok ? tok->chat_template : NULL; }
+uint32_t flx_tok_vocab_size(flx_tok_h tok) { return tok ? tok->n_vocab : 0; }
+int32_t flx_tok_bos(flx_tok_h tok) { return tok ? tok->bos : -1; }
+int32_t flx_tok_eos(flx_tok_h tok) { return tok ? tok->eos : -1; }
+int flx_tok_add_bos_default(flx_tok_h tok) { return tok ? tok->add_bos : 0; }
+flx_tok_pre_t flx_tok_pre(flx_tok_h tok) { return tok ? tok->pre : FLX_TOK_PRE_GPT2; }
+const char *flx_tok_chat_template(flx_tok_h tok) { return tok ? tok->chat_template : NULL; }
 
-unsigned flx_tok_attrs(const flx_tok_t *tok, int32_t id)
+unsigned flx_tok_attrs(flx_tok_h tok, int32_t id)
 {
     if (!tok || id < 0 || (uint32_t)id >= tok->n_vocab) return 0;
     return tok->attrs[id];
 }
 
-int flx_tok_is_eog(const flx_tok_t *tok, int32_t id)
+int flx_tok_is_eog(flx_tok_h tok, int32_t id)
 {
     return (flx_tok_attrs(tok, id) & FLX_TOK_ATTR_EOG) != 0;
 }
@@ -997,7 +997,7 @@ static int json_id(const cJSON *v, uint32_t *id)
     return 0;
 }
 
-flx_status_t flx_tok_load_json(const char *json_path, const char *config_path, flx_tok_t **tok_p)
+flx_status_t flx_tok_load_json(const char *json_path, const char *config_path, flx_tok_h *tok_p)
 {
     flx_status_t st;
     char *text = NULL, *ctext = NULL, *mbuf = NULL;
@@ -1005,7 +1005,7 @@ flx_status_t flx_tok_load_json(const char *json_path, const char *config_path, f
     cJSON *root = NULL, *conf = NULL;
     const char **tokens = NULL, **merges = NULL;
     uint8_t *attrs = NULL;
-    flx_tok_t *t = NULL;
+    flx_tok_h t = NULL;
     flx_tok_vocab_t v = {0};
     const char *P = json_path;
 
@@ -1224,7 +1224,7 @@ static int is_file(const char *p)
     return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
-flx_status_t flx_tok_load(const char *path, flx_tok_t **tok_p)
+flx_status_t flx_tok_load(const char *path, flx_tok_h *tok_p)
 {
     struct stat sb;
     char json[4096], conf[4096];
@@ -1314,7 +1314,7 @@ static void put_trimmed(sbuf_t *b, const char *s)
     sb_put(b, s, n);
 }
 
-flx_status_t flx_tok_chat(const flx_tok_t *tok, const flx_tok_msg_t *msgs, size_t n_msgs, int add_generation_prompt,
+flx_status_t flx_tok_chat(flx_tok_h tok, const flx_tok_msg_t *msgs, size_t n_msgs, int add_generation_prompt,
                           char *buf, size_t cap, size_t *len_p)
 {
     if (!tok || !len_p || (n_msgs && !msgs)) return flx_error_set(FLX_ERR_INVALID, "tokenizer: chat NULL argument");
@@ -1417,14 +1417,14 @@ static flx_status_t gguf_opt_id(flx_gguf_h g, const char *path, const char *key,
     return FLX_OK;
 }
 
-flx_status_t flx_tok_load_gguf(const char *path, flx_tok_t **tok_p)
+flx_status_t flx_tok_load_gguf(const char *path, flx_tok_h *tok_p)
 {
     flx_status_t st;
     flx_gguf_h g = NULL;
     char *tpool = NULL, *mpool = NULL;
     const char **tokens = NULL, **merges = NULL;
     uint8_t *attrs = NULL;
-    flx_tok_t *t = NULL;
+    flx_tok_h t = NULL;
     flx_tok_vocab_t v = {0};
     const char *s;
     const flx_gguf_array_t *tarr, *marr, *ty = NULL;

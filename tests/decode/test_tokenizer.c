@@ -39,7 +39,7 @@ static char g_bytes[256][4];
 static const char *g_tokens[N_TOK];
 static uint8_t g_attrs[N_TOK];
 
-static flx_tok_t *make_tok(flx_tok_pre_t pre, const char *tpl)
+static flx_tok_h make_tok(flx_tok_pre_t pre, const char *tpl)
 {
     for (int b = 0; b < 256; b++) {
         byte_char(b, g_bytes[b]);
@@ -54,12 +54,12 @@ static flx_tok_t *make_tok(flx_tok_pre_t pre, const char *tpl)
     flx_tok_vocab_t v = {.n_tokens = N_TOK, .tokens = g_tokens, .attrs = g_attrs,
                          .n_merges = FLX_ARRAY_SIZE(k_merges), .merges = k_merges, .pre = pre,
                          .bos_id = ID_IM_START, .eos_id = ID_IM_END, .chat_template = tpl};
-    flx_tok_t *t = NULL;
+    flx_tok_h t = NULL;
     CHECK_OK(flx_tok_create(&v, &t));
     return t;
 }
 
-static int ids_equal(const flx_tok_t *t, const char *text, size_t text_len, const int32_t *want, size_t n_want)
+static int ids_equal(flx_tok_h t, const char *text, size_t text_len, const int32_t *want, size_t n_want)
 {
     int32_t ids[256];
     size_t n = 0;
@@ -88,7 +88,7 @@ static int ids_equal(const flx_tok_t *t, const char *text, size_t text_len, cons
 
 static void test_bpe(void)
 {
-    flx_tok_t *t = make_tok(FLX_TOK_PRE_GPT2, NULL);
+    flx_tok_h t = make_tok(FLX_TOK_PRE_GPT2, NULL);
     CHECK(flx_tok_vocab_size(t) == N_TOK);
     CHECK(flx_tok_find(t, "Ġa") == ID_GA && flx_tok_find(t, "zz") == -1);
     CHECK(strcmp(flx_tok_token_str(t, ID_GA), "Ġa") == 0 && flx_tok_token_str(t, N_TOK) == NULL);
@@ -105,8 +105,8 @@ static void test_bpe(void)
 
 static void test_pretokenizers(void)
 {
-    flx_tok_t *g = make_tok(FLX_TOK_PRE_GPT2, NULL), *s = make_tok(FLX_TOK_PRE_SMOLLM, NULL);
-    flx_tok_t *l = make_tok(FLX_TOK_PRE_LLAMA3, NULL), *q = make_tok(FLX_TOK_PRE_QWEN2, NULL);
+    flx_tok_h g = make_tok(FLX_TOK_PRE_GPT2, NULL), *s = make_tok(FLX_TOK_PRE_SMOLLM, NULL);
+    flx_tok_h l = make_tok(FLX_TOK_PRE_LLAMA3, NULL), *q = make_tok(FLX_TOK_PRE_QWEN2, NULL);
     /* \s+(?!\S): the last space of a run joins the next piece, a run at the end stays whole */
     EXPECT_IDS(g, " a", ID_GA);
     EXPECT_IDS(g, "  a", ' ', ID_GA);
@@ -149,7 +149,7 @@ static void test_pretokenizers(void)
 
 static void test_specials_decode_capacity(void)
 {
-    flx_tok_t *t = make_tok(FLX_TOK_PRE_SMOLLM, NULL);
+    flx_tok_h t = make_tok(FLX_TOK_PRE_SMOLLM, NULL);
     EXPECT_IDS(t, "<|im_start|>ab<extra>c<|im_end|>", ID_IM_START, ID_AB, ID_EXTRA, 'c', ID_IM_END);
     EXPECT_IDS(t, "<|im_sta", '<', '|', 'i', 'm', '_', 's', 't', 'a');
     CHECK(flx_tok_bos(t) == ID_IM_START && flx_tok_eos(t) == ID_IM_END);
@@ -214,7 +214,7 @@ static void test_chat(void)
     const flx_tok_msg_t user[] = {{"user", "Hi"}};
     const flx_tok_msg_t sys_user[] = {{"system", "Be brief."}, {"user", " Hi \n"}};
 
-    flx_tok_t *t = make_tok(FLX_TOK_PRE_SMOLLM, k_smol_tpl);
+    flx_tok_h t = make_tok(FLX_TOK_PRE_SMOLLM, k_smol_tpl);
     CHECK_OK(flx_tok_chat(t, user, 1, 1, buf, sizeof(buf), &len));
     const char *want = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
                        "Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
@@ -272,7 +272,7 @@ static const char k_json[] =
     "   \"vocab\": {\"a\": 0, \"b\": 1, \"c\": 2, \"ab\": 3, \"abc\": 4, \"\\u0120\": 5, \"1\": 6, \"2\": 7, \"12\": 8},\n"
     "   \"merges\": [\"a b\", [\"ab\", \"c\"], \"1 2\"]}}\n";
 
-static flx_status_t load_variant(const char *from, const char *to, flx_tok_t **t)
+static flx_status_t load_variant(const char *from, const char *to, flx_tok_h *t)
 {
     const char *at = strstr(k_json, from);
     CHECK(at != NULL);
@@ -291,7 +291,7 @@ static void test_json(void)
                         " \"add_bos_token\": true, \"chat_template\": \"<|im_start|>{{x}}\"}";
     write_file("tokenizer_config.json", conf, sizeof(conf) - 1);
 
-    flx_tok_t *t = NULL;
+    flx_tok_h t = NULL;
     CHECK_OK(flx_tok_load(g_dir, &t));
     CHECK(flx_tok_vocab_size(t) == 11 && flx_tok_pre(t) == FLX_TOK_PRE_SMOLLM);
     CHECK(flx_tok_bos(t) == 9 && flx_tok_eos(t) == 10 && flx_tok_add_bos_default(t));
@@ -425,7 +425,7 @@ static const char *write_gguf(const char *model, const char *pre, const char *om
 
 static void test_gguf(void)
 {
-    flx_tok_t *t = NULL;
+    flx_tok_h t = NULL;
     CHECK_OK(flx_tok_load(write_gguf("gpt2", "qwen2", NULL, 3), &t));
     CHECK(flx_tok_pre(t) == FLX_TOK_PRE_QWEN2 && flx_tok_vocab_size(t) == 4 && flx_tok_eos(t) == 3);
     CHECK(flx_tok_bos(t) == -1 && flx_tok_is_eog(t, 3) && (flx_tok_attrs(t, 3) & FLX_TOK_ATTR_SPECIAL));
@@ -527,7 +527,7 @@ static void test_json_large(void)
     fputs("]}}", f);
     CHECK(fclose(f) == 0);
 
-    flx_tok_t *t = NULL;
+    flx_tok_h t = NULL;
     struct timespec c0, c1;
     uint64_t t0 = flx_now_ns();
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
@@ -557,7 +557,7 @@ static void test_random_bytes(void)
     flx_rng_seed(&rng, flx_test_seed("test_tokenizer random bytes"));
     static const char alphabet[] = "ab cd12\n\t'!\r<|im_start|>";
     for (int pre = FLX_TOK_PRE_GPT2; pre <= FLX_TOK_PRE_QWEN2; pre++) {
-        flx_tok_t *t = make_tok((flx_tok_pre_t)pre, NULL);
+        flx_tok_h t = make_tok((flx_tok_pre_t)pre, NULL);
         for (int it = 0; it < 200; it++) {
             char text[300], back[301];
             int32_t ids[300];

@@ -129,7 +129,7 @@ typedef struct text {
 } text_t;
 
 /* Compares tok's ids for every text with line k of ref_path; returns tokens compared. */
-static size_t compare(const flx_tok_t *tok, const char *label, const text_t *texts, int n_texts, const char *ref_path)
+static size_t compare(flx_tok_h tok, const char *label, const text_t *texts, int n_texts, const char *ref_path)
 {
     FILE *f = fopen(ref_path, "r");
     CHECK(f != NULL);
@@ -193,7 +193,7 @@ int main(int argc, char **argv)
     }
 
     /* the GGUF's own tokenizer */
-    flx_tok_t *gg = NULL;
+    flx_tok_h gg = NULL;
     uint64_t t0 = flx_now_ns();
     CHECK_OK(flx_tok_load(model, &gg));
     fprintf(stderr, "gguf tokenizer: %u tokens, loaded in %.1f ms\n", flx_tok_vocab_size(gg),
@@ -271,7 +271,7 @@ int main(int argc, char **argv)
     } pres[] = {{"smollm", FLX_TOK_PRE_SMOLLM}, {"gpt2", FLX_TOK_PRE_GPT2}, {"llama3", FLX_TOK_PRE_LLAMA3},
                 {"qwen2", FLX_TOK_PRE_QWEN2}};
     for (size_t p = 0; p < FLX_ARRAY_SIZE(pres); p++) {
-        flx_tok_t *jt = NULL;
+        flx_tok_h jt = NULL;
         snprintf(path, sizeof(path), "%s/%s/tokenizer.json", g_work, pres[p].name);
         t0 = flx_now_ns();
         CHECK_OK(flx_tok_load(path, &jt));

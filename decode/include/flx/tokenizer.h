@@ -58,7 +58,8 @@
 extern "C" {
 #endif
 
-typedef struct flx_tok flx_tok_t; /* opaque; create with flx_tok_load*, free with flx_tok_destroy */
+/* Opaque handle; create with flx_tok_load* or flx_tok_create, free with flx_tok_destroy. */
+typedef struct flx_tok *flx_tok_h;
 
 typedef enum {
     FLX_TOK_PRE_GPT2 = 0,
@@ -72,16 +73,16 @@ typedef enum {
  * directory holding tokenizer.json (and optionally tokenizer_config.json). On success *tok_p owns the tokenizer.
  * Refusals name the file and field: FLX_ERR_FORMAT for malformed input, FLX_ERR_UNSUPPORTED for
  * well-formed input of a kind not handled (Unigram model, unknown pre-tokenizer). */
-flx_status_t flx_tok_load(const char *path, flx_tok_t **tok_p);
+flx_status_t flx_tok_load(const char *path, flx_tok_h *tok_p);
 
 /* tokenizer.json at json_path; config_path (tokenizer_config.json) may be NULL. */
-flx_status_t flx_tok_load_json(const char *json_path, const char *config_path, flx_tok_t **tok_p);
+flx_status_t flx_tok_load_json(const char *json_path, const char *config_path, flx_tok_h *tok_p);
 
 /* The vocabulary stored in a GGUF file. */
-flx_status_t flx_tok_load_gguf(const char *path, flx_tok_t **tok_p);
+flx_status_t flx_tok_load_gguf(const char *path, flx_tok_h *tok_p);
 
 /* Accepts NULL. */
-void flx_tok_destroy(flx_tok_t *tok);
+void flx_tok_destroy(flx_tok_h tok);
 
 /* Token-type attributes (GGUF token_type / HF added_tokens). */
 enum {
@@ -109,12 +110,12 @@ typedef struct flx_tok_vocab {
  * <|im_end|>, <|eot_id|>, <|eom_id|>, <|end_of_text|>, <|endoftext|>, <end_of_turn>, <|end|> and
  * the EOS get FLX_TOK_ATTR_EOG. Merges whose parts or result are not in the vocabulary refuse the
  * vocabulary (FLX_ERR_FORMAT, naming the merge). */
-flx_status_t flx_tok_create(const flx_tok_vocab_t *v, flx_tok_t **tok_p);
+flx_status_t flx_tok_create(const flx_tok_vocab_t *v, flx_tok_h *tok_p);
 
 /* Encodes len bytes of text (any bytes; NUL is an ordinary byte). add_bos prepends the BOS id
  * (FLX_ERR_STATE if the tokenizer has none). Writes up to cap ids; *n_p = the count, also on
  * FLX_ERR_CAPACITY (then it is the count needed and ids[0..cap) holds a prefix). */
-flx_status_t flx_tok_encode(const flx_tok_t *tok, const char *text, size_t len, int add_bos, int32_t *ids,
+flx_status_t flx_tok_encode(flx_tok_h tok, const char *text, size_t len, int add_bos, int32_t *ids,
                             size_t cap, size_t *n_p);
 
 enum {
@@ -123,26 +124,26 @@ enum {
 
 /* Decodes n ids into bytes at buf (NUL-terminated; *len_p excludes the NUL). An id outside the
  * vocabulary is FLX_ERR_INVALID. On FLX_ERR_CAPACITY *len_p is the byte count needed. */
-flx_status_t flx_tok_decode(const flx_tok_t *tok, const int32_t *ids, size_t n, unsigned flags, char *buf,
+flx_status_t flx_tok_decode(flx_tok_h tok, const int32_t *ids, size_t n, unsigned flags, char *buf,
                             size_t cap, size_t *len_p);
 
 /* The stored string of id (byte-level form, e.g. "Ġthe"), NUL-terminated, valid while tok lives;
  * NULL for an id outside the vocabulary. */
-const char *flx_tok_token_str(const flx_tok_t *tok, int32_t id);
+const char *flx_tok_token_str(flx_tok_h tok, int32_t id);
 
 /* The id of a stored token string, or -1. */
-int32_t flx_tok_find(const flx_tok_t *tok, const char *str);
+int32_t flx_tok_find(flx_tok_h tok, const char *str);
 
-uint32_t flx_tok_vocab_size(const flx_tok_t *tok);
-int32_t flx_tok_bos(const flx_tok_t *tok); /* -1 if none */
-int32_t flx_tok_eos(const flx_tok_t *tok); /* -1 if none */
-int flx_tok_add_bos_default(const flx_tok_t *tok);
-flx_tok_pre_t flx_tok_pre(const flx_tok_t *tok);
-unsigned flx_tok_attrs(const flx_tok_t *tok, int32_t id); /* 0 for an id outside the vocabulary */
+uint32_t flx_tok_vocab_size(flx_tok_h tok);
+int32_t flx_tok_bos(flx_tok_h tok); /* -1 if none */
+int32_t flx_tok_eos(flx_tok_h tok); /* -1 if none */
+int flx_tok_add_bos_default(flx_tok_h tok);
+flx_tok_pre_t flx_tok_pre(flx_tok_h tok);
+unsigned flx_tok_attrs(flx_tok_h tok, int32_t id); /* 0 for an id outside the vocabulary */
 /* 1 if id ends generation (EOS or an end-of-turn token). */
-int flx_tok_is_eog(const flx_tok_t *tok, int32_t id);
+int flx_tok_is_eog(flx_tok_h tok, int32_t id);
 /* The chat template source, or NULL if the source had none. */
-const char *flx_tok_chat_template(const flx_tok_t *tok);
+const char *flx_tok_chat_template(flx_tok_h tok);
 
 typedef struct flx_tok_msg {
     const char *role;    /* "system", "user", "assistant" */
@@ -160,7 +161,7 @@ typedef struct flx_tok_msg {
  *       BOS is not written: encode with add_bos. Llama-3.1's dated default system preamble
  *       ("Cutting Knowledge Date: ...") is not reproduced; pass a system message instead.
  * A template with neither marker is FLX_ERR_UNSUPPORTED; no template is FLX_ERR_NOT_FOUND. */
-flx_status_t flx_tok_chat(const flx_tok_t *tok, const flx_tok_msg_t *msgs, size_t n_msgs, int add_generation_prompt,
+flx_status_t flx_tok_chat(flx_tok_h tok, const flx_tok_msg_t *msgs, size_t n_msgs, int add_generation_prompt,
                           char *buf, size_t cap, size_t *len_p);
 
 #ifdef __cplusplus
