@@ -105,8 +105,8 @@ static void test_bpe(void)
 
 static void test_pretokenizers(void)
 {
-    flx_tok_h g = make_tok(FLX_TOK_PRE_GPT2, NULL), *s = make_tok(FLX_TOK_PRE_SMOLLM, NULL);
-    flx_tok_h l = make_tok(FLX_TOK_PRE_LLAMA3, NULL), *q = make_tok(FLX_TOK_PRE_QWEN2, NULL);
+    flx_tok_h g = make_tok(FLX_TOK_PRE_GPT2, NULL), s = make_tok(FLX_TOK_PRE_SMOLLM, NULL);
+    flx_tok_h l = make_tok(FLX_TOK_PRE_LLAMA3, NULL), q = make_tok(FLX_TOK_PRE_QWEN2, NULL);
     /* \s+(?!\S): the last space of a run joins the next piece, a run at the end stays whole */
     EXPECT_IDS(g, " a", ID_GA);
     EXPECT_IDS(g, "  a", ' ', ID_GA);
