@@ -70,8 +70,8 @@ typedef enum {
 
 /* Loads from path: a GGUF file (by its .gguf name or its magic), a tokenizer.json (a file named
  * tokenizer.json also reads the tokenizer_config.json beside it, when there is one), or a
- * directory holding tokenizer.json (and optionally tokenizer_config.json). On success *tok_p owns the tokenizer.
- * Refusals name the file and field: FLX_ERR_FORMAT for malformed input, FLX_ERR_UNSUPPORTED for
+ * directory holding tokenizer.json (and optionally tokenizer_config.json). On success *tok_p
+ * owns the tokenizer. Refusals name the file and field: FLX_ERR_FORMAT for malformed input, FLX_ERR_UNSUPPORTED for
  * well-formed input of a kind not handled (Unigram model, unknown pre-tokenizer). */
 flx_status_t flx_tok_load(const char *path, flx_tok_h *tok_p);
 
