@@ -3,8 +3,9 @@
  *
  *   test_tokenizer_model PYTHON TOK_REF_PY
  *
- * Writes a set of real texts (licences, Python sources, a Unicode-heavy table from the system, and
- * hand-written accents/CJK/emoji/whitespace/digit strings) into a work folder, runs tok_ref.py
+ * Writes a set of real texts (licences, Python sources, an HTML document, a Unicode-heavy table from
+ * the system, hand-written accents/CJK/emoji/whitespace/digit strings, random Unicode) into a work
+ * folder, runs tok_ref.py (which adds the sources of a few man pages)
  * with the project's Python to get HF's ids for four pre-tokenizer configurations over the GGUF's
  * vocabulary, then encodes every text with
  *   - the GGUF's own tokenizer (flx_tok_load_gguf: SmolLM2's pre-tokenizer), and
@@ -12,6 +13,7 @@
  * and requires the same ids token for token and decode(encode(x)) == x for every text.
  * Skips (77) without the model file or without a Python that has `tokenizers`.
  */
+#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +28,7 @@ static const char *k_files[] = {
     "/usr/lib/python3.11/textwrap.py",    "/usr/lib/python3.11/difflib.py",
     "/usr/lib/python3.11/json/decoder.py", "/usr/lib/python3.11/shlex.py",
     "/usr/lib/python3.11/statistics.py",  "/usr/share/zoneinfo/iso3166.tab",
-    "/usr/share/zoneinfo/zone1970.tab",
+    "/usr/share/zoneinfo/zone1970.tab",   "/usr/share/doc/debian-policy/README.html",
 };
 
 static const char *k_inline[] = {
@@ -261,6 +263,17 @@ int main(int argc, char **argv)
                 (double)texts[0].len / s / 1e6);
         free(tmp);
     }
+    /* the text set is every text_*.txt in name order, the man pages tok_ref.py added included */
+    for (int k = 0; k < n_texts; k++) free(texts[k].s);
+    n_texts = 0;
+    glob_t gl;
+    snprintf(path, sizeof(path), "%s/text_*.txt", g_work);
+    CHECK(glob(path, 0, NULL, &gl) == 0 && gl.gl_pathc <= FLX_ARRAY_SIZE(texts));
+    for (size_t i = 0; i < gl.gl_pathc; i++) {
+        texts[n_texts].s = slurp(gl.gl_pathv[i], &texts[n_texts].len);
+        CHECK(texts[n_texts++].s != NULL);
+    }
+    globfree(&gl);
     snprintf(path, sizeof(path), "%s/smollm.ref", g_work);
     size_t total = compare(gg, "gguf (smollm)", texts, n_texts, path);
     CHECK(total > 20000); /* the licences alone are tens of thousands of tokens */

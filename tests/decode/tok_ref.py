@@ -12,12 +12,15 @@ WORKDIR/<pre>/tokenizer.json with that vocabulary:
     qwen2   Sequence[Split(Qwen2 regex, Isolated), ByteLevel(use_regex=false)]
 
 CONTROL tokens become special added tokens, USER_DEFINED ones non-special added tokens, as
-llama.cpp treats them. Every WORKDIR/text_*.txt (UTF-8) is then encoded by `tokenizers` with each
+llama.cpp treats them. It adds the troff sources of a few man pages (gzip-compressed, so the C
+side leaves them to Python) as WORKDIR/text_9NN.txt; every WORKDIR/text_*.txt (UTF-8) is then
+encoded by `tokenizers` with each
 file, without special-token post-processing, and the ids are written one text per line, in
 sorted file-name order, to WORKDIR/<pre>.ref. The C test loads the same tokenizer.json files
 (and the GGUF itself) and compares token for token.
 """
 import glob
+import gzip
 import json
 import os
 import struct
@@ -29,6 +32,8 @@ LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[
           r"\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
          r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+MAN_PAGES = ['/usr/share/man/man1/ls.1.gz', '/usr/share/man/man1/grep.1.gz', '/usr/share/man/man1/tar.1.gz']
 
 
 def read_gguf_meta(path):
@@ -108,6 +113,15 @@ def main():
     kv = read_gguf_meta(gguf)
     if kv.get('tokenizer.ggml.model') != 'gpt2':
         sys.exit('%s: tokenizer.ggml.model %r is not byte-level BPE' % (gguf, kv.get('tokenizer.ggml.model')))
+    for k, page in enumerate(MAN_PAGES):
+        try:
+            with gzip.open(page, 'rb') as f:
+                text = f.read().decode('utf-8')
+        except (OSError, UnicodeDecodeError) as e:
+            print('tok_ref: %s skipped: %s' % (page, e))
+            continue
+        with open(os.path.join(work, 'text_%03d.txt' % (900 + k)), 'wb') as f:
+            f.write(text.encode('utf-8'))
     texts = []
     for path in sorted(glob.glob(os.path.join(work, 'text_*.txt'))):
         with open(path, 'rb') as f:
