@@ -36,6 +36,12 @@ extern const uint32_t flx_tok_number_ranges[][2];
 extern const size_t flx_tok_number_ranges_len;
 extern const uint32_t flx_tok_space_ranges[][2];
 extern const size_t flx_tok_space_ranges_len;
+extern const uint32_t flx_tok_ccc_ranges[][3];
+extern const size_t flx_tok_ccc_ranges_len;
+extern const uint32_t flx_tok_nfd_map[][5];
+extern const size_t flx_tok_nfd_map_len;
+extern const uint32_t flx_tok_comp_map[][3];
+extern const size_t flx_tok_comp_map_len;
 
 #define TOK_MOD "tokenizer"
 #define MERGE_EMPTY UINT64_MAX
@@ -61,6 +67,7 @@ struct flx_tok {
     uint8_t byte_len[256];   /* 1 or 2 */
     flx_tok_pre_t pre;
     int ignore_merges;
+    int nfc;                 /* NFC-normalize the text between added tokens (Qwen2's normalizer) */
     int32_t bos, eos;
     int add_bos;
     char *chat_template;
@@ -284,6 +291,7 @@ flx_status_t flx_tok_create(const flx_tok_vocab_t *v, flx_tok_h *tok_p)
     t->n_vocab = n;
     t->pre = v->pre;
     t->ignore_merges = !!v->ignore_merges;
+    t->nfc = !!v->nfc;
     t->bos = v->bos_id < 0 ? -1 : v->bos_id;
     t->eos = v->eos_id < 0 ? -1 : v->eos_id;
     t->add_bos = !!v->add_bos && t->bos >= 0;
@@ -561,6 +569,154 @@ static size_t next_llama3(const span_t *sp, size_t p, size_t max_digits)
     return match_space_tail(sp, p);
 }
 
+/* ---- NFC ------------------------------------------------------------------------------------ */
+
+/* UAX #15 with the generated tables: full canonical decomposition (Hangul by arithmetic), canonical
+ * ordering of each run of nonzero combining classes, then canonical composition. A byte that is not
+ * valid UTF-8 stays itself (held as CP_INVALID + byte: class 0, never composed). */
+
+enum { H_SBASE = 0xAC00, H_LBASE = 0x1100, H_VBASE = 0x1161, H_TBASE = 0x11A7, H_LCOUNT = 19, H_VCOUNT = 21,
+       H_TCOUNT = 28, H_NCOUNT = 588, H_SCOUNT = 11172 };
+
+static unsigned ccc_of(uint32_t cp)
+{
+    if (cp < 0x300 || cp >= CP_INVALID) return 0;
+    size_t lo = 0, hi = flx_tok_ccc_ranges_len;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (cp < flx_tok_ccc_ranges[mid][0])
+            hi = mid;
+        else if (cp > flx_tok_ccc_ranges[mid][1])
+            lo = mid + 1;
+        else
+            return flx_tok_ccc_ranges[mid][2];
+    }
+    return 0;
+}
+
+/* The full canonical decomposition of cp (up to 4, 0-padded), or NULL if cp is its own. */
+static const uint32_t *nfd_of(uint32_t cp)
+{
+    size_t lo = 0, hi = flx_tok_nfd_map_len;
+    if (cp < 0xC0 || cp >= CP_INVALID) return NULL;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (cp < flx_tok_nfd_map[mid][0])
+            hi = mid;
+        else if (cp > flx_tok_nfd_map[mid][0])
+            lo = mid + 1;
+        else
+            return &flx_tok_nfd_map[mid][1];
+    }
+    return NULL;
+}
+
+/* The primary composite of a + b, or 0. */
+static uint32_t compose(uint32_t a, uint32_t b)
+{
+    if (a >= H_LBASE && a < H_LBASE + H_LCOUNT && b >= H_VBASE && b < H_VBASE + H_VCOUNT)
+        return H_SBASE + ((a - H_LBASE) * H_VCOUNT + (b - H_VBASE)) * H_TCOUNT;
+    if (a >= H_SBASE && a < H_SBASE + H_SCOUNT && (a - H_SBASE) % H_TCOUNT == 0 && b > H_TBASE &&
+        b < H_TBASE + H_TCOUNT)
+        return a + (b - H_TBASE);
+    if (b < 0x300 || a >= CP_INVALID || b >= CP_INVALID) return 0;
+    size_t lo = 0, hi = flx_tok_comp_map_len;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        const uint32_t *e = flx_tok_comp_map[mid];
+        if (a < e[0] || (a == e[0] && b < e[1]))
+            hi = mid;
+        else if (a > e[0] || b > e[1])
+            lo = mid + 1;
+        else
+            return e[2];
+    }
+    return 0;
+}
+
+/* NFC of s[0, n) into a new buffer (*out_p, freed by the caller; *len_p bytes). */
+static flx_status_t nfc_normalize(const uint8_t *s, size_t n, uint8_t **out_p, size_t *len_p)
+{
+    size_t cap = 4 * n + 4; /* a character decomposes into at most 4; a byte is at least one */
+    uint32_t *cp = malloc(2 * cap * sizeof(uint32_t));
+    uint8_t *out = NULL;
+    if (!cp) goto nomem;
+    uint32_t *tmp = cp + cap;
+    size_t m = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t c;
+        size_t l = u8_next(s, i, n, &c);
+        if (c == CP_INVALID) c = CP_INVALID + s[i];
+        i += l;
+        const uint32_t *d;
+        if (c >= H_SBASE && c < H_SBASE + H_SCOUNT) {
+            uint32_t si = c - H_SBASE;
+            cp[m++] = H_LBASE + si / H_NCOUNT;
+            cp[m++] = H_VBASE + (si % H_NCOUNT) / H_TCOUNT;
+            if (si % H_TCOUNT) cp[m++] = H_TBASE + si % H_TCOUNT;
+        } else if ((d = nfd_of(c)) != NULL) {
+            for (int k = 0; k < 4 && d[k]; k++) cp[m++] = d[k];
+        } else {
+            cp[m++] = c;
+        }
+    }
+    /* canonical ordering: a stable sort of each run of nonzero classes, by class */
+    for (size_t i = 0; i < m;) {
+        if (ccc_of(cp[i]) == 0) {
+            i++;
+            continue;
+        }
+        size_t j = i;
+        while (j < m && ccc_of(cp[j]) != 0) j++;
+        size_t cnt[257] = {0};
+        for (size_t k = i; k < j; k++) cnt[ccc_of(cp[k]) + 1]++;
+        for (int k = 1; k < 257; k++) cnt[k] += cnt[k - 1];
+        for (size_t k = i; k < j; k++) tmp[cnt[ccc_of(cp[k])]++] = cp[k];
+        memcpy(cp + i, tmp, (j - i) * sizeof(uint32_t));
+        i = j;
+    }
+    /* composition: a character joins the last starter unless something between blocks it */
+    size_t w = 0;
+    long starter = -1;
+    unsigned last = 0;
+    for (size_t i = 0; i < m; i++) {
+        uint32_t c = cp[i], comp;
+        unsigned cls = ccc_of(c);
+        if (starter >= 0 && (w == (size_t)starter + 1 || (last != 0 && last < cls)) &&
+            (comp = compose(cp[starter], c)) != 0) {
+            cp[starter] = comp;
+            continue;
+        }
+        if (cls == 0) starter = (long)w;
+        last = cls;
+        cp[w++] = c;
+    }
+    out = malloc(4 * w + 1);
+    if (!out) goto nomem;
+    size_t len = 0;
+    for (size_t i = 0; i < w; i++) {
+        uint32_t c = cp[i];
+        if (c >= CP_INVALID) {
+            out[len++] = (uint8_t)(c - CP_INVALID);
+        } else if (c < 0x10000) {
+            len += u8_put(c, (char *)out + len);
+        } else {
+            out[len++] = (uint8_t)(0xF0 | (c >> 18));
+            out[len++] = (uint8_t)(0x80 | ((c >> 12) & 0x3F));
+            out[len++] = (uint8_t)(0x80 | ((c >> 6) & 0x3F));
+            out[len++] = (uint8_t)(0x80 | (c & 0x3F));
+        }
+    }
+    free(cp);
+    *out_p = out;
+    *len_p = len;
+    return FLX_OK;
+nomem:
+    free(cp);
+    free(out);
+    return flx_error_set(FLX_ERR_NOMEM, "tokenizer: no memory to normalize %zu bytes", n);
+}
+
 /* ---- BPE -------------------------------------------------------------------------------------- */
 
 typedef struct heap_ent {
@@ -709,7 +865,7 @@ static flx_status_t bpe_piece(const struct flx_tok *t, scratch_t *sc, const uint
 }
 
 /* Pre-tokenizes s[start, end) (no added tokens inside) and BPE-encodes every piece. */
-static flx_status_t encode_span(const struct flx_tok *t, scratch_t *sc, const uint8_t *s, size_t start, size_t end,
+static flx_status_t pretok_span(const struct flx_tok *t, scratch_t *sc, const uint8_t *s, size_t start, size_t end,
                                 out_t *o)
 {
     flx_status_t st;
@@ -742,6 +898,27 @@ static flx_status_t encode_span(const struct flx_tok *t, scratch_t *sc, const ui
         p = e;
     }
     return FLX_OK;
+}
+
+/* The text between two added tokens: normalized first when the tokenizer asks for NFC (nothing
+ * below U+0300 changes under NFC, so text without a byte >= 0xCC is left as it is). */
+static flx_status_t encode_span(const struct flx_tok *t, scratch_t *sc, const uint8_t *s, size_t start, size_t end,
+                                out_t *o)
+{
+    if (t->nfc) {
+        size_t i = start;
+        while (i < end && s[i] < 0xCC) i++;
+        if (i < end) {
+            uint8_t *norm;
+            size_t len;
+            flx_status_t st = nfc_normalize(s + start, end - start, &norm, &len);
+            if (st) return st;
+            st = pretok_span(t, sc, norm, 0, len, o);
+            free(norm);
+            return st;
+        }
+    }
+    return pretok_span(t, sc, s, start, end, o);
 }
 
 flx_status_t flx_tok_encode(flx_tok_h tok, const char *text, size_t len, int add_bos, int32_t *ids,
@@ -1051,7 +1228,7 @@ flx_status_t flx_tok_load_json(const char *json_path, const char *config_path, f
                                cJSON_IsString(nt) ? nt->valuestring : "?");
             goto out;
         }
-        flx_log_info(TOK_MOD, "%s: normalizer NFC is not applied (input is taken as NFC already)", P);
+        v.nfc = 1;
     }
 
     /* ids: vocab and added_tokens together; the highest id sets the size */
@@ -1453,6 +1630,7 @@ flx_status_t flx_tok_load_gguf(const char *path, flx_tok_h *tok_p)
         v.ignore_merges = 1;
     } else if (strcmp(s, "qwen2") == 0) {
         v.pre = FLX_TOK_PRE_QWEN2;
+        v.nfc = 1; /* the GGUF does not say; Qwen2's tokenizer.json normalizes to NFC */
     } else {
         st = flx_error_set(FLX_ERR_UNSUPPORTED, "%s: tokenizer.ggml.pre '%s' (know gpt2, smollm, llama-bpe, qwen2)",
                            path, s);

@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """Generates decode/src/unicode_tables.c: the code point classes the tokenizer's pre-tokenizers
 need (\\p{L}, \\p{N}, \\s as Oniguruma defines them for Unicode, which is what Hugging Face
-tokenizers uses), as sorted inclusive ranges.
+tokenizers uses), as sorted inclusive ranges; and the data of NFC normalization (Qwen2's
+normalizer): canonical combining classes, full canonical decompositions, primary composites.
+Hangul syllables are left out of the last two: the C code composes them arithmetically.
 
 Run with Debian's interpreter so the Unicode version is the system one:
     /usr/bin/python3 decode/tools/gen_unicode_tables.py > decode/src/unicode_tables.c
@@ -42,6 +44,56 @@ def emit(name, rs):
     print()
 
 
+def emit_nfc():
+    ccc = []  # (lo, hi, class) runs of equal nonzero class
+    for cp in range(0x110000):
+        c = unicodedata.combining(chr(cp))
+        if c and ccc and ccc[-1][1] == cp - 1 and ccc[-1][2] == c:
+            ccc[-1][1] = cp
+        elif c:
+            ccc.append([cp, cp, c])
+    nfd, comp = [], []
+    for cp in range(0x110000):
+        if 0xD800 <= cp <= 0xDFFF or 0xAC00 <= cp <= 0xD7A3:
+            continue
+        ch = chr(cp)
+        d = unicodedata.normalize('NFD', ch)
+        if d != ch:
+            assert len(d) <= 4
+            nfd.append([cp] + [ord(x) for x in d] + [0] * (4 - len(d)))
+        m = unicodedata.decomposition(ch)
+        if m and not m.startswith('<'):
+            parts = [int(x, 16) for x in m.split()]
+            # a primary composite: its two-part mapping composes back (exclusions do not)
+            if len(parts) == 2 and unicodedata.normalize('NFC', chr(parts[0]) + chr(parts[1])) == ch:
+                comp.append((parts[0], parts[1], cp))
+    comp.sort()
+    # tokenizer.c skips NFC for text without a code point >= U+0300; that is sound only if
+    # nothing below U+0300 changes under NFC nor composes with what follows it there
+    assert all(unicodedata.normalize('NFC', chr(cp)) == chr(cp) for cp in range(0x300))
+    assert all(b >= 0x300 for _, b, _ in comp)
+    print('/* (lo, hi, canonical combining class) for every nonzero class */')
+    print('const uint32_t flx_tok_ccc_ranges[][3] = {')
+    for i in range(0, len(ccc), 3):
+        print('    ' + ' '.join('{0x%05X, 0x%05X, %d},' % tuple(r) for r in ccc[i:i + 3]))
+    print('};')
+    print('const size_t flx_tok_ccc_ranges_len = %d;' % len(ccc))
+    print()
+    print('/* (code point, its full canonical decomposition padded with 0), by code point */')
+    print('const uint32_t flx_tok_nfd_map[][5] = {')
+    for i in range(0, len(nfd), 2):
+        print('    ' + ' '.join('{0x%05X, 0x%05X, 0x%05X, 0x%05X, 0x%05X},' % tuple(r) for r in nfd[i:i + 2]))
+    print('};')
+    print('const size_t flx_tok_nfd_map_len = %d;' % len(nfd))
+    print()
+    print('/* (first, second, composite) primary composites, by (first, second) */')
+    print('const uint32_t flx_tok_comp_map[][3] = {')
+    for i in range(0, len(comp), 3):
+        print('    ' + ' '.join('{0x%05X, 0x%05X, 0x%05X},' % r for r in comp[i:i + 3]))
+    print('};')
+    print('const size_t flx_tok_comp_map_len = %d;' % len(comp))
+
+
 def main():
     letters = ranges(lambda cp: cat(cp)[0] == 'L')
     numbers = ranges(lambda cp: cat(cp)[0] == 'N')
@@ -57,6 +109,7 @@ def main():
     emit('flx_tok_letter_ranges', letters)
     emit('flx_tok_number_ranges', numbers)
     emit('flx_tok_space_ranges', spaces)
+    emit_nfc()
 
 
 if __name__ == '__main__':

@@ -39,6 +39,8 @@ static char g_bytes[256][4];
 static const char *g_tokens[N_TOK];
 static uint8_t g_attrs[N_TOK];
 
+static int g_nfc; /* make_tok builds an NFC-normalizing tokenizer */
+
 static flx_tok_h make_tok(flx_tok_pre_t pre, const char *tpl)
 {
     for (int b = 0; b < 256; b++) {
@@ -53,7 +55,7 @@ static flx_tok_h make_tok(flx_tok_pre_t pre, const char *tpl)
     g_attrs[ID_EXTRA] = FLX_TOK_ATTR_ADDED;
     flx_tok_vocab_t v = {.n_tokens = N_TOK, .tokens = g_tokens, .attrs = g_attrs,
                          .n_merges = FLX_ARRAY_SIZE(k_merges), .merges = k_merges, .pre = pre,
-                         .bos_id = ID_IM_START, .eos_id = ID_IM_END, .chat_template = tpl};
+                         .bos_id = ID_IM_START, .eos_id = ID_IM_END, .chat_template = tpl, .nfc = g_nfc};
     flx_tok_h t = NULL;
     CHECK_OK(flx_tok_create(&v, &t));
     return t;
@@ -549,6 +551,45 @@ static void test_json_large(void)
 #endif
 }
 
+/* NFC before pre-tokenization: composition, singletons, Hangul, reordering; decode gives NFC. */
+static void expect_nfc(flx_tok_h t, const char *in, const char *want)
+{
+    int32_t ids[64];
+    char buf[128];
+    size_t n = 0, len = 0;
+    CHECK_OK(flx_tok_encode(t, in, strlen(in), 0, ids, 64, &n));
+    CHECK_OK(flx_tok_decode(t, ids, n, 0, buf, sizeof(buf), &len));
+    if (len != strlen(want) || memcmp(buf, want, len) != 0) {
+        fprintf(stderr, "nfc of");
+        for (const char *c = in; *c; c++) fprintf(stderr, " %02x", (uint8_t)*c);
+        fprintf(stderr, ": got");
+        for (size_t i = 0; i < len; i++) fprintf(stderr, " %02x", (uint8_t)buf[i]);
+        fprintf(stderr, "\n");
+        CHECK(0);
+    }
+}
+
+static void test_nfc(void)
+{
+    g_nfc = 1;
+    flx_tok_h t = make_tok(FLX_TOK_PRE_QWEN2, NULL);
+    g_nfc = 0;
+    expect_nfc(t, "e\xcc\x81", "\xc3\xa9");                           /* e + acute -> U+00E9 */
+    expect_nfc(t, "\xe2\x84\xab", "\xc3\x85");                         /* Angstrom sign -> U+00C5 */
+    expect_nfc(t, "\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8", "\xea\xb0\x81"); /* jamo G A K -> U+AC01 */
+    expect_nfc(t, "\xea\xb0\x80\xe1\x86\xa8", "\xea\xb0\x81");             /* LV + T */
+    expect_nfc(t, "q\xcc\x87\xcc\xa3", "q\xcc\xa3\xcc\x87");               /* dot above after dot below */
+    expect_nfc(t, "\xe1\xb8\x8b\xcc\xa3", "\xe1\xb8\x8d\xcc\x87");        /* U+1E0B U+0323 -> U+1E0D U+0307 */
+    expect_nfc(t, "a\xcc\x81\xcc\x81", "\xc3\xa1\xcc\x81");                /* second acute is blocked */
+    expect_nfc(t, "\xff\xcc\x81" "e", "\xff\xcc\x81" "e");                   /* invalid byte kept, no starter */
+    expect_nfc(t, "<|im_start|>\xcc\x81", "<|im_start|>\xcc\x81");           /* nothing composes across */
+    expect_nfc(t, "abc \t12", "abc \t12");
+    flx_tok_destroy(t);
+    t = make_tok(FLX_TOK_PRE_QWEN2, NULL); /* without NFC the text stays as it is */
+    expect_nfc(t, "e\xcc\x81", "e\xcc\x81");
+    flx_tok_destroy(t);
+}
+
 /* Random bytes (mostly invalid UTF-8) through every pre-tokenizer: nothing stalls or reads out of
  * bounds (the sanitizer build checks), and decode gives back the exact bytes. */
 static void test_random_bytes(void)
@@ -581,6 +622,7 @@ int main(void)
     test_specials_decode_capacity();
     test_chat();
     test_random_bytes();
+    test_nfc();
     test_json(); /* creates g_dir */
     test_gguf();
     test_json_large();

@@ -9,14 +9,15 @@ WORKDIR/<pre>/tokenizer.json with that vocabulary:
     smollm  Sequence[Digits(individual_digits), ByteLevel(use_regex)]   (SmolLM2's own config)
     gpt2    ByteLevel(use_regex)
     llama3  Sequence[Split(Llama-3 regex, Isolated), ByteLevel(use_regex=false)], ignore_merges
-    qwen2   Sequence[Split(Qwen2 regex, Isolated), ByteLevel(use_regex=false)]
+    qwen2   Sequence[Split(Qwen2 regex, Isolated), ByteLevel(use_regex=false)], normalizer NFC
 
 CONTROL tokens become special added tokens, USER_DEFINED ones non-special added tokens, as
 llama.cpp treats them. It adds the troff sources of a few man pages (gzip-compressed, so the C
 side leaves them to Python) as WORKDIR/text_9NN.txt; every WORKDIR/text_*.txt (UTF-8) is then
 encoded by `tokenizers` with each
 file, without special-token post-processing, and the ids are written one text per line, in
-sorted file-name order, to WORKDIR/<pre>.ref. The C test loads the same tokenizer.json files
+sorted file-name order, to WORKDIR/<pre>.ref; the NFC form of each text goes to
+WORKDIR/nfc_<text file name> (what decode must give back with the qwen2 file). The C test loads the same tokenizer.json files
 (and the GGUF itself) and compares token for token.
 """
 import glob
@@ -25,6 +26,7 @@ import json
 import os
 import struct
 import sys
+import unicodedata
 
 from tokenizers import Tokenizer
 
@@ -97,7 +99,8 @@ def tokenizer_json(kv, name):
              for i, t in enumerate(tokens) if types[i] in (3, 4)]
     return {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
-        "normalizer": None, "pre_tokenizer": pre_tokenizer(name), "post_processor": None,
+        "normalizer": {"type": "NFC"} if name == 'qwen2' else None,
+        "pre_tokenizer": pre_tokenizer(name), "post_processor": None,
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False,
@@ -126,6 +129,8 @@ def main():
     for path in sorted(glob.glob(os.path.join(work, 'text_*.txt'))):
         with open(path, 'rb') as f:
             texts.append(f.read().decode('utf-8'))
+        with open(os.path.join(work, 'nfc_' + os.path.basename(path)), 'wb') as f:
+            f.write(unicodedata.normalize('NFC', texts[-1]).encode('utf-8'))
     for name in ('smollm', 'gpt2', 'llama3', 'qwen2'):
         os.makedirs(os.path.join(work, name), exist_ok=True)
         jpath = os.path.join(work, name, 'tokenizer.json')
@@ -135,7 +140,8 @@ def main():
         with open(os.path.join(work, name + '.ref'), 'w') as f:
             for text in texts:
                 ids = tok.encode(text, add_special_tokens=False).ids
-                if tok.decode(ids, skip_special_tokens=False) != text:
+                want = unicodedata.normalize('NFC', text) if name == 'qwen2' else text
+                if tok.decode(ids, skip_special_tokens=False) != want:
                     sys.exit('reference %s does not round-trip a text' % name)
                 f.write(' '.join(map(str, ids)) + '\n')
     print('tok_ref: %d texts, 4 pre-tokenizers, vocab %d' % (len(texts), len(kv['tokenizer.ggml.tokens'])))

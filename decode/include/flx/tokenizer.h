@@ -13,7 +13,9 @@
  * Encoding follows Hugging Face tokenizers token for token (tests/decode/tok_ref.py checks it):
  *   1. added tokens (special ones such as <|im_start|> and non-special ones alike) are cut out of
  *      the text first, leftmost-longest, and map to their ids directly;
- *   2. each remaining span is split by the pre-tokenizer named by the source:
+ *   2. each remaining span is NFC-normalized when the source asks for it (Qwen2's normalizer;
+ *      tables generated from unicodedata like the classes below), then split by the
+ *      pre-tokenizer named by the source:
  *        FLX_TOK_PRE_GPT2    's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
  *        FLX_TOK_PRE_SMOLLM  every \p{N} on its own (HF Digits(individual_digits)), then GPT2 on
  *                            each piece
@@ -31,9 +33,9 @@
  * copied raw (HF's ByteLevel decoder does the same). Output is raw bytes: a multi-byte character
  * split across tokens comes out whole only when both tokens are decoded together.
  *
- * Not implemented (refused or noted at load): normalizers other than none/NFC (NFC is accepted
- * and not applied; the texts these models see are NFC already), added-token lstrip/rstrip/
- * single_word flags (ignored), SentencePiece/Unigram models (refused).
+ * Not implemented: normalizers other than none and NFC (refused), added-token lstrip/rstrip/
+ * single_word flags (ignored), SentencePiece/Unigram models (refused). With NFC, decode gives the
+ * normalized text back, as HF does.
  *
  * THREAD MODE
  * A tokenizer is immutable after load: any number of threads may call encode, decode, chat and
@@ -101,6 +103,7 @@ typedef struct flx_tok_vocab {
     const char *const *merges;   /* (n_merges) "left right", rank = index; left is non-empty */
     flx_tok_pre_t pre;
     int ignore_merges;           /* a piece found whole in the vocabulary skips BPE (Llama-3) */
+    int nfc;                     /* NFC-normalize text between added tokens first (Qwen2) */
     int32_t bos_id, eos_id;      /* -1 if none */
     int add_bos;                 /* the model expects BOS (flx_tok_add_bos_default) */
     const char *chat_template;   /* Jinja source or NULL */
