@@ -5,6 +5,11 @@ tokenizers uses), as sorted inclusive ranges; and the data of NFC normalization 
 normalizer): canonical combining classes, full canonical decompositions, primary composites.
 Hangul syllables are left out of the last two: the C code composes them arithmetically.
 
+The NFC data is cut to the characters assigned by Unicode 9.0: HF tokenizers normalizes with the
+crate unicode-normalization-alignments 0.1.12, whose tables are Unicode 9.0, so a later
+combining mark (U+07FD, U+10D26, ...) is class 0 there and must be here too, or the ids differ.
+Character ages come from the Unicode data files (Debian package unicode-data).
+
 Run with Debian's interpreter so the Unicode version is the system one:
     /usr/bin/python3 decode/tools/gen_unicode_tables.py > decode/src/unicode_tables.c
 """
@@ -44,17 +49,38 @@ def emit(name, rs):
     print()
 
 
+NFC_UNICODE_VERSION = (9, 0)
+DERIVED_AGE = '/usr/share/unicode/DerivedAge.txt'
+
+
+def assigned_by(version):
+    """Code points assigned in Unicode `version` or earlier."""
+    out = set()
+    with open(DERIVED_AGE, encoding='utf-8') as f:
+        for line in f:
+            line = line.split('#')[0].strip()
+            if not line:
+                continue
+            rng, age = [x.strip() for x in line.split(';')]
+            if tuple(int(x) for x in age.split('.')) > version:
+                continue
+            lo, _, hi = rng.partition('..')
+            out.update(range(int(lo, 16), int(hi or lo, 16) + 1))
+    return out
+
+
 def emit_nfc():
+    old = assigned_by(NFC_UNICODE_VERSION)
     ccc = []  # (lo, hi, class) runs of equal nonzero class
     for cp in range(0x110000):
-        c = unicodedata.combining(chr(cp))
+        c = unicodedata.combining(chr(cp)) if cp in old else 0
         if c and ccc and ccc[-1][1] == cp - 1 and ccc[-1][2] == c:
             ccc[-1][1] = cp
         elif c:
             ccc.append([cp, cp, c])
     nfd, comp = [], []
     for cp in range(0x110000):
-        if 0xD800 <= cp <= 0xDFFF or 0xAC00 <= cp <= 0xD7A3:
+        if 0xD800 <= cp <= 0xDFFF or 0xAC00 <= cp <= 0xD7A3 or cp not in old:
             continue
         ch = chr(cp)
         d = unicodedata.normalize('NFD', ch)
@@ -105,6 +131,7 @@ def main():
     print('#include <stdint.h>')
     print()
     print('const char flx_tok_unicode_version[] = "%s";' % unicodedata.unidata_version)
+    print('/* NFC tables: characters assigned by Unicode %d.%d only (see the generator). */' % NFC_UNICODE_VERSION)
     print()
     emit('flx_tok_letter_ranges', letters)
     emit('flx_tok_number_ranges', numbers)

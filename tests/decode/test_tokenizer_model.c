@@ -284,7 +284,7 @@ int main(int argc, char **argv)
         CHECK(texts[n_texts++].s != NULL);
     }
     globfree(&gl);
-    /* their NFC forms, from Python's unicodedata */
+    /* their NFC forms, from HF's normalizer */
     text_t nfc_texts[FLX_ARRAY_SIZE(texts)];
     snprintf(path, sizeof(path), "%s/nfc_text_*.txt", g_work);
     CHECK(glob(path, 0, NULL, &gl) == 0 && gl.gl_pathc == (size_t)n_texts);

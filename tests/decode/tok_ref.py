@@ -16,7 +16,7 @@ llama.cpp treats them. It adds the troff sources of a few man pages (gzip-compre
 side leaves them to Python) as WORKDIR/text_9NN.txt; every WORKDIR/text_*.txt (UTF-8) is then
 encoded by `tokenizers` with each
 file, without special-token post-processing, and the ids are written one text per line, in
-sorted file-name order, to WORKDIR/<pre>.ref; the NFC form of each text goes to
+sorted file-name order, to WORKDIR/<pre>.ref; the NFC form of each text (by HF's normalizer) goes to
 WORKDIR/nfc_<text file name> (what decode must give back with the qwen2 file). The C test loads the same tokenizer.json files
 (and the GGUF itself) and compares token for token.
 """
@@ -26,9 +26,8 @@ import json
 import os
 import struct
 import sys
-import unicodedata
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, normalizers
 
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
           r"\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -125,12 +124,13 @@ def main():
             continue
         with open(os.path.join(work, 'text_%03d.txt' % (900 + k)), 'wb') as f:
             f.write(text.encode('utf-8'))
+    nfc = normalizers.NFC().normalize_str  # HF's own NFC (Unicode 9.0 tables), not unicodedata's
     texts = []
     for path in sorted(glob.glob(os.path.join(work, 'text_*.txt'))):
         with open(path, 'rb') as f:
             texts.append(f.read().decode('utf-8'))
         with open(os.path.join(work, 'nfc_' + os.path.basename(path)), 'wb') as f:
-            f.write(unicodedata.normalize('NFC', texts[-1]).encode('utf-8'))
+            f.write(nfc(texts[-1]).encode('utf-8'))
     for name in ('smollm', 'gpt2', 'llama3', 'qwen2'):
         os.makedirs(os.path.join(work, name), exist_ok=True)
         jpath = os.path.join(work, name, 'tokenizer.json')
@@ -140,7 +140,7 @@ def main():
         with open(os.path.join(work, name + '.ref'), 'w') as f:
             for text in texts:
                 ids = tok.encode(text, add_special_tokens=False).ids
-                want = unicodedata.normalize('NFC', text) if name == 'qwen2' else text
+                want = nfc(text) if name == 'qwen2' else text
                 if tok.decode(ids, skip_special_tokens=False) != want:
                     sys.exit('reference %s does not round-trip a text' % name)
                 f.write(' '.join(map(str, ids)) + '\n')
