@@ -10,11 +10,13 @@
  *   - the vocabulary of a GGUF file (tokenizer.ggml.model "gpt2", tokenizer.ggml.pre naming the
  *     pre-tokenizer, tokens, token_type, merges, special ids, tokenizer.chat_template).
  *
- * Encoding follows Hugging Face tokenizers token for token (tests/decode/tok_ref.py checks it):
+ * Encoding follows Hugging Face tokenizers token for token (tests/decode/test_tokenizer_model.c
+ * checks it against tok_ref.py on real and random text):
  *   1. added tokens (special ones such as <|im_start|> and non-special ones alike) are cut out of
  *      the text first, leftmost-longest, and map to their ids directly;
  *   2. each remaining span is NFC-normalized when the source asks for it (Qwen2's normalizer;
- *      tables generated from unicodedata like the classes below), then split by the
+ *      tables generated from unicodedata and cut to Unicode 9.0, the version of HF's
+ *      normalization crate; GGUF "qwen2" vocabularies get it too), then split by the
  *      pre-tokenizer named by the source:
  *        FLX_TOK_PRE_GPT2    's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
  *        FLX_TOK_PRE_SMOLLM  every \p{N} on its own (HF Digits(individual_digits)), then GPT2 on
