@@ -1188,10 +1188,11 @@ flx_status_t flx_tok_load_json(const char *json_path, const char *config_path, f
 
     if (!json_path || !tok_p) return flx_error_set(FLX_ERR_INVALID, "tokenizer: NULL path");
     if ((st = read_file(json_path, &text, &len))) goto out;
-    root = cJSON_ParseWithLength(text, len);
+    const char *stop = NULL;
+    root = cJSON_ParseWithLengthOpts(text, len, &stop, 0);
     if (!cJSON_IsObject(root)) {
-        st = flx_error_set(FLX_ERR_FORMAT, "%s: not a JSON object (parse stopped near byte %td)", P,
-                           cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - text : (ptrdiff_t)-1);
+        st = flx_error_set(FLX_ERR_FORMAT, "%s: not a JSON object (parse stopped near byte %td of %zu)", P,
+                           stop ? stop - text : (ptrdiff_t)-1, len);
         goto out;
     }
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
