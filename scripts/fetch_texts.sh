@@ -12,7 +12,7 @@
 #                                       the benchmark prompt
 #   $FLX_CACHE/texts/MANIFEST.tsv       name, role, package, version, source path(s), bytes, words, sha256
 # If apt cannot install them (no network, no root), bench.txt falls back to
-# /usr/share/common-licenses/GPL-3 (always present, ~ 8.5K tokens) and the MANIFEST says so.
+# /usr/share/common-licenses/GPL-3 + GPL-2 (always present, ~ 10.9K tokens) and the MANIFEST says so.
 #
 # Idempotent: rerunning rewrites the same bytes (the files are deterministic in the package
 # versions) and says what it did. Environment: FLX_CACHE (default ~/.cache/fluxion),
@@ -147,10 +147,13 @@ if devref:
     parts = [html_to_text(f) for f in devref]
     emit("bench.txt", "benchmark prompt (whole book)", "\n".join(parts), "developers-reference", devref)
 else:
-    gpl = "/usr/share/common-licenses/GPL-3"
-    text = unicodedata.normalize("NFC", open(gpl, encoding="utf-8").read())
-    text = "\n\n".join(re.sub(r"\s+", " ", p).strip() for p in re.split(r"\n\s*\n", text) if p.strip()) + "\n"
-    emit("bench.txt", "benchmark prompt (FALLBACK: developers-reference missing)", text, "base-files", [gpl])
+    # GPL-3 alone is ~7.1K SmolLM2 tokens; GPL-2 after it brings the prompt past 8K
+    lic = ["/usr/share/common-licenses/GPL-3", "/usr/share/common-licenses/GPL-2"]
+    parts = []
+    for f in lic:
+        t = unicodedata.normalize("NFC", open(f, encoding="utf-8").read())
+        parts.append("\n\n".join(re.sub(r"\s+", " ", p).strip() for p in re.split(r"\n\s*\n", t) if p.strip()) + "\n")
+    emit("bench.txt", "benchmark prompt (FALLBACK: developers-reference missing)", "\n".join(parts), "base-files", lic)
 
 # docs/: one document per chapter, for training / held-out use
 for pkg, d, prefix in (("debian-policy", "/usr/share/doc/debian-policy/policy.html", "policy-"),):
