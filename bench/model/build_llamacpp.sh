@@ -28,7 +28,6 @@ top="$cache/llama_cpp_python-$ver"
 src="$top/vendor/llama.cpp"
 bld="$cache/build-$ver-native$native"
 logs="$cache/logs"
-sdist="$cache/sdist/llama_cpp_python-$ver.tar.gz"
 
 say() { echo "build_llamacpp: $*" >&2; }
 die() { echo "build_llamacpp: ERROR: $*" >&2; exit 1; }
@@ -46,9 +45,12 @@ mkdir -p "$cache" "$logs"
 exec 9>"$cache/.lock"
 flock 9
 
-# 1. the source distribution (PyPI, through pip)
+# 1. the source distribution (PyPI, through pip); unpacked into a temporary folder and renamed,
+#    so an interrupted run never leaves a half tree that looks complete
+find_sdist() { ls "$cache"/sdist/llama[-_]cpp[-_]python-"$ver".tar.gz 2>/dev/null | head -1 || true; }
 if [ ! -f "$src/CMakeLists.txt" ]; then
-  if [ ! -f "$sdist" ]; then
+  sdist=$(find_sdist)
+  if [ -z "$sdist" ]; then
     py=${FLX_PYTHON:-}
     if [ -z "$py" ]; then
       if [ -x "$root/.venv/bin/python" ]; then py="$root/.venv/bin/python"; else py=python3; fi
@@ -59,11 +61,17 @@ if [ ! -f "$src/CMakeLists.txt" ]; then
     "$py" -m pip download --disable-pip-version-check --no-deps --no-binary :all: \
       "llama-cpp-python==$ver" -d "$cache/sdist" > "$logs/download.log" 2>&1 ||
       fail_log "$logs/download.log" "pip download of llama-cpp-python==$ver (does that version exist on PyPI?)"
-    [ -f "$sdist" ] || die "pip did not leave $sdist (see $logs/download.log)"
+    sdist=$(find_sdist)
+    [ -n "$sdist" ] || die "pip did not leave llama_cpp_python-$ver.tar.gz in $cache/sdist (see $logs/download.log)"
   fi
   say "unpacking $sdist"
-  tar xzf "$sdist" -C "$cache" || die "cannot unpack $sdist"
-  [ -f "$src/CMakeLists.txt" ] || die "$sdist has no vendor/llama.cpp"
+  tmp=$(mktemp -d "$cache/.unpack.XXXXXX")
+  tar xzf "$sdist" -C "$tmp" || { rm -rf "$tmp"; die "cannot unpack $sdist"; }
+  got=$(ls -d "$tmp"/*/vendor/llama.cpp 2>/dev/null | head -1)
+  [ -n "$got" ] && [ -f "$got/CMakeLists.txt" ] || { rm -rf "$tmp"; die "$sdist has no vendor/llama.cpp"; }
+  rm -rf "$top"
+  mv "$(dirname "$(dirname "$got")")" "$top"
+  rm -rf "$tmp"
 fi
 
 # 2. libllama + libggml (shared), CPU only
