@@ -317,6 +317,16 @@ int main(int argc, char **argv)
         if (bos && n_tok > 0 && toks[0] == llama_vocab_bos(vocab)) flags |= FLXL_FLAG_BOS;
         fprintf(stderr, "llama_ref: %s: %zu bytes -> %ld tokens (llama.cpp tokenizer, BOS %s)\n", text_path, len,
                 n_tok, (flags & FLXL_FLAG_BOS) ? "added" : "not added");
+        {
+            /* the ids must reproduce the text: llama.cpp's detokenizer on them, special tokens removed */
+            int cap2 = (int)len + 64;
+            char *back = malloc((size_t)cap2);
+            int nb = back ? llama_detokenize(vocab, toks, (int32_t)n_tok, back, cap2, true, false) : -1;
+            int same = nb == (int)len && memcmp(back, text, len) == 0;
+            fprintf(stderr, "llama_ref: detokenized ids %s the text (%d bytes back)\n",
+                    same ? "reproduce" : "DO NOT reproduce", nb);
+            free(back);
+        }
         free(text);
         if (tok_out) {
             if (write_tokens(tok_out, toks, n_tok) != 0) return 1;
