@@ -60,8 +60,15 @@ flx_status_t flx_model_mem_add(flx_model_t *m, void *p, size_t len, flx_mem_kind
         mm->r = nr;
         mm->cap = nc;
     }
-    mm->r[mm->n++] = (flx_mem_region_t){p, len, kind};
+    mm->r[mm->n++] = (flx_mem_region_t){p, len, kind, NULL};
     return FLX_OK;
+}
+
+flx_status_t flx_model_mem_add_release(flx_model_t *m, void *p, void (*release)(void *p))
+{
+    flx_status_t st = flx_model_mem_add(m, p, 0, FLX_MEM_RELEASE);
+    if (st == FLX_OK) m->mem->r[m->mem->n - 1].release = release;
+    return st;
 }
 
 void *flx_model_mem_alloc(flx_model_t *m, size_t bytes)
@@ -103,6 +110,7 @@ void flx_model_destroy(flx_model_t *m)
         for (size_t i = m->mem->n; i-- > 0;) {
             flx_mem_region_t *r = &m->mem->r[i];
             if (r->kind == FLX_MEM_MMAP) munmap(r->p, r->len);
+            else if (r->kind == FLX_MEM_RELEASE) r->release(r->p);
             else flx_aligned_free(r->p);
         }
         free(m->mem->r);
