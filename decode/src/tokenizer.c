@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "flx/gguf.h"
 #include "flx/log.h"
 #include "flx/util.h"
 
@@ -1344,7 +1345,185 @@ flx_status_t flx_tok_chat(const flx_tok_t *tok, const flx_tok_msg_t *msgs, size_
 
 /* ---- loading: GGUF ---------------------------------------------------------------------------- */
 
+/* Copies the strings of a GGUF string array into one NUL-separated pool and a pointer table. */
+static flx_status_t gguf_strings(const char *path, const char *key, const flx_gguf_array_t *a, char **pool_p,
+                                 const char ***ptr_p)
+{
+    size_t total = 0, len;
+    const char *s;
+    if (a->elem != FLX_GGUF_STRING || a->n > INT32_MAX / 2)
+        return flx_error_set(FLX_ERR_FORMAT, "%s: %s is not an array of at most 2^30 strings", path, key);
+    for (uint64_t i = 0; i < a->n; i++) {
+        if (flx_gguf_arr_str(a, i, &s, &len))
+            return flx_error_set(FLX_ERR_FORMAT, "%s: %s element %llu is not a string", path, key,
+                                 (unsigned long long)i);
+        if (memchr(s, '\0', len))
+            return flx_error_set(FLX_ERR_FORMAT, "%s: %s element %llu holds a NUL byte", path, key,
+                                 (unsigned long long)i);
+        total += len + 1;
+    }
+    char *pool = malloc(total ? total : 1);
+    const char **ptr = malloc((a->n ? a->n : 1) * sizeof(char *));
+    if (!pool || !ptr) {
+        free(pool);
+        free(ptr);
+        return flx_error_set(FLX_ERR_NOMEM, "%s: no memory for %s", path, key);
+    }
+    size_t off = 0;
+    for (uint64_t i = 0; i < a->n; i++) {
+        flx_gguf_arr_str(a, i, &s, &len);
+        memcpy(pool + off, s, len);
+        pool[off + len] = '\0';
+        ptr[i] = pool + off;
+        off += len + 1;
+    }
+    *pool_p = pool;
+    *ptr_p = ptr;
+    return FLX_OK;
+}
+
+/* An optional token id key: -1 when absent; refused when present and outside [0, n). */
+static flx_status_t gguf_opt_id(flx_gguf_h g, const char *path, const char *key, uint32_t n, int32_t *id)
+{
+    uint32_t v;
+    flx_status_t st = flx_gguf_get_u32(g, key, &v);
+    if (st == FLX_ERR_NOT_FOUND) {
+        flx_error_clear();
+        *id = -1;
+        return FLX_OK;
+    }
+    if (st) return st;
+    if (v >= n) return flx_error_set(FLX_ERR_FORMAT, "%s: %s %u outside the vocabulary of %u", path, key, v, n);
+    *id = (int32_t)v;
+    return FLX_OK;
+}
+
 flx_status_t flx_tok_load_gguf(const char *path, flx_tok_t **tok_p)
 {
-    return flx_error_set(FLX_ERR_UNSUPPORTED, "%s: GGUF tokenizer loading not built yet", path);
+    flx_status_t st;
+    flx_gguf_h g = NULL;
+    char *tpool = NULL, *mpool = NULL;
+    const char **tokens = NULL, **merges = NULL;
+    uint8_t *attrs = NULL;
+    flx_tok_t *t = NULL;
+    flx_tok_vocab_t v = {0};
+    const char *s;
+    const flx_gguf_array_t *tarr, *marr, *ty = NULL;
+
+    if (!path || !tok_p) return flx_error_set(FLX_ERR_INVALID, "tokenizer: NULL path");
+    if ((st = flx_gguf_open(path, &g))) return st;
+    if ((st = flx_gguf_get_str(g, "tokenizer.ggml.model", &s))) goto out;
+    if (strcmp(s, "gpt2") != 0) {
+        st = flx_error_set(FLX_ERR_UNSUPPORTED, "%s: tokenizer.ggml.model '%s' (only byte-level BPE 'gpt2')", path, s);
+        goto out;
+    }
+    st = flx_gguf_get_str(g, "tokenizer.ggml.pre", &s);
+    if (st == FLX_ERR_NOT_FOUND) {
+        flx_error_clear();
+        flx_log_warn(TOK_MOD, "%s: no tokenizer.ggml.pre; using the GPT-2 pre-tokenizer", path);
+        s = "gpt2";
+    } else if (st) {
+        goto out;
+    }
+    if (strcmp(s, "gpt2") == 0) {
+        v.pre = FLX_TOK_PRE_GPT2;
+    } else if (strcmp(s, "smollm") == 0) {
+        v.pre = FLX_TOK_PRE_SMOLLM;
+    } else if (strcmp(s, "llama-bpe") == 0 || strcmp(s, "llama3") == 0) {
+        v.pre = FLX_TOK_PRE_LLAMA3;
+        v.ignore_merges = 1;
+    } else if (strcmp(s, "qwen2") == 0) {
+        v.pre = FLX_TOK_PRE_QWEN2;
+    } else {
+        st = flx_error_set(FLX_ERR_UNSUPPORTED, "%s: tokenizer.ggml.pre '%s' (know gpt2, smollm, llama-bpe, qwen2)",
+                           path, s);
+        goto out;
+    }
+
+    if ((st = flx_gguf_get_arr(g, "tokenizer.ggml.tokens", &tarr))) goto out;
+    if (tarr->n == 0) {
+        st = flx_error_set(FLX_ERR_FORMAT, "%s: tokenizer.ggml.tokens is empty", path);
+        goto out;
+    }
+    if ((st = gguf_strings(path, "tokenizer.ggml.tokens", tarr, &tpool, &tokens))) goto out;
+    uint32_t n = (uint32_t)tarr->n;
+    st = flx_gguf_get_arr(g, "tokenizer.ggml.merges", &marr);
+    if (st == FLX_ERR_NOT_FOUND) {
+        st = flx_error_set(FLX_ERR_FORMAT, "%s: missing field 'tokenizer.ggml.merges'", path);
+        goto out;
+    }
+    if (st) goto out;
+    if ((st = gguf_strings(path, "tokenizer.ggml.merges", marr, &mpool, &merges))) goto out;
+
+    attrs = calloc(n, 1);
+    if (!attrs) {
+        st = flx_error_set(FLX_ERR_NOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    st = flx_gguf_get_arr(g, "tokenizer.ggml.token_type", &ty);
+    if (st == FLX_ERR_NOT_FOUND) {
+        flx_error_clear();
+        st = FLX_OK;
+        ty = NULL;
+    } else if (st) {
+        goto out;
+    } else if (ty->n != n) {
+        st = flx_error_set(FLX_ERR_FORMAT, "%s: tokenizer.ggml.token_type has %llu entries for %u tokens", path,
+                           (unsigned long long)ty->n, n);
+        goto out;
+    }
+    for (uint32_t i = 0; ty && i < n; i++) {
+        int64_t k;
+        if (flx_gguf_arr_int(ty, i, &k)) {
+            st = flx_error_set(FLX_ERR_FORMAT, "%s: tokenizer.ggml.token_type element %u is not an integer", path, i);
+            goto out;
+        }
+        if (k == 3) attrs[i] = FLX_TOK_ATTR_ADDED | FLX_TOK_ATTR_SPECIAL; /* CONTROL */
+        if (k == 4) attrs[i] = FLX_TOK_ATTR_ADDED;                        /* USER_DEFINED */
+    }
+    int32_t eot, eom;
+    if ((st = gguf_opt_id(g, path, "tokenizer.ggml.bos_token_id", n, &v.bos_id)) ||
+        (st = gguf_opt_id(g, path, "tokenizer.ggml.eos_token_id", n, &v.eos_id)) ||
+        (st = gguf_opt_id(g, path, "tokenizer.ggml.eot_token_id", n, &eot)) ||
+        (st = gguf_opt_id(g, path, "tokenizer.ggml.eom_token_id", n, &eom)))
+        goto out;
+    if (eot >= 0) attrs[eot] |= FLX_TOK_ATTR_EOG;
+    if (eom >= 0) attrs[eom] |= FLX_TOK_ATTR_EOG;
+    int add_bos = 0;
+    st = flx_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos);
+    if (st == FLX_ERR_NOT_FOUND) {
+        flx_error_clear();
+        add_bos = v.pre == FLX_TOK_PRE_LLAMA3; /* Llama-3 files written before the key existed */
+    } else if (st) {
+        goto out;
+    }
+    v.add_bos = add_bos;
+    st = flx_gguf_get_str(g, "tokenizer.chat_template", &v.chat_template);
+    if (st == FLX_ERR_NOT_FOUND) {
+        flx_error_clear();
+        v.chat_template = NULL;
+    } else if (st) {
+        goto out;
+    }
+    v.n_tokens = n;
+    v.tokens = tokens;
+    v.attrs = attrs;
+    v.n_merges = (uint32_t)marr->n;
+    v.merges = merges;
+    if ((st = flx_tok_create(&v, &t))) {
+        /* name the file: the builder's message speaks of "tokenizer" */
+        char msg[FLX_ERROR_MSG_MAX];
+        snprintf(msg, sizeof(msg), "%s", flx_error_msg());
+        st = flx_error_set(st, "%s: %s", path, msg);
+        goto out;
+    }
+    *tok_p = t;
+out:
+    free(tokens);
+    free(tpool);
+    free(merges);
+    free(mpool);
+    free(attrs);
+    flx_gguf_close(g);
+    return st;
 }
