@@ -55,6 +55,7 @@ typedef struct seq {
     int32_t stop[FLX_ENGINE_MAX_STOP];
     int32_t eos_id;
     flx_engine_token_fn on_token;
+    flx_engine_logits_fn on_logits;
     void *ctx;
     flx_sampler_t sampler;
     uint64_t decode_ns;
@@ -385,6 +386,7 @@ flx_status_t flx_engine_add(flx_engine_h e, flx_kv_session_id_t sid, int32_t fir
     if (gen->n_stop) memcpy(s->stop, gen->stop_ids, gen->n_stop * sizeof *s->stop);
     s->eos_id = gen->ignore_eos ? -1 : gen->eos_id;
     s->on_token = gen->on_token;
+    s->on_logits = gen->on_logits;
     s->ctx = gen->ctx;
     s->sampler = sampler;
     e->order[e->n_live++] = slot;
@@ -621,8 +623,10 @@ flx_status_t flx_engine_step(flx_engine_h e)
         seq_t *s = e->bseq[b];
         s->n_fed++;
         int32_t tok;
-        st = flx_sample(&s->sampler, e->logits + (size_t)b * e->vocab, e->sample_scratch, e->sample_scratch_bytes,
-                        &tok);
+        const float *row = e->logits + (size_t)b * e->vocab;
+        if (s->on_logits)
+            s->on_logits(s->ctx, s->id, row, e->vocab);
+        st = flx_sample(&s->sampler, row, e->sample_scratch, e->sample_scratch_bytes, &tok);
         if (st) {
             flx_log_error("engine", "sequence %llu: %s", (unsigned long long)s->id, flx_error_msg());
             seq_end_without_token(s, FLX_FINISH_ERROR);

@@ -129,6 +129,11 @@ const char *flx_engine_finish_name(flx_engine_finish_t why);
 typedef void (*flx_engine_token_fn)(void *ctx, flx_engine_seq_id_t seq, int32_t token, int is_last,
                                     flx_engine_finish_t why);
 
+/* The logits (vocab) a decode step computed for seq, before sampling (log-probabilities for a
+ * server, checks for tests); valid only during the call. Not called for the first token (its
+ * logits come from the prefill). Runs on the thread driving the engine. */
+typedef void (*flx_engine_logits_fn)(void *ctx, flx_engine_seq_id_t seq, const float *logits, uint32_t vocab);
+
 #define FLX_ENGINE_MAX_STOP 16
 
 typedef struct flx_gen_params {
@@ -139,7 +144,8 @@ typedef struct flx_gen_params {
     int ignore_eos;                /* 1: eos_id does not end the sequence */
     flx_sampling_params_t sampling;
     flx_engine_token_fn on_token;  /* may be NULL (then poll with flx_engine_seq_info) */
-    void *ctx;                     /* passed to on_token */
+    flx_engine_logits_fn on_logits; /* may be NULL: sees each decode step's logits before sampling */
+    void *ctx;                     /* passed to on_token and on_logits */
 } flx_gen_params_t;
 
 /* Adds the READY kvstore session sid as a new sequence whose first token is first_token (sampled
