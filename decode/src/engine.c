@@ -230,7 +230,7 @@ flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, c
     e->cfg.budgets = NULL;
     const uint32_t T = e->p.n_threads, B = e->p.max_batch;
 
-    flx_fwd_shape_t fs = {.max_prompt = 1, .max_batch = B, .n_threads = 0};
+    flx_fwd_shape_t fs = {.max_prompt = 1, .max_batch = B, .n_threads = e->p.n_threads};
     size_t fwd_bytes = 0;
     if ((st = flx_fwd_plan(model, &fs, &fwd_bytes)))
         goto fail;

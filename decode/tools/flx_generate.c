@@ -235,6 +235,11 @@ int main(int argc, char **argv)
         return 2;
     }
     ep.n_threads = (uint32_t)threads;
+    if (ep.mode == FLX_ENGINE_ATTN_FLUXION) {   /* the engine refuses it too; say so before loading */
+        fprintf(stderr, PROG ": --mode fluxion: the Fluxion attention mode (predictor + selector + scheduler) is "
+                        "not implemented yet; use full or fixed\n");
+        return 2;
+    }
 
     int rc = 1;
     flx_model_t *m = NULL;

@@ -92,7 +92,7 @@ const char *flx_engine_attn_mode_name(flx_engine_attn_mode_t mode);
 typedef struct flx_engine_params {
     uint32_t max_batch;      /* sequences decoded per step, >= 1 */
     uint32_t max_seqs;       /* live sequences (decoding + waiting) at once; 0 = max_batch */
-    uint32_t n_threads;      /* attention threads; 0 = omp_get_max_threads() at create */
+    uint32_t n_threads;      /* attention and forward threads; 0 = omp_get_max_threads() at create */
     uint32_t max_l_cpu;      /* most host-resident tokens of an added session; 0 = the model's max_ctx */
     flx_engine_attn_mode_t mode;
     uint32_t blk;            /* FIXED: 16, 32, 64 or 128 */
