@@ -29,7 +29,8 @@
  *   CANCELED   flx_engine_cancel; on_token gets token -1, is_last 1.
  *   ERROR      a step failed (for example a kvstore refusal): every sequence of that step's batch
  *              ends with token -1, is_last 1, reason ERROR, and the step returns the error; the
- *              engine stays usable for the others.
+ *              engine stays usable for the others. Logits that cannot be sampled (NaN, +inf) end
+ *              only their own sequence with ERROR.
  * A sequence is retired right after its last callback: its id is no longer known to the engine,
  * its view of the session is released, and its kvstore session is closed when the engine was
  * created with close_sessions = 1 (otherwise the caller closes it, e.g. on a CloseSession RPC).
