@@ -266,6 +266,8 @@ flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, c
         if ((st = flx_attn_ws_init(&e->aws[t], &as, (uint8_t *)e->attn_mem + (size_t)t * e->attn_ws_bytes,
                                    e->attn_ws_bytes)))
             goto fail;
+    if (e->p.bind_numa && (st = flx_attn_bind_threads(si.numa_node, T)))
+        goto fail;
     *engine_p = e;
     return FLX_OK;
 fail:

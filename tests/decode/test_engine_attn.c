@@ -213,6 +213,7 @@ static flx_engine_h make_engine(flx_kv_store_h store, flx_engine_attn_mode_t mod
     p.max_seqs = max_seqs;
     p.n_threads = 2;
     p.close_sessions = close;
+    p.bind_numa = 1;   /* one node here: the binding calls run and must succeed */
     flx_engine_h e;
     CHECK_OK(flx_engine_create(&g_model, store, &p, &e));
     return e;

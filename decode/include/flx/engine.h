@@ -99,9 +99,12 @@ typedef struct flx_engine_params {
     uint32_t blk;            /* FIXED: 16, 32, 64 or 128 */
     float bgt;               /* FIXED: in [0, 1], fraction of l_cpu read besides the window */
     int close_sessions;      /* 1: a retired sequence's kvstore session is closed by the engine */
+    int bind_numa;           /* 1: bind the OpenMP pool (n_threads, the calling thread included) to the
+                                store's NUMA node at create, so attention reads host KV locally */
 } flx_engine_params_t;
 
-/* max_batch 8, max_seqs 0, n_threads 0, max_l_cpu 0, FULL, blk 16, bgt 0.05, close_sessions 1. */
+/* max_batch 8, max_seqs 0, n_threads 0, max_l_cpu 0, FULL, blk 16, bgt 0.05, close_sessions 1,
+ * bind_numa 0. */
 flx_engine_params_t flx_engine_params_default(void);
 
 /* Checks params (ranges, mode; FLUXION -> FLX_ERR_UNSUPPORTED) and that the store's shape (layers,
