@@ -13,7 +13,7 @@
  *   flx_engine_add(session, first token, gen params)       -> sequence id (session now DECODING)
  *   loop: flx_engine_step()                                 -> one token for every active sequence
  *       tokens reach the caller through the sequence's on_token callback, in order, the last one
- *       flagged is_last with the reason it ended
+ *       flagged is_last with the reason it ended (on_logits, if set, sees each step's logits)
  *
  * SEQUENCES AND TOKENS
  * The first token (from the prefill logits) counts as generated token 1: it is delivered through
@@ -56,7 +56,7 @@
  *
  * THREAD MODE
  * An engine is driven by one thread at a time (add, step, cancel, stats); the step uses up to
- * n_threads OpenMP threads for attention and whatever the forward pass uses. Callbacks run on the
+ * n_threads OpenMP threads for attention and for the forward pass. Callbacks run on the
  * driving thread, inside flx_engine_step / flx_engine_cancel; they must not call back into the
  * engine. Distinct engines are independent (they may share a model and a store: both are
  * thread-safe for this use).
