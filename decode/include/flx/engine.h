@@ -1,0 +1,226 @@
+/*
+ * flx/engine.h - the decode loop: continuous batching of READY kvstore sessions, one token per
+ * sequence per step, attention through the kvstore window and Fluxion's attention task.
+ *
+ * OVERVIEW
+ * An engine borrows a model (flx/model.h) and a kvstore (flx/kvstore.h) of the model's shape and
+ * owns everything a decode step needs, sized at create time: the forward workspace (max_batch
+ * sequences), one attention workspace per thread, the logits and the sampling scratch. A step
+ * allocates nothing.
+ *
+ *   prefill (a prefill node over UCX, or flx_engine_prefill_into_store in-process)
+ *       -> kvstore session READY, first token sampled from the prefill logits
+ *   flx_engine_add(session, first token, gen params)       -> sequence id (session now DECODING)
+ *   loop: flx_engine_step()                                 -> one token for every active sequence
+ *       tokens reach the caller through the sequence's on_token callback, in order, the last one
+ *       flagged is_last with the reason it ended (on_logits, if set, sees each step's logits)
+ *
+ * SEQUENCES AND TOKENS
+ * The first token (from the prefill logits) counts as generated token 1: it is delivered through
+ * on_token at the start of the next step, and then fed to the model. A token is delivered before
+ * the next one is computed, so a gRPC stream can forward it at once. Generated token i (i = 0 for
+ * the first) has position prompt_len + i. A sequence ends when:
+ *   MAX_NEW    it has delivered max_new_tokens tokens;
+ *   STOP / EOS it delivered a stop id or the eos id (the token is delivered, flagged is_last;
+ *              whether to render it is the caller's choice);
+ *   CAPACITY   its kvstore window is full: the session was opened with max_new_tokens W, so at
+ *              most W tokens can be fed and W + 1 delivered; the token that cannot be fed is
+ *              delivered flagged is_last with reason CAPACITY. Other sequences continue.
+ *   CANCELED   flx_engine_cancel; on_token gets token -1, is_last 1.
+ *   ERROR      a step failed (for example a kvstore refusal): every sequence of that step's batch
+ *              ends with token -1, is_last 1, reason ERROR, and the step returns the error; the
+ *              engine stays usable for the others. Logits that cannot be sampled (NaN, +inf) end
+ *              only their own sequence with ERROR.
+ * A sequence is retired right after its last callback: its id is no longer known to the engine,
+ * its view of the session is released, and its kvstore session is closed when the engine was
+ * created with close_sessions = 1 (otherwise the caller closes it, e.g. on a CloseSession RPC).
+ *
+ * CONTINUOUS BATCHING
+ * Sequences may be added between any two steps. A step decodes up to max_batch live sequences, the
+ * earliest added first; the others (up to max_seqs in all) wait. Finished sequences leave at the
+ * end of the step that finishes them. Each sequence's tokens depend only on its own session, its
+ * tokens and its sampler seed, never on what else shares its batch (the forward pass is
+ * row-independent and attention runs per (sequence, kv group)).
+ *
+ * ATTENTION (the one entry point: the model's flx_attn_layer_fn for every layer of a step)
+ *   1. the batch's new k, v are rounded to bf16 and appended to each session's window;
+ *   2. one task per (sequence, kv group) runs flx_attn_group_run (window + host part + LSE merge)
+ *      with the engine's mode; tasks are split over OpenMP threads, one attention workspace per
+ *      thread (each task single-threaded inside);
+ *   3. o is written per query head.
+ * Modes: FULL (window + every host token), FIXED (blk, bgt for every head; bgt = fraction of the
+ * l_cpu host-resident tokens read in addition to the window). FLUXION (features -> predictor ->
+ * selector -> scheduler with per-head budgets, the paper's method) plugs in at step 2 by producing
+ * a per-group SPARSE config; until those stages exist flx_engine_create refuses it with
+ * FLX_ERR_UNSUPPORTED.
+ *
+ * THREAD MODE
+ * An engine is driven by one thread at a time (add, step, cancel, stats); the step uses up to
+ * n_threads OpenMP threads for attention and for the forward pass. Callbacks run on the
+ * driving thread, inside flx_engine_step / flx_engine_cancel; they must not call back into the
+ * engine. Distinct engines are independent (they may share a model and a store: both are
+ * thread-safe for this use).
+ */
+#ifndef FLX_ENGINE_H
+#define FLX_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flx/forward.h"
+#include "flx/kvstore.h"
+#include "flx/model.h"
+#include "flx/sampling.h"
+#include "flx/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct flx_engine *flx_engine_h;
+typedef uint64_t flx_engine_seq_id_t;   /* never 0; not reused by an engine */
+
+typedef enum {
+    FLX_ENGINE_ATTN_FULL = 0,     /* window + all host tokens: the exact reference */
+    FLX_ENGINE_ATTN_FIXED = 1,    /* one (blk, bgt) for every head: the paper's "w/o Fluxion" baselines */
+    FLX_ENGINE_ATTN_FLUXION = 2,  /* predictor + selector + scheduler: not implemented yet (refused) */
+} flx_engine_attn_mode_t;
+
+/* Parses "full", "fixed", "fluxion"; FLX_ERR_INVALID naming the string otherwise. */
+flx_status_t flx_engine_attn_mode_parse(const char *s, flx_engine_attn_mode_t *mode_p);
+const char *flx_engine_attn_mode_name(flx_engine_attn_mode_t mode);
+
+typedef struct flx_engine_params {
+    uint32_t max_batch;      /* sequences decoded per step, >= 1 */
+    uint32_t max_seqs;       /* live sequences (decoding + waiting) at once; 0 = max_batch */
+    uint32_t n_threads;      /* attention and forward threads; 0 = omp_get_max_threads() at create */
+    uint32_t max_l_cpu;      /* most host-resident tokens of an added session; 0 = the model's max_ctx */
+    flx_engine_attn_mode_t mode;
+    uint32_t blk;            /* FIXED: 16, 32, 64 or 128 */
+    float bgt;               /* FIXED: in [0, 1], fraction of l_cpu read besides the window */
+    int close_sessions;      /* 1: a retired sequence's kvstore session is closed by the engine */
+    int bind_numa;           /* 1: bind the OpenMP pool (n_threads, the calling thread included) to the
+                                store's NUMA node at create, so attention reads host KV locally */
+} flx_engine_params_t;
+
+/* max_batch 8, max_seqs 0, n_threads 0, max_l_cpu 0, FULL, blk 16, bgt 0.05, close_sessions 1,
+ * bind_numa 0. */
+flx_engine_params_t flx_engine_params_default(void);
+
+/* Checks params (ranges, mode; FLUXION -> FLX_ERR_UNSUPPORTED) and that the store's shape (layers,
+ * kv heads, query heads, head_dim) is the model's. model and store are borrowed and must outlive
+ * the engine. */
+flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, const flx_engine_params_t *params,
+                               flx_engine_h *engine_p);
+/* Retires every live sequence without callbacks (releasing views; closing sessions when
+ * close_sessions). Accepts NULL. */
+void flx_engine_destroy(flx_engine_h engine);
+
+typedef enum {
+    FLX_FINISH_NONE = 0,     /* still running */
+    FLX_FINISH_MAX_NEW,
+    FLX_FINISH_STOP,
+    FLX_FINISH_EOS,
+    FLX_FINISH_CAPACITY,
+    FLX_FINISH_CANCELED,
+    FLX_FINISH_ERROR,
+} flx_engine_finish_t;
+
+const char *flx_engine_finish_name(flx_engine_finish_t why);
+
+/* One delivered token (or token -1 for CANCELED / ERROR endings). why is FLX_FINISH_NONE unless
+ * is_last. Runs on the thread driving the engine. */
+typedef void (*flx_engine_token_fn)(void *ctx, flx_engine_seq_id_t seq, int32_t token, int is_last,
+                                    flx_engine_finish_t why);
+
+/* The logits (vocab) a decode step computed for seq, before sampling (log-probabilities for a
+ * server, checks for tests); valid only during the call. Not called for the first token (its
+ * logits come from the prefill). Runs on the thread driving the engine. */
+typedef void (*flx_engine_logits_fn)(void *ctx, flx_engine_seq_id_t seq, const float *logits, uint32_t vocab);
+
+#define FLX_ENGINE_MAX_STOP 16
+
+typedef struct flx_gen_params {
+    uint32_t max_new_tokens;       /* >= 1; tokens delivered, the first one included */
+    const int32_t *stop_ids;       /* (n_stop) token ids that end the sequence; copied at add */
+    uint32_t n_stop;               /* <= FLX_ENGINE_MAX_STOP */
+    int32_t eos_id;                /* the model's end-of-sequence token, or -1 for none */
+    int ignore_eos;                /* 1: eos_id does not end the sequence */
+    flx_sampling_params_t sampling;
+    flx_engine_token_fn on_token;  /* may be NULL (then poll with flx_engine_seq_info) */
+    flx_engine_logits_fn on_logits; /* may be NULL: sees each decode step's logits before sampling */
+    void *ctx;                     /* passed to on_token and on_logits */
+} flx_gen_params_t;
+
+/* Adds the READY kvstore session sid as a new sequence whose first token is first_token (sampled
+ * by the caller from the prefill logits). Moves the session READY -> DECODING and holds a view of
+ * it until the sequence retires. Refusals (nothing changes): FLX_ERR_INVALID for bad gen params
+ * (max_new_tokens 0, too many stop ids, a token id outside the vocabulary, bad sampling params);
+ * FLX_ERR_STATE when the session is not READY; FLX_ERR_NOT_FOUND for an unknown session;
+ * FLX_ERR_CAPACITY when max_seqs sequences are live or the session has more host tokens than
+ * max_l_cpu. */
+flx_status_t flx_engine_add(flx_engine_h engine, flx_kv_session_id_t sid, int32_t first_token,
+                            const flx_gen_params_t *gen, flx_engine_seq_id_t *seq_p);
+
+/* One decode step for up to max_batch live sequences. Returns FLX_INPROGRESS when live sequences
+ * remain afterwards, FLX_OK when none do (also when there was nothing to do), or an error (see
+ * ERROR above). */
+flx_status_t flx_engine_step(flx_engine_h engine);
+
+/* Ends a live sequence now: on_token(-1, is_last 1, CANCELED), then retires it. FLX_ERR_NOT_FOUND
+ * when seq is not live. */
+flx_status_t flx_engine_cancel(flx_engine_h engine, flx_engine_seq_id_t seq);
+
+typedef struct flx_engine_seq_info {
+    flx_kv_session_id_t sid;
+    uint32_t prompt_len;
+    uint32_t l_cpu;          /* host-resident tokens of its session */
+    uint32_t n_generated;    /* tokens delivered so far */
+    int32_t last_token;      /* the last delivered token, -1 before the first */
+    uint64_t decode_ns;      /* sum of the wall times of the steps it took part in */
+    uint32_t n_steps;
+} flx_engine_seq_info_t;
+
+/* Info of a live sequence; FLX_ERR_NOT_FOUND once it retired. */
+flx_status_t flx_engine_seq_info(flx_engine_h engine, flx_engine_seq_id_t seq, flx_engine_seq_info_t *info_p);
+
+/* Live sequences (decoding or waiting). */
+uint32_t flx_engine_n_live(flx_engine_h engine);
+
+/* Timing and attention statistics of a step (or summed over steps). Times are nanoseconds;
+ * attention kernel times are summed over tasks (thread time, not wall time). */
+typedef struct flx_engine_stats {
+    uint64_t n_steps;
+    uint64_t n_tokens;        /* tokens computed by decode steps (first tokens excluded) */
+    uint64_t step_ns;         /* wall time of the steps: the TPOT of each sequence in a step */
+    uint64_t dense_ns;        /* forward pass outside attention (flx_fwd_timing_t) */
+    uint64_t attn_ns;         /* wall time inside the attention entry point */
+    uint64_t append_ns;       /* bf16 rounding + window appends */
+    uint64_t sample_ns;       /* sampling + callbacks */
+    uint64_t n_tasks;         /* (sequence, layer, kv group) attention tasks */
+    uint64_t window_ns, score_ns, topk_ns, host_attn_ns, merge_ns;  /* flx_attn_timing_t sums */
+    uint64_t host_bytes;      /* host-resident bytes read: Quest metadata + K/V blocks */
+    uint64_t dense_bytes;     /* weight bytes the dense part read */
+} flx_engine_stats_t;
+
+/* Stats of the last step that ran, and the sums since create. */
+void flx_engine_last_stats(flx_engine_h engine, flx_engine_stats_t *stats_p);
+void flx_engine_total_stats(flx_engine_h engine, flx_engine_stats_t *stats_p);
+
+/*
+ * In-process prefill (what a prefill node does, without the network): runs flx_model_prefill of
+ * tokens[0, n) with ws (planned for at least n prompt tokens and by the caller), pushes each
+ * layer's K/V into a freshly opened session of store (prompt_len n, window room max_new_tokens,
+ * no predictor statistics: FULL and FIXED need none) with flx_kv_chunk_write as soon as the layer is
+ * done, and writes the last position's logits to first_logits (vocab). On success the session is
+ * READY and *sid_p is set; on failure the session is closed, *sid_p is not written and
+ * first_logits holds nothing meaningful.
+ */
+flx_status_t flx_engine_prefill_into_store(const flx_model_t *model, flx_fwd_ws_t *ws, flx_kv_store_h store,
+                                           const int32_t *tokens, uint32_t n, uint32_t max_new_tokens,
+                                           flx_kv_session_id_t *sid_p, float *first_logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,711 @@
+/*
+ * engine.c - the decode loop (flx/engine.h).
+ *
+ * DESIGN
+ * Everything a step touches is allocated at create: one block for the forward workspace, one
+ * attention workspace per thread (flx_attn_plan with n_threads = 1: the parallelism is across
+ * (sequence, kv group) tasks, which are many and similar, not inside one task), the logits, the
+ * sampling scratch, bf16 staging for the window appends and per-thread timing slots on their own
+ * cache lines. Sequences live in a fixed array of max_seqs slots; `order` lists the live slots in
+ * the order they were added, so the first max_batch of it form a step's batch (FIFO admission)
+ * and a waiting sequence joins as soon as an earlier one retires.
+ *
+ * A token is delivered before it is fed. Window capacity is checked when a token is delivered (the
+ * number of fed tokens is known), not when it is appended, so a full window ends one sequence with
+ * a reason instead of failing a whole batch halfway through the layers. An append that still fails
+ * is a broken invariant or a session closed under us: the step fails and ends its whole batch,
+ * because the other layers' windows of those sequences are now out of step.
+ *
+ * Errors inside OpenMP tasks are recorded per thread (status + message copy, since flx_error_msg is
+ * thread-local) and re-raised on the driving thread after the parallel region.
+ *
+ * WHERE FLUXION PLUGS IN: attn_layer() below builds one flx_attn_cfg_t for the whole step (FULL or
+ * FIXED). The Fluxion mode replaces that with, per layer: features of every (sequence, query head)
+ * from the window partials and the session's prefill statistics, the predictor, the selector (a
+ * SPARSE cfg with blk and per-head budgets per group, or window-only for streaming groups), and the
+ * priority scheduler that hands the tasks to CPU workers and the GPU worker. The task itself
+ * (flx_attn_group_run) and the window append stay as they are.
+ */
+#include "flx/engine.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flx/attn.h"
+#include "flx/bf16.h"
+#include "flx/forward.h"
+#include "flx/log.h"
+#include "flx/util.h"
+
+typedef struct seq {
+    flx_engine_seq_id_t id;      /* 0: slot free */
+    flx_kv_session_id_t sid;
+    flx_kv_session_h sess;       /* acquired while live */
+    uint32_t prompt_len, l_cpu;
+    uint32_t win_room;           /* session max_new_tokens: tokens that can be fed */
+    uint32_t n_fed;              /* tokens appended to the window */
+    uint32_t n_gen;              /* tokens delivered */
+    int32_t next;                /* token to deliver (n_gen == n_fed) or to feed (n_gen == n_fed + 1) */
+    int32_t last;                /* last delivered token, -1 before the first */
+    flx_engine_finish_t finish;  /* set when its last token was delivered: retire at the end of the step */
+    uint32_t max_new, n_stop;
+    int32_t stop[FLX_ENGINE_MAX_STOP];
+    int32_t eos_id;
+    flx_engine_token_fn on_token;
+    flx_engine_logits_fn on_logits;
+    void *ctx;
+    flx_sampler_t sampler;
+    uint64_t decode_ns;
+    uint32_t n_steps;
+} seq_t;
+
+typedef struct thr_slot {
+    flx_attn_timing_t t;         /* sums over this thread's tasks in one layer call */
+    uint64_t n_tasks;
+    flx_status_t st;
+    char msg[FLX_ERROR_MSG_MAX];
+} __attribute__((aligned(FLX_CACHELINE))) thr_slot_t;
+
+struct flx_engine {
+    const flx_model_t *m;
+    flx_kv_store_h store;
+    flx_engine_params_t p;       /* resolved: max_seqs, n_threads, max_l_cpu set */
+    uint32_t Hq, Hkv, G, D, vocab;
+    flx_attn_cfg_t cfg;
+
+    void *fwd_mem;
+    flx_fwd_ws_t *fwd;
+    void *attn_mem;              /* n_threads workspaces of attn_ws_bytes */
+    size_t attn_ws_bytes;
+    flx_attn_ws_t *aws;          /* (n_threads) */
+    float *lse;                  /* (n_threads, G) */
+    thr_slot_t *thr;             /* (n_threads) */
+    float *logits;               /* (max_batch, vocab) */
+    void *sample_scratch;
+    size_t sample_scratch_bytes;
+    flx_bf16_t *kv_bf16;         /* (2, Hkv, D) staging for one append */
+
+    seq_t *seqs;                 /* (max_seqs) */
+    uint32_t *order;             /* (max_seqs) live slots, oldest first */
+    uint32_t n_live;
+    flx_engine_seq_id_t next_id;
+
+    /* the batch of the step in progress, read by attn_layer */
+    uint32_t batch;
+    seq_t **bseq;                /* (max_batch) */
+    int32_t *btok;               /* (max_batch) */
+    uint32_t *bpos;              /* (max_batch) */
+
+    flx_engine_stats_t last, total, cur;
+};
+
+/* ---- names and params ---- */
+
+flx_status_t flx_engine_attn_mode_parse(const char *s, flx_engine_attn_mode_t *mode_p)
+{
+    if (!s || !mode_p)
+        return flx_error_set(FLX_ERR_INVALID, "attention mode: NULL argument");
+    flx_engine_attn_mode_t m;
+    if (!strcmp(s, "full"))
+        m = FLX_ENGINE_ATTN_FULL;
+    else if (!strcmp(s, "fixed"))
+        m = FLX_ENGINE_ATTN_FIXED;
+    else if (!strcmp(s, "fluxion"))
+        m = FLX_ENGINE_ATTN_FLUXION;
+    else
+        return flx_error_set(FLX_ERR_INVALID, "attention mode '%s' unknown (full, fixed, fluxion)", s);
+    *mode_p = m;
+    return FLX_OK;
+}
+
+const char *flx_engine_attn_mode_name(flx_engine_attn_mode_t mode)
+{
+    switch (mode) {
+    case FLX_ENGINE_ATTN_FULL: return "full";
+    case FLX_ENGINE_ATTN_FIXED: return "fixed";
+    case FLX_ENGINE_ATTN_FLUXION: return "fluxion";
+    }
+    return "unknown";
+}
+
+const char *flx_engine_finish_name(flx_engine_finish_t why)
+{
+    switch (why) {
+    case FLX_FINISH_NONE: return "none";
+    case FLX_FINISH_MAX_NEW: return "max_new_tokens";
+    case FLX_FINISH_STOP: return "stop";
+    case FLX_FINISH_EOS: return "eos";
+    case FLX_FINISH_CAPACITY: return "capacity";
+    case FLX_FINISH_CANCELED: return "canceled";
+    case FLX_FINISH_ERROR: return "error";
+    }
+    return "unknown";
+}
+
+flx_engine_params_t flx_engine_params_default(void)
+{
+    flx_engine_params_t p = {.max_batch = 8, .max_seqs = 0, .n_threads = 0, .max_l_cpu = 0,
+                             .mode = FLX_ENGINE_ATTN_FULL, .blk = 16, .bgt = 0.05f, .close_sessions = 1};
+    return p;
+}
+
+#define FLX_ENGINE_MAX_BATCH 4096u
+
+static flx_status_t check_params(const flx_engine_params_t *p)
+{
+    if (p->max_batch == 0 || p->max_batch > FLX_ENGINE_MAX_BATCH)
+        return flx_error_set(FLX_ERR_INVALID, "max_batch %u out of range [1, %u]", p->max_batch, FLX_ENGINE_MAX_BATCH);
+    if (p->max_seqs != 0 && (p->max_seqs < p->max_batch || p->max_seqs > 64 * FLX_ENGINE_MAX_BATCH))
+        return flx_error_set(FLX_ERR_INVALID, "max_seqs %u must be 0 or in [max_batch %u, %u]", p->max_seqs,
+                             p->max_batch, 64 * FLX_ENGINE_MAX_BATCH);
+    if (p->n_threads > 1024)
+        return flx_error_set(FLX_ERR_INVALID, "n_threads %u out of range [0, 1024]", p->n_threads);
+    switch (p->mode) {
+    case FLX_ENGINE_ATTN_FULL:
+        break;
+    case FLX_ENGINE_ATTN_FIXED:
+        if (flx_attn_blk_level(p->blk) < 0)
+            return flx_error_set(FLX_ERR_INVALID, "fixed attention blk %u must be 16, 32, 64 or 128", p->blk);
+        if (!(p->bgt >= 0.0f && p->bgt <= 1.0f))
+            return flx_error_set(FLX_ERR_INVALID, "fixed attention bgt %g must be in [0, 1]", (double)p->bgt);
+        break;
+    case FLX_ENGINE_ATTN_FLUXION:
+        return flx_error_set(FLX_ERR_UNSUPPORTED,
+                             "attention mode fluxion (predictor + selector + scheduler) is not implemented yet; "
+                             "use full or fixed");
+    default:
+        return flx_error_set(FLX_ERR_INVALID, "attention mode %d unknown", (int)p->mode);
+    }
+    return FLX_OK;
+}
+
+/* ---- create / destroy ---- */
+
+static void seq_retire(struct flx_engine *e, uint32_t slot);
+
+flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, const flx_engine_params_t *params,
+                               flx_engine_h *engine_p)
+{
+    if (!model || !store || !params || !engine_p)
+        return flx_error_set(FLX_ERR_INVALID, "engine create: NULL argument");
+    flx_status_t st = check_params(params);
+    if (st)
+        return st;
+    const flx_model_config_t *c = &model->cfg;
+    flx_kv_store_info_t si;
+    flx_kv_store_info(store, &si);
+    if (si.n_layers != c->n_layers || si.n_kv_heads != c->n_kv_heads || si.n_q_heads != c->n_heads ||
+        si.head_dim != c->head_dim)
+        return flx_error_set(FLX_ERR_INVALID,
+                             "kvstore shape (layers %u, kv heads %u, q heads %u, head_dim %u) is not the model's "
+                             "(%u, %u, %u, %u)",
+                             si.n_layers, si.n_kv_heads, si.n_q_heads, si.head_dim, c->n_layers, c->n_kv_heads,
+                             c->n_heads, c->head_dim);
+
+    struct flx_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return flx_error_set(FLX_ERR_NOMEM, "engine create");
+    e->m = model;
+    e->store = store;
+    e->p = *params;
+    if (e->p.max_seqs == 0) e->p.max_seqs = e->p.max_batch;
+#ifdef FLX_TSAN
+    e->p.n_threads = 1;   /* libgomp is not TSan-instrumented */
+#else
+    if (e->p.n_threads == 0) e->p.n_threads = (uint32_t)omp_get_max_threads();
+#endif
+    if (e->p.max_l_cpu == 0) e->p.max_l_cpu = c->max_ctx ? c->max_ctx : 1;
+    e->Hq = c->n_heads;
+    e->Hkv = c->n_kv_heads;
+    e->G = c->n_heads / c->n_kv_heads;
+    e->D = c->head_dim;
+    e->vocab = c->vocab;
+    e->next_id = 1;
+    e->cfg.mode = e->p.mode == FLX_ENGINE_ATTN_FIXED ? FLX_ATTN_FIXED : FLX_ATTN_FULL;
+    e->cfg.blk = e->p.mode == FLX_ENGINE_ATTN_FIXED ? e->p.blk : 16;
+    e->cfg.budget = e->p.mode == FLX_ENGINE_ATTN_FIXED ? e->p.bgt : 1.0f;
+    e->cfg.budgets = NULL;
+    const uint32_t T = e->p.n_threads, B = e->p.max_batch;
+
+    flx_fwd_shape_t fs = {.max_prompt = 1, .max_batch = B, .n_threads = e->p.n_threads};
+    size_t fwd_bytes = 0;
+    if ((st = flx_fwd_plan(model, &fs, &fwd_bytes)))
+        goto fail;
+    flx_attn_shape_t as = {.group = e->G, .head_dim = e->D, .max_l_cpu = e->p.max_l_cpu, .n_threads = 1};
+    if ((st = flx_attn_plan(&as, &e->attn_ws_bytes)))
+        goto fail;
+    e->attn_ws_bytes = FLX_ALIGN_UP(e->attn_ws_bytes, FLX_CACHELINE);
+    e->sample_scratch_bytes = flx_sample_scratch_bytes(e->vocab);
+
+    e->fwd_mem = flx_aligned_alloc(FLX_CACHELINE, fwd_bytes ? fwd_bytes : FLX_CACHELINE);
+    e->attn_mem = flx_aligned_alloc(FLX_CACHELINE, e->attn_ws_bytes * T);
+    e->aws = calloc(T, sizeof *e->aws);
+    e->lse = calloc((size_t)T * e->G, sizeof *e->lse);
+    e->thr = flx_aligned_alloc(FLX_CACHELINE, T * sizeof *e->thr);
+    e->logits = flx_aligned_alloc(FLX_CACHELINE, (size_t)B * e->vocab * sizeof(float));
+    e->sample_scratch = flx_aligned_alloc(FLX_CACHELINE, e->sample_scratch_bytes);
+    e->kv_bf16 = calloc((size_t)2 * e->Hkv * e->D, sizeof *e->kv_bf16);
+    e->seqs = calloc(e->p.max_seqs, sizeof *e->seqs);
+    e->order = calloc(e->p.max_seqs, sizeof *e->order);
+    e->bseq = calloc(B, sizeof *e->bseq);
+    e->btok = calloc(B, sizeof *e->btok);
+    e->bpos = calloc(B, sizeof *e->bpos);
+    if (!e->fwd_mem || !e->attn_mem || !e->aws || !e->lse || !e->thr || !e->logits || !e->sample_scratch ||
+        !e->kv_bf16 || !e->seqs || !e->order || !e->bseq || !e->btok || !e->bpos) {
+        st = flx_error_set(FLX_ERR_NOMEM, "engine create: workspaces for max_batch %u, %u threads, vocab %u", B, T,
+                           e->vocab);
+        goto fail;
+    }
+    memset(e->thr, 0, T * sizeof *e->thr);
+    if ((st = flx_fwd_ws_init(model, &fs, e->fwd_mem, fwd_bytes, &e->fwd)))
+        goto fail;
+    for (uint32_t t = 0; t < T; t++)
+        if ((st = flx_attn_ws_init(&e->aws[t], &as, (uint8_t *)e->attn_mem + (size_t)t * e->attn_ws_bytes,
+                                   e->attn_ws_bytes)))
+            goto fail;
+    if (e->p.bind_numa && (st = flx_attn_bind_threads(si.numa_node, T)))
+        goto fail;
+    *engine_p = e;
+    return FLX_OK;
+fail:
+    flx_engine_destroy(e);
+    return st;
+}
+
+void flx_engine_destroy(flx_engine_h e)
+{
+    if (!e)
+        return;
+    while (e->n_live) seq_retire(e, e->order[0]);
+    flx_aligned_free(e->fwd_mem);
+    flx_aligned_free(e->attn_mem);
+    free(e->aws);
+    free(e->lse);
+    flx_aligned_free(e->thr);
+    flx_aligned_free(e->logits);
+    flx_aligned_free(e->sample_scratch);
+    free(e->kv_bf16);
+    free(e->seqs);
+    free(e->order);
+    free(e->bseq);
+    free(e->btok);
+    free(e->bpos);
+    free(e);
+}
+
+/* ---- sequences ---- */
+
+static int find_slot(const struct flx_engine *e, flx_engine_seq_id_t id, uint32_t *slot_p)
+{
+    if (id == 0)
+        return 0;
+    for (uint32_t i = 0; i < e->n_live; i++)
+        if (e->seqs[e->order[i]].id == id) {
+            *slot_p = e->order[i];
+            return 1;
+        }
+    return 0;
+}
+
+/* Releases the view, closes the session if the engine owns closing, frees the slot. */
+static void seq_retire(struct flx_engine *e, uint32_t slot)
+{
+    seq_t *s = &e->seqs[slot];
+    if (s->sess)
+        flx_kv_session_release(s->sess);
+    if (e->p.close_sessions) {
+        flx_status_t st = flx_kv_session_close(e->store, s->sid);
+        if (st)
+            flx_log_warn("engine", "closing session %#llx of sequence %llu: %s", (unsigned long long)s->sid,
+                         (unsigned long long)s->id, flx_error_msg());
+    }
+    memset(s, 0, sizeof *s);
+    uint32_t j = 0;
+    for (uint32_t i = 0; i < e->n_live; i++)
+        if (e->order[i] != slot) e->order[j++] = e->order[i];
+    e->n_live = j;
+}
+
+flx_status_t flx_engine_add(flx_engine_h e, flx_kv_session_id_t sid, int32_t first_token, const flx_gen_params_t *gen,
+                            flx_engine_seq_id_t *seq_p)
+{
+    if (!e || !gen || !seq_p)
+        return flx_error_set(FLX_ERR_INVALID, "engine add: NULL argument");
+    if (gen->max_new_tokens == 0)
+        return flx_error_set(FLX_ERR_INVALID, "max_new_tokens 0: must be >= 1 (the first token counts)");
+    if (gen->n_stop > FLX_ENGINE_MAX_STOP)
+        return flx_error_set(FLX_ERR_INVALID, "%u stop ids, at most %u", gen->n_stop, FLX_ENGINE_MAX_STOP);
+    if (gen->n_stop && !gen->stop_ids)
+        return flx_error_set(FLX_ERR_INVALID, "n_stop %u but stop_ids is NULL", gen->n_stop);
+    for (uint32_t i = 0; i < gen->n_stop; i++)
+        if (gen->stop_ids[i] < 0 || (uint32_t)gen->stop_ids[i] >= e->vocab)
+            return flx_error_set(FLX_ERR_INVALID, "stop id %d (index %u) outside the vocabulary [0, %u)",
+                                 gen->stop_ids[i], i, e->vocab);
+    if (gen->eos_id < -1 || (gen->eos_id >= 0 && (uint32_t)gen->eos_id >= e->vocab))
+        return flx_error_set(FLX_ERR_INVALID, "eos id %d must be -1 or in [0, %u)", gen->eos_id, e->vocab);
+    if (first_token < 0 || (uint32_t)first_token >= e->vocab)
+        return flx_error_set(FLX_ERR_INVALID, "first token %d outside the vocabulary [0, %u)", first_token, e->vocab);
+    flx_sampler_t sampler;
+    flx_status_t st = flx_sampler_init(&sampler, &gen->sampling, e->vocab);
+    if (st)
+        return st;
+    if (e->n_live >= e->p.max_seqs)
+        return flx_error_set(FLX_ERR_CAPACITY, "engine has %u live sequences (max_seqs %u)", e->n_live, e->p.max_seqs);
+
+    flx_kv_session_info_t info;
+    if ((st = flx_kv_session_info(e->store, sid, &info)))
+        return st;
+    if (info.state != FLX_KV_READY)
+        return flx_error_set(FLX_ERR_STATE, "session %#llx is %s, not READY", (unsigned long long)sid,
+                             flx_kv_state_name(info.state));
+    if (info.l_cpu > e->p.max_l_cpu)
+        return flx_error_set(FLX_ERR_CAPACITY, "session %#llx has %u host tokens, engine planned for max_l_cpu %u",
+                             (unsigned long long)sid, info.l_cpu, e->p.max_l_cpu);
+    flx_kv_session_h sess;
+    if ((st = flx_kv_session_acquire(e->store, sid, &sess)))
+        return st;
+    if ((st = flx_kv_session_begin_decode(e->store, sid))) {
+        flx_kv_session_release(sess);
+        return st;
+    }
+    uint32_t slot = 0;
+    while (e->seqs[slot].id != 0) slot++;   /* n_live < max_seqs: a free slot exists */
+    seq_t *s = &e->seqs[slot];
+    memset(s, 0, sizeof *s);
+    s->id = e->next_id++;
+    s->sid = sid;
+    s->sess = sess;
+    s->prompt_len = info.prompt_len;
+    s->l_cpu = info.l_cpu;
+    s->win_room = info.max_new_tokens;
+    s->next = first_token;
+    s->last = -1;
+    s->max_new = gen->max_new_tokens;
+    s->n_stop = gen->n_stop;
+    if (gen->n_stop) memcpy(s->stop, gen->stop_ids, gen->n_stop * sizeof *s->stop);
+    s->eos_id = gen->ignore_eos ? -1 : gen->eos_id;
+    s->on_token = gen->on_token;
+    s->on_logits = gen->on_logits;
+    s->ctx = gen->ctx;
+    s->sampler = sampler;
+    e->order[e->n_live++] = slot;
+    *seq_p = s->id;
+    return FLX_OK;
+}
+
+/* Delivers s->next: counts it, decides whether it ends the sequence, calls back. */
+static void seq_deliver(seq_t *s)
+{
+    int32_t t = s->next;
+    s->n_gen++;
+    s->last = t;
+    flx_engine_finish_t why = FLX_FINISH_NONE;
+    for (uint32_t i = 0; i < s->n_stop; i++)
+        if (s->stop[i] == t) why = FLX_FINISH_STOP;
+    if (why == FLX_FINISH_NONE && s->eos_id >= 0 && t == s->eos_id)
+        why = FLX_FINISH_EOS;
+    if (why == FLX_FINISH_NONE && s->n_gen >= s->max_new)
+        why = FLX_FINISH_MAX_NEW;
+    if (why == FLX_FINISH_NONE && s->n_fed >= s->win_room)
+        why = FLX_FINISH_CAPACITY;   /* this token cannot be fed: no window row left */
+    s->finish = why;
+    if (s->on_token)
+        s->on_token(s->ctx, s->id, t, why != FLX_FINISH_NONE, why);
+}
+
+static void seq_end_without_token(seq_t *s, flx_engine_finish_t why)
+{
+    s->finish = why;
+    if (s->on_token)
+        s->on_token(s->ctx, s->id, -1, 1, why);
+}
+
+flx_status_t flx_engine_cancel(flx_engine_h e, flx_engine_seq_id_t id)
+{
+    uint32_t slot;
+    if (!e)
+        return flx_error_set(FLX_ERR_INVALID, "engine cancel: NULL engine");
+    if (!find_slot(e, id, &slot))
+        return flx_error_set(FLX_ERR_NOT_FOUND, "sequence %llu is not live", (unsigned long long)id);
+    seq_end_without_token(&e->seqs[slot], FLX_FINISH_CANCELED);
+    seq_retire(e, slot);
+    return FLX_OK;
+}
+
+flx_status_t flx_engine_seq_info(flx_engine_h e, flx_engine_seq_id_t id, flx_engine_seq_info_t *info_p)
+{
+    uint32_t slot;
+    if (!e || !info_p)
+        return flx_error_set(FLX_ERR_INVALID, "engine seq info: NULL argument");
+    if (!find_slot(e, id, &slot))
+        return flx_error_set(FLX_ERR_NOT_FOUND, "sequence %llu is not live", (unsigned long long)id);
+    const seq_t *s = &e->seqs[slot];
+    flx_engine_seq_info_t x = {.sid = s->sid, .prompt_len = s->prompt_len, .l_cpu = s->l_cpu,
+                               .n_generated = s->n_gen, .last_token = s->last, .decode_ns = s->decode_ns,
+                               .n_steps = s->n_steps};
+    *info_p = x;
+    return FLX_OK;
+}
+
+uint32_t flx_engine_n_live(flx_engine_h e)
+{
+    return e ? e->n_live : 0;
+}
+
+void flx_engine_last_stats(flx_engine_h e, flx_engine_stats_t *stats_p)
+{
+    if (e && stats_p) *stats_p = e->last;
+}
+
+void flx_engine_total_stats(flx_engine_h e, flx_engine_stats_t *stats_p)
+{
+    if (e && stats_p) *stats_p = e->total;
+}
+
+/* ---- the attention entry point ---- */
+
+static void timing_add(flx_attn_timing_t *a, const flx_attn_timing_t *b)
+{
+    a->window_ns += b->window_ns;
+    a->score_ns += b->score_ns;
+    a->topk_ns += b->topk_ns;
+    a->attn_ns += b->attn_ns;
+    a->merge_ns += b->merge_ns;
+    a->score_bytes += b->score_bytes;
+    a->attn_bytes += b->attn_bytes;
+}
+
+/* flx_attn_layer_fn: q (B, Hq, D), k, v (B, Hkv, D) fp32 -> o (B, Hq, D). */
+static flx_status_t attn_layer(void *ctx, uint32_t layer, uint32_t B, const float *q, const float *k, const float *v,
+                               float *o)
+{
+    struct flx_engine *e = ctx;
+    if (FLX_NEVER(B != e->batch))
+        return flx_error_set(FLX_ERR_INTERNAL, "attention called with batch %u, step has %u", B, e->batch);
+    const uint32_t Hq = e->Hq, Hkv = e->Hkv, G = e->G, D = e->D;
+    const size_t kvn = (size_t)Hkv * D;
+    uint64_t t0 = flx_now_ns();
+    flx_bf16_t *kb = e->kv_bf16, *vb = e->kv_bf16 + kvn;
+    for (uint32_t b = 0; b < B; b++) {
+        flx_f32_to_bf16_row(k + b * kvn, kb, kvn);
+        flx_f32_to_bf16_row(v + b * kvn, vb, kvn);
+        flx_status_t st = flx_kv_window_append(e->bseq[b]->sess, layer, kb, vb);
+        if (st)
+            return st;
+    }
+    uint64_t t1 = flx_now_ns();
+
+    const uint32_t n_tasks = B * Hkv, T = e->p.n_threads;
+    for (uint32_t t = 0; t < T; t++) {
+        memset(&e->thr[t].t, 0, sizeof e->thr[t].t);
+        e->thr[t].n_tasks = 0;
+        e->thr[t].st = FLX_OK;
+    }
+    const uint32_t nt = FLX_MIN(T, n_tasks);
+#pragma omp parallel num_threads(nt)
+    {
+        const uint32_t tid = (uint32_t)omp_get_thread_num();
+        thr_slot_t *ts = &e->thr[tid];
+#pragma omp for schedule(dynamic, 1)
+        for (uint32_t task = 0; task < n_tasks; task++) {
+            if (ts->st)
+                continue;
+            const uint32_t b = task / Hkv, g = task % Hkv;
+            flx_kv_head_view_t view;
+            flx_attn_timing_t tim = {0};
+            flx_status_t st = flx_kv_head_view(e->bseq[b]->sess, layer, g, &view);
+            if (!st) {
+                const size_t off = ((size_t)b * Hq + (size_t)g * G) * D;
+                st = flx_attn_group_run(&e->aws[tid], &view, q + off, &e->cfg, o + off, e->lse + (size_t)tid * G,
+                                        &tim);
+            }
+            if (st) {
+                ts->st = st;
+                snprintf(ts->msg, sizeof ts->msg, "layer %u sequence %llu kv head %u: %s", layer,
+                         (unsigned long long)e->bseq[b]->id, g, flx_error_msg());
+                continue;
+            }
+            timing_add(&ts->t, &tim);
+            ts->n_tasks++;
+        }
+    }
+    flx_status_t st = FLX_OK;
+    for (uint32_t t = 0; t < nt; t++) {
+        if (e->thr[t].st && !st)
+            st = flx_error_set(e->thr[t].st, "%s", e->thr[t].msg);
+        const flx_attn_timing_t *x = &e->thr[t].t;
+        e->cur.window_ns += x->window_ns;
+        e->cur.score_ns += x->score_ns;
+        e->cur.topk_ns += x->topk_ns;
+        e->cur.host_attn_ns += x->attn_ns;
+        e->cur.merge_ns += x->merge_ns;
+        e->cur.host_bytes += x->score_bytes + x->attn_bytes;
+        e->cur.n_tasks += e->thr[t].n_tasks;
+    }
+    uint64_t t2 = flx_now_ns();
+    e->cur.append_ns += t1 - t0;
+    e->cur.attn_ns += t2 - t0;
+    return st;
+}
+
+/* ---- the step ---- */
+
+static void stats_add(flx_engine_stats_t *a, const flx_engine_stats_t *b)
+{
+    a->n_steps += b->n_steps;
+    a->n_tokens += b->n_tokens;
+    a->step_ns += b->step_ns;
+    a->dense_ns += b->dense_ns;
+    a->attn_ns += b->attn_ns;
+    a->append_ns += b->append_ns;
+    a->sample_ns += b->sample_ns;
+    a->n_tasks += b->n_tasks;
+    a->window_ns += b->window_ns;
+    a->score_ns += b->score_ns;
+    a->topk_ns += b->topk_ns;
+    a->host_attn_ns += b->host_attn_ns;
+    a->merge_ns += b->merge_ns;
+    a->host_bytes += b->host_bytes;
+    a->dense_bytes += b->dense_bytes;
+}
+
+/* Retires every live sequence whose last token was delivered. */
+static void retire_finished(struct flx_engine *e)
+{
+    for (uint32_t i = 0; i < e->n_live;) {
+        uint32_t slot = e->order[i];
+        if (e->seqs[slot].finish != FLX_FINISH_NONE)
+            seq_retire(e, slot);   /* compacts order: i now names the next one */
+        else
+            i++;
+    }
+}
+
+flx_status_t flx_engine_step(flx_engine_h e)
+{
+    if (!e)
+        return flx_error_set(FLX_ERR_INVALID, "engine step: NULL engine");
+    /* Join: deliver the first token of sequences added since the last step. */
+    for (uint32_t i = 0; i < e->n_live; i++) {
+        seq_t *s = &e->seqs[e->order[i]];
+        if (s->n_gen == 0)
+            seq_deliver(s);
+    }
+    retire_finished(e);
+    if (e->n_live == 0)
+        return FLX_OK;
+
+    memset(&e->cur, 0, sizeof e->cur);
+    uint64_t t0 = flx_now_ns();
+    const uint32_t B = FLX_MIN(e->n_live, e->p.max_batch);
+    for (uint32_t b = 0; b < B; b++) {
+        seq_t *s = &e->seqs[e->order[b]];
+        e->bseq[b] = s;
+        e->btok[b] = s->next;
+        e->bpos[b] = s->prompt_len + s->n_fed;
+    }
+    e->batch = B;
+    flx_decode_args_t da = {.batch = B, .tokens = e->btok, .pos = e->bpos, .attn = attn_layer, .ctx = e,
+                            .logits = e->logits};
+    flx_status_t st = flx_model_decode(e->m, e->fwd, &da);
+    e->batch = 0;
+    if (st) {
+        flx_log_error("engine", "decode step of %u sequences failed: %s", B, flx_error_msg());
+        char msg[FLX_ERROR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", flx_error_msg());
+        for (uint32_t b = 0; b < B; b++) seq_end_without_token(e->bseq[b], FLX_FINISH_ERROR);
+        retire_finished(e);
+        return flx_error_set(st, "%s", msg);
+    }
+    uint64_t t1 = flx_now_ns();
+    for (uint32_t b = 0; b < B; b++) {
+        seq_t *s = e->bseq[b];
+        s->n_fed++;
+        int32_t tok;
+        const float *row = e->logits + (size_t)b * e->vocab;
+        if (s->on_logits)
+            s->on_logits(s->ctx, s->id, row, e->vocab);
+        st = flx_sample(&s->sampler, row, e->sample_scratch, e->sample_scratch_bytes, &tok);
+        if (st) {
+            flx_log_error("engine", "sequence %llu: %s", (unsigned long long)s->id, flx_error_msg());
+            seq_end_without_token(s, FLX_FINISH_ERROR);
+            continue;
+        }
+        s->next = tok;
+        seq_deliver(s);
+    }
+    uint64_t t2 = flx_now_ns();
+
+    flx_fwd_timing_t ft;
+    flx_fwd_timing_get(e->fwd, &ft);
+    e->cur.n_steps = 1;
+    e->cur.n_tokens = B;
+    e->cur.step_ns = t2 - t0;
+    e->cur.sample_ns = t2 - t1;
+    e->cur.dense_ns = ft.dense_ns;
+    e->cur.dense_bytes = ft.dense_bytes;
+    for (uint32_t b = 0; b < B; b++) {
+        e->bseq[b]->decode_ns += t2 - t0;
+        e->bseq[b]->n_steps++;
+    }
+    e->last = e->cur;
+    stats_add(&e->total, &e->cur);
+    retire_finished(e);
+    return e->n_live ? FLX_INPROGRESS : FLX_OK;
+}
+
+/* ---- in-process prefill ---- */
+
+typedef struct prefill_ctx {
+    flx_kv_store_h store;
+    flx_kv_session_id_t sid;
+    uint32_t n_kv_heads, head_dim;
+} prefill_ctx_t;
+
+static flx_status_t prefill_on_layer(void *ctx, uint32_t layer, uint32_t n, const flx_bf16_t *k, const flx_bf16_t *v,
+                                     const float *q_last)
+{
+    const prefill_ctx_t *pc = ctx;
+    flx_kv_chunk_t c = {.layer = layer, .head_begin = 0, .head_end = pc->n_kv_heads, .tok_begin = 0, .tok_end = n,
+                        .dtype = FLX_DT_BF16, .head_dim = pc->head_dim};
+    return flx_kv_chunk_write(pc->store, pc->sid, &c, k, v);
+}
+
+flx_status_t flx_engine_prefill_into_store(const flx_model_t *m, flx_fwd_ws_t *ws, flx_kv_store_h store,
+                                           const int32_t *tokens, uint32_t n, uint32_t max_new_tokens,
+                                           flx_kv_session_id_t *sid_p, float *first_logits)
+{
+    if (!m || !ws || !store || !tokens || !sid_p || !first_logits)
+        return flx_error_set(FLX_ERR_INVALID, "prefill into store: NULL argument");
+    if (n == 0)
+        return flx_error_set(FLX_ERR_INVALID, "prefill into store: empty prompt");
+    flx_kv_session_params_t sp = {.prompt_len = n, .max_new_tokens = max_new_tokens, .flags = FLX_KV_SESSION_NO_STATS};
+    flx_kv_session_id_t sid;
+    flx_status_t st = flx_kv_session_open(store, &sp, &sid);
+    if (st)
+        return st;
+    prefill_ctx_t pc = {.store = store, .sid = sid, .n_kv_heads = m->cfg.n_kv_heads, .head_dim = m->cfg.head_dim};
+    flx_prefill_args_t pa = {.tokens = tokens, .n_tokens = n, .on_layer = prefill_on_layer, .ctx = &pc,
+                             .logits_last = first_logits};
+    if ((st = flx_model_prefill(m, ws, &pa)))
+        goto fail;
+    flx_kv_session_info_t info;
+    if ((st = flx_kv_session_info(store, sid, &info)))
+        goto fail;
+    if (info.state != FLX_KV_READY) {
+        st = flx_error_set(FLX_ERR_INTERNAL, "session %#llx is %s after a complete prefill of %u tokens",
+                           (unsigned long long)sid, flx_kv_state_name(info.state), n);
+        goto fail;
+    }
+    *sid_p = sid;
+    return FLX_OK;
+fail: {
+    char msg[FLX_ERROR_MSG_MAX];
+    snprintf(msg, sizeof msg, "%s", flx_error_msg());
+    flx_kv_session_close(store, sid);
+    return flx_error_set(st, "%s", msg);
+}
+}

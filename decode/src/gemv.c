@@ -1,0 +1,612 @@
+/*
+ * gemv.c - bf16-weight GEMV / GEMM and the row kernels of the forward pass: scalar references,
+ * AVX2+FMA and AVX-512F/BW versions, chosen per call by flx_gemv_level().
+ *
+ * DESIGN
+ * Decode (GEMV, n <= a handful of vectors) is bound by memory bandwidth: the weights are read once
+ * per step and nothing else is large. The kernel walks 4 weight rows at a time (4 sequential
+ * streams for the prefetchers), widens bf16 to fp32 with a shift, and multiplies each 16-value
+ * chunk with all n vectors while it is in registers (vector tiles of 4 on AVX-512, 2 on AVX2; when
+ * n exceeds a tile the 4 rows are re-read from L1, never from memory). Rows of all matrices of a
+ * fused call (q|k|v, gate|up) are split across threads by thread index in 16-row units, so small
+ * matrices do not leave a thread idle.
+ *
+ * Prefill (GEMM) is bound by arithmetic. It converts a weight panel (NP rows x KC columns) once to
+ * fp32, transposed so that k is the slow index, and runs an outer-product micro-kernel over a
+ * token block: MR tokens x NP rows of accumulators in registers, one broadcast per token and one
+ * panel load per k (AVX-512: 8 x 32, 16 zmm accumulators). The conversion is amortised over the
+ * token block (256 tokens). The same micro-kernel runs the prefill attention (flx_gemm_panels),
+ * where forward.c provides K already packed in panels and V in its natural (keys, D) layout.
+ *
+ * Accumulation is fp32 everywhere; the _ref versions accumulate in double and are the oracles.
+ */
+#include <math.h>
+#include <string.h>
+#include <immintrin.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "flx/cpu.h"
+#include "flx/util.h"
+#include "gemv.h"
+
+#define T2 __attribute__((target("avx2,fma,f16c")))
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define AI inline __attribute__((always_inline))
+
+#define GEMM_KC 256     /* k-depth of a packed weight panel */
+#define GEMM_TB 256     /* tokens per block: the panel conversion is amortised over them */
+#define GEMV_SMALL_N 4  /* up to this many vectors the dot-product form wins */
+
+static flx_gemv_level_t g_cap = FLX_GEMV_AVX512;
+
+flx_gemv_level_t flx_gemv_level(void)
+{
+    flx_isa_t isa = flx_isa_active();
+    flx_gemv_level_t lv = FLX_GEMV_SCALAR;
+    if (isa >= FLX_ISA_AVX2) {
+        const uint32_t need = FLX_CPU_AVX512F | FLX_CPU_AVX512BW | FLX_CPU_AVX512VL | FLX_CPU_AVX512DQ;
+        lv = (flx_cpu_features() & need) == need ? FLX_GEMV_AVX512 : FLX_GEMV_AVX2;
+    }
+    return lv < g_cap ? lv : g_cap;
+}
+
+flx_gemv_level_t flx_gemv_level_cap(flx_gemv_level_t cap)
+{
+    g_cap = cap;
+    return flx_gemv_level();
+}
+
+const char *flx_gemv_level_name(flx_gemv_level_t level)
+{
+    switch (level) {
+    case FLX_GEMV_SCALAR: return "scalar";
+    case FLX_GEMV_AVX2: return "avx2";
+    case FLX_GEMV_AVX512: return "avx512f";
+    }
+    return "?";
+}
+
+static void thread_ids(int *tid, int *nt)
+{
+#ifdef _OPENMP
+    *tid = omp_get_thread_num();
+    *nt = omp_get_num_threads();
+#else
+    *tid = 0;
+    *nt = 1;
+#endif
+}
+
+/* ================= references ================= */
+
+void flx_matmul_bf16_ref(const flx_bf16_t *w, size_t rows, size_t cols, const float *x, size_t n, float *y)
+{
+    for (size_t t = 0; t < n; t++)
+        for (size_t r = 0; r < rows; r++) {
+            double s = 0;
+            for (size_t c = 0; c < cols; c++) s += (double)flx_bf16_to_f32(w[r * cols + c]) * x[t * cols + c];
+            y[t * rows + r] = (float)s;
+        }
+}
+
+void flx_gemm_panels_ref(uint32_t m, uint32_t nr, uint32_t K, const float *x, size_t ldx, const float *p,
+                         size_t pstride, size_t ldp, uint32_t np, float *y, size_t ldy, int accumulate)
+{
+    for (uint32_t i = 0; i < m; i++)
+        for (uint32_t j = 0; j < nr; j++) {
+            const float *pj = p + (size_t)(j / np) * pstride + j % np;
+            double s = accumulate ? y[(size_t)i * ldy + j] : 0.0;
+            for (uint32_t k = 0; k < K; k++) s += (double)x[(size_t)i * ldx + k] * pj[(size_t)k * ldp];
+            y[(size_t)i * ldy + j] = (float)s;
+        }
+}
+
+float flx_max_row_ref(const float *s, uint32_t n)
+{
+    float m = s[0];
+    for (uint32_t i = 1; i < n; i++) m = s[i] > m ? s[i] : m;
+    return m;
+}
+
+float flx_exp_row_ref(float *s, uint32_t n, float mx)
+{
+    double sum = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        s[i] = (float)exp((double)s[i] - mx);
+        sum += s[i];
+    }
+    return (float)sum;
+}
+
+void flx_silu_mul_ref(float *g, const float *u, size_t n)
+{
+    for (size_t i = 0; i < n; i++) g[i] = (float)((double)g[i] / (1.0 + exp(-(double)g[i])) * u[i]);
+}
+
+/* ================= GEMV: 4 rows x NB vectors per tile ================= */
+
+/* Column tail (cols % 16) in scalar: shapes of this model family never have one, but the kernel
+ * must not read past cols. */
+static float dot_tail(const flx_bf16_t *w, const float *x, size_t c0, size_t cols)
+{
+    float s = 0;
+    for (size_t c = c0; c < cols; c++) s += flx_bf16_to_f32(w[c]) * x[c];
+    return s;
+}
+
+static void gemv_rows_scalar(const flx_bf16_t *w, size_t cols, uint32_t r0, uint32_t r1, const float *x, uint32_t n,
+                             float *y, size_t ldy)
+{
+    for (uint32_t r = r0; r < r1; r++)
+        for (uint32_t j = 0; j < n; j++) y[(size_t)j * ldy + r] = dot_tail(w + (size_t)r * cols, x + (size_t)j * cols, 0, cols);
+}
+
+T2 static AI __m256 ld8_bf16_avx2(const flx_bf16_t *p)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+T2 static AI float hsum8_avx2(__m256 v)
+{
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_movehdup_ps(a));
+    return _mm_cvtss_f32(a);
+}
+
+/* rows w[0 .. nr) (nr <= 4; missing rows alias the last one and are not stored) x NB vectors. */
+T2 static AI void gv_tile_avx2(const int NB, const flx_bf16_t *w, size_t cols, uint32_t nr, const float *x, float *y,
+                               size_t ldy)
+{
+    const flx_bf16_t *wr[4];
+    for (uint32_t i = 0; i < 4; i++) wr[i] = w + (size_t)(i < nr ? i : nr - 1) * cols;
+    __m256 a[4][2];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) a[i][0] = a[i][1] = _mm256_setzero_ps();
+    size_t c = 0;
+    for (; c + 8 <= cols; c += 8) {
+        __m256 v[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) v[i] = ld8_bf16_avx2(wr[i] + c);
+#pragma GCC unroll 2
+        for (int j = 0; j < NB; j++) {
+            __m256 xv = _mm256_loadu_ps(x + (size_t)j * cols + c);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) a[i][j] = _mm256_fmadd_ps(v[i], xv, a[i][j]);
+        }
+    }
+    for (uint32_t i = 0; i < nr; i++)
+        for (int j = 0; j < NB; j++)
+            y[(size_t)j * ldy + i] = hsum8_avx2(a[i][j]) + dot_tail(wr[i], x + (size_t)j * cols, c, cols);
+}
+
+T2 static void gemv_rows_avx2(const flx_bf16_t *w, size_t cols, uint32_t r0, uint32_t r1, const float *x, uint32_t n,
+                              float *y, size_t ldy)
+{
+    for (uint32_t r = r0; r < r1; r += 4) {
+        uint32_t nr = FLX_MIN(4, r1 - r);
+        for (uint32_t j = 0; j < n; j += 2) {
+            const float *xj = x + (size_t)j * cols;
+            float *yj = y + (size_t)j * ldy + r;
+            if (n - j >= 2) gv_tile_avx2(2, w + (size_t)r * cols, cols, nr, xj, yj, ldy);
+            else gv_tile_avx2(1, w + (size_t)r * cols, cols, nr, xj, yj, ldy);
+        }
+    }
+}
+
+T512 static AI __m512 ld16_bf16_avx512(const flx_bf16_t *p)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+T512 static AI void gv_tile_avx512(const int NB, const flx_bf16_t *w, size_t cols, uint32_t nr, const float *x, float *y,
+                                   size_t ldy)
+{
+    const flx_bf16_t *wr[4];
+    for (uint32_t i = 0; i < 4; i++) wr[i] = w + (size_t)(i < nr ? i : nr - 1) * cols;
+    __m512 a[4][4];
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) a[i][0] = a[i][1] = a[i][2] = a[i][3] = _mm512_setzero_ps();
+    size_t c = 0;
+    for (; c + 16 <= cols; c += 16) {
+        __m512 v[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) v[i] = ld16_bf16_avx512(wr[i] + c);
+#pragma GCC unroll 4
+        for (int j = 0; j < NB; j++) {
+            __m512 xv = _mm512_loadu_ps(x + (size_t)j * cols + c);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) a[i][j] = _mm512_fmadd_ps(v[i], xv, a[i][j]);
+        }
+    }
+    for (uint32_t i = 0; i < nr; i++)
+        for (int j = 0; j < NB; j++)
+            y[(size_t)j * ldy + i] = _mm512_reduce_add_ps(a[i][j]) + dot_tail(wr[i], x + (size_t)j * cols, c, cols);
+}
+
+T512 static void gemv_rows_avx512(const flx_bf16_t *w, size_t cols, uint32_t r0, uint32_t r1, const float *x,
+                                  uint32_t n, float *y, size_t ldy)
+{
+    for (uint32_t r = r0; r < r1; r += 4) {
+        uint32_t nr = FLX_MIN(4, r1 - r);
+        const flx_bf16_t *wr = w + (size_t)r * cols;
+        for (uint32_t j = 0; j < n; j += 4) {
+            const float *xj = x + (size_t)j * cols;
+            float *yj = y + (size_t)j * ldy + r;
+            switch (FLX_MIN(4, n - j)) {
+            case 4: gv_tile_avx512(4, wr, cols, nr, xj, yj, ldy); break;
+            case 3: gv_tile_avx512(3, wr, cols, nr, xj, yj, ldy); break;
+            case 2: gv_tile_avx512(2, wr, cols, nr, xj, yj, ldy); break;
+            default: gv_tile_avx512(1, wr, cols, nr, xj, yj, ldy); break;
+            }
+        }
+    }
+}
+
+static void gemv_rows(flx_gemv_level_t lv, const flx_bf16_t *w, size_t cols, uint32_t r0, uint32_t r1, const float *x,
+                      uint32_t n, float *y, size_t ldy)
+{
+    if (r0 >= r1) return;
+    if (lv == FLX_GEMV_AVX512) gemv_rows_avx512(w, cols, r0, r1, x, n, y, ldy);
+    else if (lv == FLX_GEMV_AVX2) gemv_rows_avx2(w, cols, r0, r1, x, n, y, ldy);
+    else gemv_rows_scalar(w, cols, r0, r1, x, n, y, ldy);
+}
+
+void flx_gemv_bf16(const flx_gemv_mat_t *mats, int n_mats, uint32_t cols, const float *x, uint32_t n, int nth)
+{
+    const flx_gemv_level_t lv = flx_gemv_level();
+    size_t total = 0;
+    for (int i = 0; i < n_mats; i++) total += mats[i].rows;
+    const size_t units = FLX_DIV_UP(total, 16);
+#pragma omp parallel num_threads(nth)
+    {
+        int tid, nt;
+        thread_ids(&tid, &nt);
+        size_t rb = FLX_MIN(total, units * tid / nt * 16), re = FLX_MIN(total, units * (tid + 1) / nt * 16);
+        size_t off = 0;
+        for (int i = 0; i < n_mats; i++) {
+            size_t a = FLX_MAX(rb, off), b = FLX_MIN(re, off + mats[i].rows);
+            if (a < b)
+                gemv_rows(lv, mats[i].w, cols, (uint32_t)(a - off), (uint32_t)(b - off), x, n, mats[i].y, mats[i].rows);
+            off += mats[i].rows;
+        }
+    }
+}
+
+/* ================= GEMM micro-kernels: MR tokens x (one panel) ================= */
+
+uint32_t flx_gemm_panel(flx_gemv_level_t level)
+{
+    return level == FLX_GEMV_AVX512 ? 32 : 16;
+}
+
+static void mk_scalar(uint32_t mr, uint32_t nc, uint32_t K, const float *x, size_t ldx, const float *p, size_t ldp,
+                      float *y, size_t ldy, int acc)
+{
+    for (uint32_t i = 0; i < mr; i++) {
+        float c[16];
+        for (uint32_t j = 0; j < nc; j++) c[j] = acc ? y[(size_t)i * ldy + j] : 0.0f;
+        for (uint32_t k = 0; k < K; k++) {
+            float a = x[(size_t)i * ldx + k];
+            const float *pk = p + (size_t)k * ldp;
+            for (uint32_t j = 0; j < nc; j++) c[j] += a * pk[j];
+        }
+        memcpy(y + (size_t)i * ldy, c, nc * sizeof(float));
+    }
+}
+
+/* AVX2: MR <= 6 tokens x NV <= 2 vectors of 8 (panel 16): 12 accumulators. Partial panels go
+ * through a stack tile so no lane past nc is read or written in y. */
+T2 static AI void mk_avx2(const int MR, const int NV, uint32_t nc, uint32_t K, const float *x, size_t ldx,
+                          const float *p, size_t ldp, float *y, size_t ldy, int acc)
+{
+    __m256 c[6][2];
+    float tmp[6][16];
+    const int full = nc == 16;
+#pragma GCC unroll 6
+    for (int i = 0; i < 6; i++) c[i][0] = c[i][1] = _mm256_setzero_ps();
+    if (acc) {
+        for (int i = 0; i < MR; i++) {
+            const float *yi = y + (size_t)i * ldy;
+            if (!full) {
+                memset(tmp[i], 0, sizeof tmp[i]);
+                memcpy(tmp[i], yi, nc * sizeof(float));
+                yi = tmp[i];
+            }
+            c[i][0] = _mm256_loadu_ps(yi);
+            if (NV > 1) c[i][1] = _mm256_loadu_ps(yi + 8);
+        }
+    }
+    for (uint32_t k = 0; k < K; k++) {
+        const float *pk = p + (size_t)k * ldp;
+        __m256 b0 = _mm256_loadu_ps(pk), b1 = NV > 1 ? _mm256_loadu_ps(pk + 8) : _mm256_setzero_ps();
+#pragma GCC unroll 6
+        for (int i = 0; i < MR; i++) {
+            __m256 a = _mm256_broadcast_ss(x + (size_t)i * ldx + k);
+            c[i][0] = _mm256_fmadd_ps(a, b0, c[i][0]);
+            if (NV > 1) c[i][1] = _mm256_fmadd_ps(a, b1, c[i][1]);
+        }
+    }
+    for (int i = 0; i < MR; i++) {
+        float *yi = y + (size_t)i * ldy;
+        if (full) {
+            _mm256_storeu_ps(yi, c[i][0]);
+            _mm256_storeu_ps(yi + 8, c[i][1]);
+        } else {
+            _mm256_storeu_ps(tmp[i], c[i][0]);
+            _mm256_storeu_ps(tmp[i] + 8, c[i][1]);
+            memcpy(yi, tmp[i], nc * sizeof(float));
+        }
+    }
+}
+
+#define MK2_CASE(MR)                                                                        \
+    case MR:                                                                                \
+        if (nc > 8) mk_avx2(MR, 2, nc, K, x, ldx, p, ldp, y, ldy, acc);                     \
+        else mk_avx2(MR, 1, nc, K, x, ldx, p, ldp, y, ldy, acc);                            \
+        break;
+
+T2 static void mk_avx2_any(uint32_t mr, uint32_t nc, uint32_t K, const float *x, size_t ldx, const float *p,
+                           size_t ldp, float *y, size_t ldy, int acc)
+{
+    switch (mr) {
+        MK2_CASE(6) MK2_CASE(5) MK2_CASE(4) MK2_CASE(3) MK2_CASE(2) default : MK2_CASE(1)
+    }
+}
+
+/* AVX-512: MR <= 8 tokens x NV <= 2 vectors of 16 (panel 32): 16 accumulators, masked tails. */
+T512 static AI void mk_avx512(const int MR, const int NV, uint32_t nc, uint32_t K, const float *x, size_t ldx,
+                              const float *p, size_t ldp, float *y, size_t ldy, int acc)
+{
+    const __mmask16 m0 = nc >= 16 ? 0xffff : (__mmask16)((1u << nc) - 1);
+    const __mmask16 m1 = nc >= 32 ? 0xffff : nc > 16 ? (__mmask16)((1u << (nc - 16)) - 1) : 0;
+    __m512 c[8][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
+    if (acc)
+        for (int i = 0; i < MR; i++) {
+            c[i][0] = _mm512_maskz_loadu_ps(m0, y + (size_t)i * ldy);
+            if (NV > 1) c[i][1] = _mm512_maskz_loadu_ps(m1, y + (size_t)i * ldy + 16);
+        }
+    for (uint32_t k = 0; k < K; k++) {
+        const float *pk = p + (size_t)k * ldp;
+        __m512 b0 = _mm512_loadu_ps(pk), b1 = NV > 1 ? _mm512_loadu_ps(pk + 16) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            __m512 a = _mm512_set1_ps(x[(size_t)i * ldx + k]);
+            c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
+            if (NV > 1) c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
+        }
+    }
+    for (int i = 0; i < MR; i++) {
+        _mm512_mask_storeu_ps(y + (size_t)i * ldy, m0, c[i][0]);
+        if (NV > 1) _mm512_mask_storeu_ps(y + (size_t)i * ldy + 16, m1, c[i][1]);
+    }
+}
+
+#define MK5_CASE(MR)                                                                        \
+    case MR:                                                                                \
+        if (nc > 16) mk_avx512(MR, 2, nc, K, x, ldx, p, ldp, y, ldy, acc);                  \
+        else mk_avx512(MR, 1, nc, K, x, ldx, p, ldp, y, ldy, acc);                          \
+        break;
+
+T512 static void mk_avx512_any(uint32_t mr, uint32_t nc, uint32_t K, const float *x, size_t ldx, const float *p,
+                               size_t ldp, float *y, size_t ldy, int acc)
+{
+    switch (mr) {
+        MK5_CASE(8) MK5_CASE(7) MK5_CASE(6) MK5_CASE(5) MK5_CASE(4) MK5_CASE(3) MK5_CASE(2) default : MK5_CASE(1)
+    }
+}
+
+void flx_gemm_panels(flx_gemv_level_t level, uint32_t m, uint32_t nr, uint32_t K, const float *x, size_t ldx,
+                     const float *p, size_t pstride, size_t ldp, float *y, size_t ldy, int accumulate)
+{
+    const uint32_t np = flx_gemm_panel(level);
+    const uint32_t mr_max = level == FLX_GEMV_AVX512 ? 8 : level == FLX_GEMV_AVX2 ? 6 : 4;
+    for (uint32_t j0 = 0; j0 < nr; j0 += np) {
+        const float *pj = p + (size_t)(j0 / np) * pstride;
+        uint32_t nc = FLX_MIN(np, nr - j0);
+        for (uint32_t i0 = 0; i0 < m; i0 += mr_max) {
+            uint32_t mr = FLX_MIN(mr_max, m - i0);
+            const float *xi = x + (size_t)i0 * ldx;
+            float *yi = y + (size_t)i0 * ldy + j0;
+            if (level == FLX_GEMV_AVX512) mk_avx512_any(mr, nc, K, xi, ldx, pj, ldp, yi, ldy, accumulate);
+            else if (level == FLX_GEMV_AVX2) mk_avx2_any(mr, nc, K, xi, ldx, pj, ldp, yi, ldy, accumulate);
+            else mk_scalar(mr, nc, K, xi, ldx, pj, ldp, yi, ldy, accumulate);
+        }
+    }
+}
+
+/* ================= GEMM driver (prefill projections) ================= */
+
+size_t flx_gemm_pack_floats(void)
+{
+    return (size_t)GEMM_KC * FLX_GEMM_PANEL_MAX;
+}
+
+/* dst (kc, np) fp32 = rows [0, pw) x cols [0, kc) of src (row stride lds), transposed; zero past pw. */
+static void pack_panel(const flx_bf16_t *src, uint32_t pw, uint32_t kc, size_t lds, uint32_t np, float *dst)
+{
+    for (uint32_t r = 0; r < pw; r++) {
+        const flx_bf16_t *s = src + (size_t)r * lds;
+        for (uint32_t k = 0; k < kc; k++) dst[(size_t)k * np + r] = flx_bf16_to_f32(s[k]);
+    }
+    if (pw < np)
+        for (uint32_t k = 0; k < kc; k++) memset(dst + (size_t)k * np + pw, 0, (np - pw) * sizeof(float));
+}
+
+void flx_gemm_bf16(const flx_bf16_t *w, uint32_t rows, uint32_t cols, const float *x, uint32_t n, float *y, int nth,
+                   float *pack)
+{
+    if (n <= GEMV_SMALL_N) {
+        flx_gemv_mat_t mat = {w, rows, y};
+        flx_gemv_bf16(&mat, 1, cols, x, n, nth);
+        return;
+    }
+    const flx_gemv_level_t lv = flx_gemv_level();
+    const uint32_t np = flx_gemm_panel(lv), rg = 4 * np;
+    const size_t ntb = FLX_DIV_UP(n, GEMM_TB), nrg = FLX_DIV_UP(rows, rg), items = ntb * nrg;
+#pragma omp parallel num_threads(nth)
+    {
+        int tid, nt;
+        thread_ids(&tid, &nt);
+        float *pk = pack + (size_t)tid * flx_gemm_pack_floats();
+        /* Items token-block major: consecutive items of a thread share their token block in L2. */
+        for (size_t it = items * tid / nt; it < items * (tid + 1) / nt; it++) {
+            uint32_t t0 = (uint32_t)(it / nrg) * GEMM_TB, tn = FLX_MIN(GEMM_TB, n - t0);
+            uint32_t r0 = (uint32_t)(it % nrg) * rg, r1 = FLX_MIN(rows, r0 + rg);
+            for (uint32_t k0 = 0; k0 < cols; k0 += GEMM_KC) {
+                uint32_t kc = FLX_MIN(GEMM_KC, cols - k0);
+                for (uint32_t pr = r0; pr < r1; pr += np) {
+                    uint32_t pw = FLX_MIN(np, r1 - pr);
+                    pack_panel(w + (size_t)pr * cols + k0, pw, kc, cols, np, pk);
+                    flx_gemm_panels(lv, tn, pw, kc, x + (size_t)t0 * cols + k0, cols, pk, 0, np,
+                                    y + (size_t)t0 * rows + pr, rows, k0 > 0);
+                }
+            }
+        }
+    }
+}
+
+/* ================= row kernels ================= */
+
+/* exp for x <= 0 (Cody-Waite reduction, degree-7 polynomial; the same as fluxion's attn_cpu.c). */
+T2 static AI __m256 exp_avx2(__m256 x)
+{
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+T512 static AI __m512 exp_avx512(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+T2 static float max_row_avx2(const float *s, uint32_t n)
+{
+    __m256 m = _mm256_set1_ps(s[0]);
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + i));
+    __m128 a = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_max_ss(a, _mm_movehdup_ps(a));
+    float r = _mm_cvtss_f32(a);
+    for (; i < n; i++) r = s[i] > r ? s[i] : r;
+    return r;
+}
+
+T512 static float max_row_avx512(const float *s, uint32_t n)
+{
+    __m512 m = _mm512_set1_ps(s[0]);
+    for (uint32_t i = 0; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        m = _mm512_mask_max_ps(m, k, m, _mm512_maskz_loadu_ps(k, s + i));
+    }
+    return _mm512_reduce_max_ps(m);
+}
+
+float flx_max_row(flx_gemv_level_t level, const float *s, uint32_t n)
+{
+    if (level == FLX_GEMV_AVX512) return max_row_avx512(s, n);
+    if (level == FLX_GEMV_AVX2) return max_row_avx2(s, n);
+    return flx_max_row_ref(s, n);
+}
+
+T2 static float exp_row_avx2(float *s, uint32_t n, float mx)
+{
+    __m256 vm = _mm256_set1_ps(mx), acc = _mm256_setzero_ps();
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + i), vm));
+        _mm256_storeu_ps(s + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float sum = hsum8_avx2(acc);
+    for (; i < n; i++) sum += (s[i] = expf(s[i] - mx));
+    return sum;
+}
+
+T512 static float exp_row_avx512(float *s, uint32_t n, float mx)
+{
+    __m512 vm = _mm512_set1_ps(mx), acc = _mm512_setzero_ps();
+    for (uint32_t i = 0; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 e = _mm512_maskz_mov_ps(k, exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + i), vm)));
+        _mm512_mask_storeu_ps(s + i, k, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+float flx_exp_row(flx_gemv_level_t level, float *s, uint32_t n, float mx)
+{
+    if (level == FLX_GEMV_AVX512) return exp_row_avx512(s, n, mx);
+    if (level == FLX_GEMV_AVX2) return exp_row_avx2(s, n, mx);
+    float sum = 0;
+    for (uint32_t i = 0; i < n; i++) sum += (s[i] = expf(s[i] - mx));
+    return sum;
+}
+
+/* silu(g) = g * sigmoid(g), sigmoid from e = exp(-|g|) <= 1 so no lane overflows:
+ * sigmoid = 1 / (1 + e) for g >= 0, e / (1 + e) for g < 0. */
+T2 static void silu_mul_avx2(float *g, const float *u, size_t n)
+{
+    const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i);
+        __m256 e = exp_avx2(_mm256_or_ps(x, sign));
+        __m256 num = _mm256_blendv_ps(one, e, x);   /* sign bit of x picks e */
+        __m256 s = _mm256_div_ps(num, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_mul_ps(x, s), _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+T512 static void silu_mul_avx512(float *g, const float *u, size_t n)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 k = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 x = _mm512_maskz_loadu_ps(k, g + i);
+        __m512 e = exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));
+        __mmask16 neg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
+        __m512 num = _mm512_mask_blend_ps(neg, one, e);
+        __m512 s = _mm512_div_ps(num, _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(g + i, k, _mm512_mul_ps(_mm512_mul_ps(x, s), _mm512_maskz_loadu_ps(k, u + i)));
+    }
+}
+
+void flx_silu_mul(flx_gemv_level_t level, float *g, const float *u, size_t n)
+{
+    if (level == FLX_GEMV_AVX512) silu_mul_avx512(g, u, n);
+    else if (level == FLX_GEMV_AVX2) silu_mul_avx2(g, u, n);
+    else
+        for (size_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}

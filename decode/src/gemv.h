@@ -1,0 +1,91 @@
+/*
+ * gemv.h - bf16-weight matrix kernels of the forward pass (internal to flx_model).
+ *
+ * Every kernel has a scalar _ref twin (double accumulation: the test oracle) and a fast version
+ * that runs at the level flx_gemv_level() picks per call:
+ *   FLX_GEMV_SCALAR   plain C, fp32 accumulation (FLX_ISA=scalar)
+ *   FLX_GEMV_AVX2     AVX2 + FMA
+ *   FLX_GEMV_AVX512   AVX-512 F/BW: chosen whenever flx_isa_active() >= FLX_ISA_AVX2 and the CPU has
+ *                     AVX-512 F and BW (so Ice Lake, which lacks AVX512_BF16, gets 512-bit code)
+ * There is no _mm512_dpbf16_ps path: the decode GEMV is bound by memory bandwidth (bf16 -> fp32 by a
+ * shift is free there), and the prefill GEMM converts each weight panel to fp32 once per token block,
+ * so a dot-bf16 path would add untestable code (this CPU has no AVX512_BF16) for no measurable gain.
+ *
+ * Conventions: W is bf16 row-major (rows, cols), y = W x. Batched forms take n vectors x (n, cols)
+ * and write y (n, rows) (token-major, like the activations of the forward pass). No kernel reads
+ * past rows, cols or n: tails are handled, nothing needs padding.
+ */
+#ifndef FLX_GEMV_H
+#define FLX_GEMV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flx/bf16.h"
+
+#define FLX_GEMM_PANEL_MAX 32   /* widest panel of any level (flx_gemm_panel) */
+
+typedef enum {
+    FLX_GEMV_SCALAR = 0,
+    FLX_GEMV_AVX2 = 1,
+    FLX_GEMV_AVX512 = 2,
+} flx_gemv_level_t;
+
+/* The level kernels use now: from flx_isa_active() and the CPU features, capped by
+ * flx_gemv_level_cap(). */
+flx_gemv_level_t flx_gemv_level(void);
+/* Caps the level (tests force each path: flx_isa_force cannot separate AVX2 from AVX-512F on a CPU
+ * without AVX512_BF16). Returns the level now in force. Not to be called while kernels run. */
+flx_gemv_level_t flx_gemv_level_cap(flx_gemv_level_t cap);
+const char *flx_gemv_level_name(flx_gemv_level_t level);
+
+/* ---- matrix x vectors (decode batches, tiny prefills): dot-product form, weights read once ---- */
+
+/* y (n, rows) = x (n, cols) . W^T, double accumulation. */
+void flx_matmul_bf16_ref(const flx_bf16_t *w, size_t rows, size_t cols, const float *x, size_t n, float *y);
+
+/* One matrix of a fused GEMV: all share x and cols. y (n, rows). */
+typedef struct flx_gemv_mat {
+    const flx_bf16_t *w;  /* (rows, cols) */
+    uint32_t rows;
+    float *y;             /* (n, rows) */
+} flx_gemv_mat_t;
+
+/* y_m = x . W_m^T for n_mats matrices (1..3) with the rows of all matrices split across nth OpenMP
+ * threads by thread index: each weight row is loaded once for all n vectors. n >= 1. */
+void flx_gemv_bf16(const flx_gemv_mat_t *mats, int n_mats, uint32_t cols, const float *x, uint32_t n, int nth);
+
+/* ---- GEMM (prefill): weight panels converted to fp32 once per token block ---- */
+
+/* Floats of per-thread scratch flx_gemm_bf16 needs (times nth). */
+size_t flx_gemm_pack_floats(void);
+
+/* y (n, rows) = x (n, cols) . W^T for any n; small n goes to flx_gemv_bf16. pack: nth *
+ * flx_gemm_pack_floats() floats, 64-byte aligned. */
+void flx_gemm_bf16(const flx_bf16_t *w, uint32_t rows, uint32_t cols, const float *x, uint32_t n, float *y, int nth,
+                   float *pack);
+
+/* ---- packed-panel micro-GEMM (prefill attention; serial, one thread) ----
+ * P is an fp32 (K, nr) matrix stored as column panels of width flx_gemm_panel(level): panel j
+ * (columns j*NP ..) starts at p + j * pstride and holds element (k, c) at k * ldp + c - j*NP. Every
+ * panel must hold NP readable floats per k (zeros past nr): the packers of this module guarantee it.
+ * Y (m, nr) = X (m, K) . P, or Y += X . P when accumulate. */
+uint32_t flx_gemm_panel(flx_gemv_level_t level);
+void flx_gemm_panels(flx_gemv_level_t level, uint32_t m, uint32_t nr, uint32_t K, const float *x, size_t ldx,
+                     const float *p, size_t pstride, size_t ldp, float *y, size_t ldy, int accumulate);
+void flx_gemm_panels_ref(uint32_t m, uint32_t nr, uint32_t K, const float *x, size_t ldx, const float *p,
+                         size_t pstride, size_t ldp, uint32_t np, float *y, size_t ldy, int accumulate);
+
+/* ---- row kernels of the softmax and the FFN ---- */
+
+/* max of s[0 .. n), n >= 1. */
+float flx_max_row(flx_gemv_level_t level, const float *s, uint32_t n);
+float flx_max_row_ref(const float *s, uint32_t n);
+/* s[i] = exp(s[i] - mx) for i < n; returns the sum. mx >= max s (so every exponent is <= 0). */
+float flx_exp_row(flx_gemv_level_t level, float *s, uint32_t n, float mx);
+float flx_exp_row_ref(float *s, uint32_t n, float mx);
+/* g[i] = silu(g[i]) * u[i]. */
+void flx_silu_mul(flx_gemv_level_t level, float *g, const float *u, size_t n);
+void flx_silu_mul_ref(float *g, const float *u, size_t n);
+
+#endif

@@ -1,0 +1,454 @@
+/*
+ * flx-generate - generate text with a real model on one machine: load a checkpoint (GGUF or a
+ * Hugging Face folder) and its tokenizer, prefill the prompt in-process into a kvstore (what a
+ * prefill node would push), decode with the engine (full or fixed attention over the kvstore), and
+ * stream the text to stdout. Timings go to stderr afterwards: prefill tokens/s, TPOT mean / p50 /
+ * p90, the attention share of a step, host bytes read per step.
+ *
+ * The first token is sampled from the prefill logits with --seed, the rest by the engine with a
+ * sampler seeded from --seed too (one stream of draws per sequence, as the engine does).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flx/engine.h"
+#include "flx/forward.h"
+#include "flx/kvstore.h"
+#include "flx/model.h"
+#include "flx/model_load.h"
+#include "flx/sampling.h"
+#include "flx/tokenizer.h"
+#include "flx/util.h"
+
+#define PROG "flx-generate"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: " PROG " --model PATH --prompt-file FILE [--chat] [--mode full|fixed] [--blk 16] [--bgt 0.05]\n"
+            "                    [--max-new 64] [--temp 0] [--top-k 0] [--top-p 1] [--seed S] [--threads N]\n"
+            "  --model        a .gguf file or a Hugging Face folder (config.json, *.safetensors, tokenizer.json)\n"
+            "  --prompt-file  the prompt text (UTF-8); '-' reads stdin\n"
+            "  --chat         wrap the prompt as one user message with the model's chat template\n"
+            "  --mode         attention over the host-resident KV: full (exact) or fixed (blk, bgt)\n"
+            "  --blk          fixed: logical block size 16, 32, 64 or 128\n"
+            "  --bgt          fixed: fraction in [0, 1] of the host-resident tokens each head reads besides\n"
+            "                 its window (sink + local + generated tokens)\n"
+            "  --max-new      tokens to generate, 1..1000000 (the first one included)\n"
+            "  --temp         sampling temperature >= 0 (0 = greedy); --top-k >= 0 (0 = off); --top-p in (0, 1]\n"
+            "  --seed         sampling seed (default 1)\n"
+            "  --threads      attention and forward threads, 1..1024 (default: OpenMP's)\n");
+}
+
+static int parse_u64(const char *flag, const char *s, unsigned long long lo, unsigned long long hi,
+                     unsigned long long *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!*s || *end || errno || s[0] == '-' || v < lo || v > hi) {
+        fprintf(stderr, PROG ": --%s '%s' is not an integer in %llu..%llu\n", flag, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Strict float parse into [lo, hi] (lo_open: lo excluded). */
+static int parse_f(const char *flag, const char *s, double lo, int lo_open, double hi, float *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (!*s || *end || errno || !isfinite(v) || v > hi || (lo_open ? v <= lo : v < lo)) {
+        fprintf(stderr, PROG ": --%s '%s' is not a number in %s%g, %g]\n", flag, s, lo_open ? "(" : "[", lo, hi);
+        return -1;
+    }
+    *out = (float)v;
+    return 0;
+}
+
+static char *read_file(const char *path, size_t *len_p)
+{
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) {
+        fprintf(stderr, PROG ": cannot open prompt file %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (!buf) break;
+        if (n + 1 >= cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t r = fread(buf + n, 1, cap - 1 - n, f);
+        n += r;
+        if (r == 0) break;
+    }
+    int err = ferror(f);
+    if (f != stdin) fclose(f);
+    if (!buf || err) {
+        fprintf(stderr, PROG ": reading prompt file %s failed\n", path);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = 0;
+    *len_p = n;
+    return buf;
+}
+
+/* Streaming detokenizer: holds tokens until their bytes end on a UTF-8 character boundary. */
+typedef struct stream {
+    const flx_tok_t *tok;
+    int32_t pending[16];
+    size_t n_pending;
+    char buf[1024];
+    uint32_t n_tokens;
+    flx_engine_finish_t why;
+    int done;
+} stream_t;
+
+static int utf8_incomplete(const char *s, size_t n)
+{
+    size_t i = n, k = 0;
+    while (i > 0 && k < 4 && ((unsigned char)s[i - 1] & 0xC0) == 0x80) i--, k++;
+    if (i == 0) return k > 0;
+    unsigned char c = (unsigned char)s[i - 1];
+    size_t need = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
+    return k < need;
+}
+
+static void stream_flush(stream_t *s, int force)
+{
+    if (!s->n_pending) return;
+    size_t len = 0;
+    flx_status_t st = flx_tok_decode(s->tok, s->pending, s->n_pending, FLX_TOK_SKIP_SPECIAL, s->buf, sizeof s->buf,
+                                     &len);
+    if (st) {
+        fprintf(stderr, "\n" PROG ": decoding tokens: %s\n", flx_error_msg());
+        s->n_pending = 0;
+        return;
+    }
+    if (!force && utf8_incomplete(s->buf, len) && s->n_pending < FLX_ARRAY_SIZE(s->pending)) return;
+    fwrite(s->buf, 1, len, stdout);
+    fflush(stdout);
+    s->n_pending = 0;
+}
+
+static void on_token(void *ctx, flx_engine_seq_id_t seq, int32_t token, int is_last, flx_engine_finish_t why)
+{
+    stream_t *s = ctx;
+    if (token >= 0) {
+        s->n_tokens++;
+        s->pending[s->n_pending++] = token;
+        stream_flush(s, 0);
+    }
+    if (is_last) {
+        stream_flush(s, 1);
+        s->done = 1;
+        s->why = why;
+    }
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv)
+{
+    enum { O_MODEL = 1, O_PROMPT, O_CHAT, O_MODE, O_BLK, O_BGT, O_MAXNEW, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_THREADS,
+           O_HELP };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, O_MODEL},   {"prompt-file", required_argument, 0, O_PROMPT},
+        {"chat", no_argument, 0, O_CHAT},           {"mode", required_argument, 0, O_MODE},
+        {"blk", required_argument, 0, O_BLK},       {"bgt", required_argument, 0, O_BGT},
+        {"max-new", required_argument, 0, O_MAXNEW}, {"temp", required_argument, 0, O_TEMP},
+        {"top-k", required_argument, 0, O_TOPK},    {"top-p", required_argument, 0, O_TOPP},
+        {"seed", required_argument, 0, O_SEED},     {"threads", required_argument, 0, O_THREADS},
+        {"help", no_argument, 0, O_HELP},           {0, 0, 0, 0},
+    };
+    const char *model_path = NULL, *prompt_path = NULL;
+    int chat = 0;
+    flx_engine_params_t ep = flx_engine_params_default();
+    ep.max_batch = 1;
+    flx_sampling_params_t sp = flx_sampling_greedy();
+    sp.seed = 1;
+    unsigned long long v, max_new = 64, threads = 0;
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        const char *a = optarg;
+        switch (c) {
+        case O_MODEL: model_path = a; break;
+        case O_PROMPT: prompt_path = a; break;
+        case O_CHAT: chat = 1; break;
+        case O_MODE:
+            if (flx_engine_attn_mode_parse(a, &ep.mode)) {
+                fprintf(stderr, PROG ": --mode: %s\n", flx_error_msg());
+                return 2;
+            }
+            break;
+        case O_BLK:
+            if (parse_u64("blk", a, 16, 128, &v)) return 2;
+            if (v != 16 && v != 32 && v != 64 && v != 128) {
+                fprintf(stderr, PROG ": --blk %llu is not 16, 32, 64 or 128\n", v);
+                return 2;
+            }
+            ep.blk = (uint32_t)v;
+            break;
+        case O_BGT: if (parse_f("bgt", a, 0.0, 0, 1.0, &ep.bgt)) return 2; break;
+        case O_MAXNEW: if (parse_u64("max-new", a, 1, 1000000, &max_new)) return 2; break;
+        case O_TEMP: if (parse_f("temp", a, 0.0, 0, 1e6, &sp.temperature)) return 2; break;
+        case O_TOPK: if (parse_u64("top-k", a, 0, UINT32_MAX, &v)) return 2; sp.top_k = (uint32_t)v; break;
+        case O_TOPP: if (parse_f("top-p", a, 0.0, 1, 1.0, &sp.top_p)) return 2; break;
+        case O_SEED: if (parse_u64("seed", a, 0, UINT64_MAX, &v)) return 2; sp.seed = v; break;
+        case O_THREADS: if (parse_u64("threads", a, 1, 1024, &threads)) return 2; break;
+        case O_HELP: usage(stdout); return 0;
+        default:
+            fprintf(stderr, PROG ": unknown option or missing value: %s\n", argv[optind - 1]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!model_path || !prompt_path) {
+        fprintf(stderr, PROG ": %s is required\n", !model_path ? "--model" : "--prompt-file");
+        usage(stderr);
+        return 2;
+    }
+    if (optind != argc) {
+        fprintf(stderr, PROG ": unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+    ep.n_threads = (uint32_t)threads;
+    if (ep.mode == FLX_ENGINE_ATTN_FLUXION) {   /* the engine refuses it too; say so before loading */
+        fprintf(stderr, PROG ": --mode fluxion: the Fluxion attention mode (predictor + selector + scheduler) is "
+                        "not implemented yet; use full or fixed\n");
+        return 2;
+    }
+
+    int rc = 1;
+    flx_model_t *m = NULL;
+    flx_tok_t *tok = NULL;
+    flx_kv_store_h store = NULL;
+    flx_engine_h eng = NULL;
+    char *text = NULL, *chat_text = NULL;
+    int32_t *ids = NULL;
+    void *pmem = NULL, *scratch = NULL;
+    float *logits = NULL;
+    uint64_t *tpot = NULL;
+    flx_status_t st;
+
+    uint64_t t_load = flx_now_ns();
+    if ((st = flx_model_load(model_path, &m)) || (st = flx_tok_load(model_path, &tok))) {
+        fprintf(stderr, PROG ": loading %s: %s\n", model_path, flx_error_msg());
+        goto out;
+    }
+    const flx_model_config_t *cfg = &m->cfg;
+    t_load = flx_now_ns() - t_load;
+    if (flx_tok_vocab_size(tok) > cfg->vocab) {
+        fprintf(stderr, PROG ": tokenizer has %u tokens, the model's vocabulary only %u\n", flx_tok_vocab_size(tok),
+                cfg->vocab);
+        goto out;
+    }
+
+    size_t text_len = 0;
+    if (!(text = read_file(prompt_path, &text_len)))
+        goto out;
+    const char *input = text;
+    size_t input_len = text_len;
+    if (chat) {
+        flx_tok_msg_t msg = {.role = "user", .content = text};
+        size_t need = 0;
+        st = flx_tok_chat(tok, &msg, 1, 1, NULL, 0, &need);
+        if (st && st != FLX_ERR_CAPACITY) {
+            fprintf(stderr, PROG ": --chat: %s\n", flx_error_msg());
+            goto out;
+        }
+        chat_text = malloc(need + 1);
+        if (!chat_text || (st = flx_tok_chat(tok, &msg, 1, 1, chat_text, need + 1, &need))) {
+            fprintf(stderr, PROG ": --chat: %s\n", chat_text ? flx_error_msg() : "out of memory");
+            goto out;
+        }
+        input = chat_text;
+        input_len = need;
+    }
+    int add_bos = flx_tok_add_bos_default(tok) && flx_tok_bos(tok) >= 0;
+    size_t n_ids = 0;
+    st = flx_tok_encode(tok, input, input_len, add_bos, NULL, 0, &n_ids);
+    if (st && st != FLX_ERR_CAPACITY) {
+        fprintf(stderr, PROG ": encoding the prompt: %s\n", flx_error_msg());
+        goto out;
+    }
+    if (n_ids == 0) {
+        fprintf(stderr, PROG ": the prompt is empty\n");
+        goto out;
+    }
+    if (n_ids + max_new > cfg->max_ctx)
+        fprintf(stderr, PROG ": warning: prompt %zu + max-new %llu tokens exceed the model's trained context %u\n",
+                n_ids, max_new, cfg->max_ctx);
+    if (n_ids > UINT32_MAX / 2) {
+        fprintf(stderr, PROG ": prompt of %zu tokens is too long\n", n_ids);
+        goto out;
+    }
+    ids = malloc(n_ids * sizeof *ids);
+    if (!ids || (st = flx_tok_encode(tok, input, input_len, add_bos, ids, n_ids, &n_ids))) {
+        fprintf(stderr, PROG ": encoding the prompt: %s\n", ids ? flx_error_msg() : "out of memory");
+        goto out;
+    }
+    const uint32_t n = (uint32_t)n_ids;
+
+    /* The store: room for this one session (KV + window + side tables), with slack. */
+    {
+        size_t per_tok = (size_t)cfg->n_layers * cfg->n_kv_heads * cfg->head_dim * 2 * sizeof(flx_bf16_t);
+        size_t cap = per_tok * ((size_t)n + max_new + 2048) * 2 + ((size_t)64 << 20);
+        flx_kv_store_params_t kp = {.field_mask = FLX_KV_STORE_FIELD_CAPACITY | FLX_KV_STORE_FIELD_SHAPE,
+                                    .capacity_bytes = cap, .n_layers = cfg->n_layers,
+                                    .n_kv_heads = cfg->n_kv_heads, .n_q_heads = cfg->n_heads,
+                                    .head_dim = cfg->head_dim};
+        if ((st = flx_kv_store_create(&kp, &store))) {
+            fprintf(stderr, PROG ": kvstore: %s\n", flx_error_msg());
+            goto out;
+        }
+    }
+    ep.max_l_cpu = n;
+    if ((st = flx_engine_create(m, store, &ep, &eng))) {
+        fprintf(stderr, PROG ": engine: %s\n", flx_error_msg());
+        goto out;
+    }
+
+    /* prefill */
+    flx_fwd_shape_t fs = {.max_prompt = n, .max_batch = 1, .n_threads = (uint32_t)threads};
+    size_t pbytes = 0;
+    flx_fwd_ws_t *pws = NULL;
+    if ((st = flx_fwd_plan(m, &fs, &pbytes)) || !(pmem = flx_aligned_alloc(64, pbytes ? pbytes : 64)) ||
+        (st = flx_fwd_ws_init(m, &fs, pmem, pbytes, &pws))) {
+        fprintf(stderr, PROG ": prefill workspace for %u tokens: %s\n", n, st ? flx_error_msg() : "out of memory");
+        goto out;
+    }
+    logits = malloc((size_t)cfg->vocab * sizeof *logits);
+    scratch = malloc(flx_sample_scratch_bytes(cfg->vocab));
+    if (!logits || !scratch) {
+        fprintf(stderr, PROG ": out of memory\n");
+        goto out;
+    }
+    flx_kv_session_id_t sid;
+    uint64_t t_pre = flx_now_ns();
+    if ((st = flx_engine_prefill_into_store(m, pws, store, ids, n, (uint32_t)FLX_MIN(max_new, 1u << 30), &sid,
+                                            logits))) {
+        fprintf(stderr, PROG ": prefill: %s\n", flx_error_msg());
+        goto out;
+    }
+    t_pre = flx_now_ns() - t_pre;
+    flx_aligned_free(pmem);   /* the prompt's activations are not needed while decoding */
+    pmem = NULL;
+
+    flx_sampler_t first;
+    int32_t tok0;
+    if ((st = flx_sampler_init(&first, &sp, cfg->vocab)) ||
+        (st = flx_sample(&first, logits, scratch, flx_sample_scratch_bytes(cfg->vocab), &tok0))) {
+        fprintf(stderr, PROG ": sampling: %s\n", flx_error_msg());
+        flx_kv_session_close(store, sid);
+        goto out;
+    }
+    /* end-of-generation tokens of the tokenizer (EOS, <|im_end|>, <|eot_id|>, ...) stop the sequence */
+    int32_t stops[FLX_ENGINE_MAX_STOP];
+    uint32_t n_stop = 0;
+    for (uint32_t i = 0; i < flx_tok_vocab_size(tok) && n_stop < FLX_ENGINE_MAX_STOP; i++)
+        if (flx_tok_is_eog(tok, (int32_t)i)) stops[n_stop++] = (int32_t)i;
+    stream_t stream = {.tok = tok};
+    flx_gen_params_t gp = {.max_new_tokens = (uint32_t)max_new, .stop_ids = stops, .n_stop = n_stop,
+                           .eos_id = flx_tok_eos(tok), .sampling = sp, .on_token = on_token, .ctx = &stream};
+    gp.sampling.seed = sp.seed ^ 0x9e3779b97f4a7c15ull;
+    flx_engine_seq_id_t seq;
+    if ((st = flx_engine_add(eng, sid, tok0, &gp, &seq))) {
+        fprintf(stderr, PROG ": %s\n", flx_error_msg());
+        flx_kv_session_close(store, sid);
+        goto out;
+    }
+    flx_kv_session_info_t si;
+    flx_kv_session_info(store, sid, &si);
+    fprintf(stderr, PROG ": %s (%u layers, %u/%u heads of %u), prompt %u tokens (sink %u, local %u, host %u), "
+                    "mode %s",
+            cfg->name, cfg->n_layers, cfg->n_heads, cfg->n_kv_heads, cfg->head_dim, n, si.n_sink, si.n_local,
+            si.l_cpu, flx_engine_attn_mode_name(ep.mode));
+    if (ep.mode == FLX_ENGINE_ATTN_FIXED) fprintf(stderr, " (blk %u, bgt %g)", ep.blk, (double)ep.bgt);
+    fprintf(stderr, "\n");
+    fflush(stderr);
+
+    tpot = malloc((size_t)max_new * sizeof *tpot);
+    if (!tpot) {
+        fprintf(stderr, PROG ": out of memory\n");
+        goto out;
+    }
+    size_t n_steps = 0;
+    for (;;) {
+        st = flx_engine_step(eng);
+        if (st < 0) {
+            fprintf(stderr, "\n" PROG ": decode step: %s\n", flx_error_msg());
+            goto out;
+        }
+        flx_engine_stats_t last, tot_now;
+        flx_engine_last_stats(eng, &last);
+        flx_engine_total_stats(eng, &tot_now);
+        if (tot_now.n_steps > n_steps && n_steps < max_new) tpot[n_steps++] = last.step_ns;   /* a step ran */
+        if (st == FLX_OK) break;
+    }
+    printf("\n");
+    fflush(stdout);
+
+    flx_engine_stats_t tot;
+    flx_engine_total_stats(eng, &tot);
+    double mean = 0, p50 = 0, p90 = 0;
+    if (tot.n_steps) {
+        qsort(tpot, n_steps, sizeof *tpot, cmp_u64);
+        mean = (double)tot.step_ns / (double)tot.n_steps / 1e6;
+        p50 = (double)tpot[(n_steps - 1) / 2] / 1e6;
+        p90 = (double)tpot[(size_t)((n_steps - 1) * 0.9)] / 1e6;
+    }
+    double attn_share = tot.attn_ns + tot.dense_ns ? (double)tot.attn_ns / (double)(tot.attn_ns + tot.dense_ns) : 0;
+    fprintf(stderr, "--- %u tokens generated, ended by %s\n", stream.n_tokens, flx_engine_finish_name(stream.why));
+    fprintf(stderr, "load      %.2f s\n", (double)t_load / 1e9);
+    fprintf(stderr, "prefill   %u tokens in %.3f s: %.1f tokens/s\n", n, (double)t_pre / 1e9,
+            (double)n / ((double)t_pre / 1e9));
+    fprintf(stderr, "decode    %llu steps, TPOT mean %.2f ms, p50 %.2f ms, p90 %.2f ms (%.1f tokens/s)\n",
+            (unsigned long long)tot.n_steps, mean, p50, p90, mean > 0 ? 1e3 / mean : 0.0);
+    fprintf(stderr, "split     attention %.1f%% (window appends %.2f ms/step), dense %.1f%% of the forward time\n",
+            100 * attn_share, tot.n_steps ? (double)tot.append_ns / tot.n_steps / 1e6 : 0.0, 100 * (1 - attn_share));
+    if (tot.n_steps)
+        fprintf(stderr,
+                "attention per step: %.0f tasks, host bytes read %.2f MiB, kernel time (summed over tasks) "
+                "window %.3f ms, score %.3f ms, top-k %.3f ms, host attention %.3f ms, merge %.3f ms\n",
+                (double)tot.n_tasks / tot.n_steps, (double)tot.host_bytes / tot.n_steps / (1 << 20),
+                (double)tot.window_ns / tot.n_steps / 1e6, (double)tot.score_ns / tot.n_steps / 1e6,
+                (double)tot.topk_ns / tot.n_steps / 1e6, (double)tot.host_attn_ns / tot.n_steps / 1e6,
+                (double)tot.merge_ns / tot.n_steps / 1e6);
+    rc = 0;
+out:
+    flx_engine_destroy(eng);
+    flx_kv_store_destroy(store);
+    flx_aligned_free(pmem);
+    free(scratch);
+    free(logits);
+    free(tpot);
+    free(ids);
+    free(chat_text);
+    free(text);
+    flx_tok_destroy(tok);
+    flx_model_destroy(m);
+    return rc;
+}

@@ -1,0 +1,837 @@
+/*
+ * test_forward - the forward pass (flx/forward.h) and its kernels (decode/src/gemv.h).
+ *
+ *  (a) every fast kernel against its _ref (double accumulation) at each level: scalar, AVX2,
+ *      AVX-512F (where the CPU has it), on shapes with row, column, token and panel tails;
+ *  (b) flx_model_prefill against a scalar double-precision forward written here, for both
+ *      families (llama; qwen2 with QKV bias), head_dim 48/64/128, GQA groups 1/4/8, tied and
+ *      untied embeddings, llama3 RoPE scaling, odd token counts that cross the attention blocks;
+ *      the on_layer K/V (Hkv, n, D) and q' are checked against the reference too;
+ *  (c) prefill n tokens, then decode m more one step at a time through a dense bf16 KV cache
+ *      implemented here: each step's logits match the teacher-forced prefill of all n + m tokens
+ *      and give the same greedy token;
+ *  (d) a decode batch of 3 sequences at different positions equals decoding each alone;
+ *  (e) bad arguments are refused with messages that name the value.
+ * Inputs are fresh random values each run (seed printed; FLX_SEED replays).
+ *
+ * `test_forward bench [prefill_tokens]` (not run by ctest) prints decode GEMV bandwidth against a
+ * STREAM-like read of a 1 GiB buffer measured in the same run, batched decode cost per token, and
+ * optionally a SmolLM2-135M-shaped prefill time.
+ *
+ * Tolerances. Weights are bf16 in the model and in the reference alike, so they add no error; what
+ * differs is fp32 vs double accumulation (~1e-6 relative per dot product) and, for the few K/V
+ * values within that distance of a bf16 rounding midpoint, which neighbour they round to (one bf16
+ * ulp, 2^-8 relative; it moves logits by up to ~3e-4 of their RMS). The reference takes the model's
+ * choice for exactly those values (round_kv), so prefill is held to 5e-5 RMS + 1e-4 relative
+ * (observed worst ~0.03 of that); decode-vs-prefill cannot do the same (the decode step's k comes
+ * from the GEMV, the prefill's from the GEMM) and is held to 1e-3 RMS + 1e-3 relative. A real
+ * defect (a wrong head, position, mask, layout or bias) moves logits by O(0.1..1) RMS.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <immintrin.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "flx/cpu.h"
+#include "flx/forward.h"
+#include "flx/model.h"
+#include "flx_test.h"
+#include "gemv.h"
+
+/* Logit tolerances, atol in units of the RMS of the reference logits (tied heads give logits ~10x
+ * larger than untied ones): prefill vs the double reference (near-midpoint K/V roundings taken
+ * from the model, so only accumulation order differs), and decode vs prefill (the decode step's
+ * k, v come from the GEMV, the prefill's from the GEMM; one of a few hundred values may round to
+ * the neighbouring bf16, which moves logits by up to ~3e-4 RMS). */
+#define PREFILL_ATOL 5e-5
+#define PREFILL_RTOL 1e-4
+#define DECODE_ATOL 1e-3
+#define DECODE_RTOL 1e-3
+
+static flx_rng_t rng;
+static int g_threads = 2;
+
+static void rand_f(float *x, size_t n, double s)
+{
+    for (size_t i = 0; i < n; i++) x[i] = (float)(flx_rng_normal(&rng) * s);
+}
+
+static void rand_bf16(flx_bf16_t *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) x[i] = flx_f32_to_bf16((float)flx_rng_normal(&rng));
+}
+
+/* ================= (a) kernels ================= */
+
+static void test_gemv(void)
+{
+    const uint32_t shapes[][2] = {{37, 64}, {100, 72}, {5, 50}, {257, 576}, {16, 16}, {3, 7}};
+    for (size_t si = 0; si < FLX_ARRAY_SIZE(shapes); si++) {
+        uint32_t rows = shapes[si][0], cols = shapes[si][1];
+        for (uint32_t n = 1; n <= 9; n += (n < 5 ? 1 : 4)) {
+            flx_bf16_t *w[3];
+            float *y[3], *yr[3], *x = malloc((size_t)n * cols * 4);
+            uint32_t r3[3] = {rows, rows / 2 + 1, 17};
+            flx_gemv_mat_t mats[3];
+            rand_f(x, (size_t)n * cols, 1.0);
+            for (int i = 0; i < 3; i++) {
+                w[i] = malloc((size_t)r3[i] * cols * 2);
+                y[i] = malloc((size_t)n * r3[i] * 4);
+                yr[i] = malloc((size_t)n * r3[i] * 4);
+                rand_bf16(w[i], (size_t)r3[i] * cols);
+                flx_matmul_bf16_ref(w[i], r3[i], cols, x, n, yr[i]);
+                mats[i] = (flx_gemv_mat_t){w[i], r3[i], y[i]};
+            }
+            flx_gemv_bf16(mats, 3, cols, x, n, g_threads);
+            char label[96];
+            for (int i = 0; i < 3; i++) {
+                snprintf(label, sizeof label, "gemv %ux%u n=%u mat %d", r3[i], cols, n, i);
+                CHECK_CLOSE(label, y[i], yr[i], (size_t)n * r3[i], 1e-4 * sqrt(cols), 1e-5);
+                free(w[i]), free(y[i]), free(yr[i]);
+            }
+            free(x);
+        }
+    }
+}
+
+static void test_gemm(void)
+{
+    const uint32_t shapes[][3] = {{100, 320, 5}, {33, 64, 300}, {576, 48, 9}, {40, 16, 261}};
+    for (size_t si = 0; si < FLX_ARRAY_SIZE(shapes); si++) {
+        uint32_t rows = shapes[si][0], cols = shapes[si][1], n = shapes[si][2];
+        flx_bf16_t *w = malloc((size_t)rows * cols * 2);
+        float *x = malloc((size_t)n * cols * 4), *y = malloc((size_t)n * rows * 4), *yr = malloc((size_t)n * rows * 4);
+        float *pack = flx_aligned_alloc(64, (size_t)g_threads * flx_gemm_pack_floats() * 4);
+        rand_bf16(w, (size_t)rows * cols);
+        rand_f(x, (size_t)n * cols, 1.0);
+        flx_matmul_bf16_ref(w, rows, cols, x, n, yr);
+        flx_gemm_bf16(w, rows, cols, x, n, y, g_threads, pack);
+        char label[96];
+        snprintf(label, sizeof label, "gemm %ux%u n=%u", rows, cols, n);
+        CHECK_CLOSE(label, y, yr, (size_t)n * rows, 1e-4 * sqrt(cols), 1e-5);
+        free(w), free(x), free(y), free(yr), flx_aligned_free(pack);
+    }
+}
+
+static void test_panels(flx_gemv_level_t lv)
+{
+    const uint32_t np = flx_gemm_panel(lv);
+    for (int rep = 0; rep < 6; rep++) {
+        uint32_t m = 1 + (uint32_t)flx_rng_below(&rng, 40), nr = 1 + (uint32_t)flx_rng_below(&rng, 100);
+        uint32_t K = 1 + (uint32_t)flx_rng_below(&rng, 150);
+        int acc = rep & 1;
+        /* both layouts of forward.c: packed panels (ldp = np, pstride = K * np) and a plain row-major
+         * (K, ldp) matrix cut into panels in place (pstride = np), with ldp a multiple of 16 >= nr */
+        uint32_t npan = FLX_DIV_UP(nr, np), ld = FLX_DIV_UP(nr, 16) * 16;
+        float *pp = calloc((size_t)npan * K * np, 4), *pr = calloc((size_t)K * ld + 16, 4);
+        float *x = malloc((size_t)m * K * 4), *y0 = malloc((size_t)m * nr * 4);
+        float *y = malloc((size_t)m * nr * 4), *yr = malloc((size_t)m * nr * 4);
+        rand_f(x, (size_t)m * K, 1.0);
+        rand_f(y0, (size_t)m * nr, 1.0);
+        for (uint32_t k = 0; k < K; k++)
+            for (uint32_t j = 0; j < nr; j++) {
+                float val = (float)flx_rng_normal(&rng);
+                pp[((size_t)(j / np) * K + k) * np + j % np] = val;
+                pr[(size_t)k * ld + j] = val;
+            }
+        char label[96];
+        for (int layout = 0; layout < 2; layout++) {
+            const float *p = layout ? pr : pp;
+            size_t pstride = layout ? np : (size_t)K * np, ldp = layout ? ld : np;
+            memcpy(y, y0, (size_t)m * nr * 4);
+            memcpy(yr, y0, (size_t)m * nr * 4);
+            flx_gemm_panels(lv, m, nr, K, x, K, p, pstride, ldp, y, nr, acc);
+            flx_gemm_panels_ref(m, nr, K, x, K, p, pstride, ldp, np, yr, nr, acc);
+            snprintf(label, sizeof label, "panels m=%u nr=%u K=%u acc=%d layout=%d", m, nr, K, acc, layout);
+            CHECK_CLOSE(label, y, yr, (size_t)m * nr, 1e-4 * sqrt(K), 1e-5);
+        }
+        free(pp), free(pr), free(x), free(y0), free(y), free(yr);
+    }
+}
+
+static void test_rows(flx_gemv_level_t lv)
+{
+    for (uint32_t n = 1; n < 80; n += 13) {
+        float *s = malloc(n * 4), *s2 = malloc(n * 4), *u = malloc(n * 4);
+        rand_f(s, n, 4.0);
+        rand_f(u, n, 1.0);
+        memcpy(s2, s, n * 4);
+        float mx = flx_max_row(lv, s, n), mr = flx_max_row_ref(s, n);
+        CHECK(mx == mr);
+        float sum = flx_exp_row(lv, s, n, mx), sr = flx_exp_row_ref(s2, n, mr);
+        CHECK_CLOSE("exp_row", s, s2, n, 1e-7, 2e-6);
+        CHECK_CLOSE("exp_row sum", &sum, &sr, 1, 1e-6, 2e-6);
+        rand_f(s, n, 6.0);
+        s[0] = 95.0f;   /* far tails: no overflow, no NaN */
+        if (n > 1) s[1] = -95.0f;
+        memcpy(s2, s, n * 4);
+        flx_silu_mul(lv, s, u, n);
+        flx_silu_mul_ref(s2, u, n);
+        CHECK_CLOSE("silu_mul", s, s2, n, 1e-7, 2e-6);
+        free(s), free(s2), free(u);
+    }
+}
+
+/* ================= reference forward (double) ================= */
+
+typedef struct {
+    float *logits;    /* (n, vocab) */
+    float *k, *v;     /* (L, Hkv, n, D) the bf16-rounded K, V as floats */
+    float *q;         /* (L, n, Hq, D) */
+    int ties;         /* K/V elements where the model's rounding of a near-midpoint value was taken */
+} ref_out_t;
+
+static void ref_matvec(const flx_bf16_t *w, const float *b, size_t rows, size_t cols, const double *x, double *y)
+{
+    for (size_t r = 0; r < rows; r++) {
+        double s = b ? b[r] : 0.0;
+        for (size_t c = 0; c < cols; c++) s += (double)flx_bf16_to_f32(w[r * cols + c]) * x[c];
+        y[r] = s;
+    }
+}
+
+static void ref_rmsnorm(const double *x, const float *g, double eps, size_t H, double *y)
+{
+    double ss = 0;
+    for (size_t i = 0; i < H; i++) ss += x[i] * x[i];
+    double r = 1.0 / sqrt(ss / H + eps);
+    for (size_t i = 0; i < H; i++) y[i] = x[i] * r * g[i];
+}
+
+static void ref_rope(double *x, const float *inv_freq, uint32_t D, uint32_t pos)
+{
+    for (uint32_t i = 0; i < D / 2; i++) {
+        double a = x[i], b = x[i + D / 2], ang = (double)pos * inv_freq[i];
+        x[i] = a * cos(ang) - b * sin(ang);
+        x[i + D / 2] = b * cos(ang) + a * sin(ang);
+    }
+}
+
+/* x rounded to bf16. Where x lies so close to the midpoint of two bf16 values that fp32
+ * accumulation may land on the other side (within 1e-5, far below the 2^-9 relative half-ulp), the
+ * model's choice mv is taken: both roundings are right, and taking the same one keeps the
+ * comparison free of one-ulp K/V differences that would otherwise dominate the logit error. */
+static double round_kv(double x, float mv, int *ties)
+{
+    double r = flx_bf16_to_f32(flx_f32_to_bf16((float)x));
+    if (!isnan(mv) && mv != r && fabs(mv - x) <= fabs(r - x) + 1e-5 * (1 + fabs(x))) {
+        (*ties)++;
+        return mv;
+    }
+    return r;
+}
+
+/* model_k, model_v: (L, Hkv, n, D) the model's rounded K, V (tie-breakers, see round_kv), or NULL. */
+static void ref_forward(const flx_model_t *m, const int32_t *tok, uint32_t n, const float *model_k,
+                        const float *model_v, ref_out_t *out)
+{
+    const flx_model_config_t *c = &m->cfg;
+    const size_t H = c->hidden, D = c->head_dim, Hq = c->n_heads, Hkv = c->n_kv_heads, G = Hq / Hkv;
+    const size_t qd = Hq * D, kvd = Hkv * D, F = c->ffn, V = c->vocab;
+    double *x = malloc(n * H * 8), *xn = malloc(H * 8), *q = malloc(n * qd * 8), *k = malloc(n * kvd * 8);
+    double *v = malloc(n * kvd * 8), *o = malloc(qd * 8), *t1 = malloc(FLX_MAX(F, H) * 8), *g = malloc(F * 8);
+    double *u = malloc(F * 8), *p = malloc(n * 8);
+    float inv_freq[FLX_MODEL_MAX_HEAD_DIM / 2];
+    flx_rope_inv_freq(c, inv_freq);
+    for (size_t t = 0; t < n; t++)
+        for (size_t i = 0; i < H; i++) x[t * H + i] = flx_bf16_to_f32(m->tok_embd[(size_t)tok[t] * H + i]);
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        const flx_layer_weights_t *w = &m->layers[l];
+        for (size_t t = 0; t < n; t++) {
+            ref_rmsnorm(x + t * H, w->attn_norm, c->rms_eps, H, xn);
+            ref_matvec(w->wq, w->bq, qd, H, xn, q + t * qd);
+            ref_matvec(w->wk, w->bk, kvd, H, xn, k + t * kvd);
+            ref_matvec(w->wv, w->bv, kvd, H, xn, v + t * kvd);
+            for (size_t h = 0; h < Hq; h++) ref_rope(q + t * qd + h * D, inv_freq, (uint32_t)D, (uint32_t)t);
+            for (size_t h = 0; h < Hkv; h++) ref_rope(k + t * kvd + h * D, inv_freq, (uint32_t)D, (uint32_t)t);
+            for (size_t h = 0; h < Hkv; h++)
+                for (size_t d = 0; d < D; d++) {
+                    size_t i = h * D + d, at = ((l * Hkv + h) * n + t) * D + d;
+                    k[t * kvd + i] = round_kv(k[t * kvd + i], model_k ? model_k[at] : NAN, &out->ties);
+                    v[t * kvd + i] = round_kv(v[t * kvd + i], model_v ? model_v[at] : NAN, &out->ties);
+                }
+            for (size_t h = 0; h < Hkv; h++)
+                for (size_t d = 0; d < D; d++) {
+                    out->k[((l * Hkv + h) * n + t) * D + d] = (float)k[t * kvd + h * D + d];
+                    out->v[((l * Hkv + h) * n + t) * D + d] = (float)v[t * kvd + h * D + d];
+                }
+            for (size_t i = 0; i < qd; i++) out->q[(l * n + t) * qd + i] = (float)q[t * qd + i];
+        }
+        for (size_t t = 0; t < n; t++) {
+            for (size_t h = 0; h < Hq; h++) {
+                const double *qh = q + t * qd + h * D;
+                const size_t kh = h / G;
+                double mx = -INFINITY, sum = 0;
+                for (size_t j = 0; j <= t; j++) {
+                    double s = 0;
+                    for (size_t d = 0; d < D; d++) s += qh[d] * k[j * kvd + kh * D + d];
+                    p[j] = s / sqrt((double)D);
+                    mx = p[j] > mx ? p[j] : mx;
+                }
+                for (size_t j = 0; j <= t; j++) sum += (p[j] = exp(p[j] - mx));
+                for (size_t d = 0; d < D; d++) {
+                    double a = 0;
+                    for (size_t j = 0; j <= t; j++) a += p[j] * v[j * kvd + kh * D + d];
+                    o[h * D + d] = a / sum;
+                }
+            }
+            ref_matvec(w->wo, NULL, H, qd, o, t1);
+            for (size_t i = 0; i < H; i++) x[t * H + i] += t1[i];
+            ref_rmsnorm(x + t * H, w->ffn_norm, c->rms_eps, H, xn);
+            ref_matvec(w->w_gate, NULL, F, H, xn, g);
+            ref_matvec(w->w_up, NULL, F, H, xn, u);
+            for (size_t i = 0; i < F; i++) g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+            ref_matvec(w->w_down, NULL, H, F, g, t1);
+            for (size_t i = 0; i < H; i++) x[t * H + i] += t1[i];
+        }
+    }
+    double *lg = malloc(V * 8);
+    for (size_t t = 0; t < n; t++) {
+        ref_rmsnorm(x + t * H, m->out_norm, c->rms_eps, H, xn);
+        ref_matvec(m->lm_head, NULL, V, H, xn, lg);
+        for (size_t i = 0; i < V; i++) out->logits[t * V + i] = (float)lg[i];
+    }
+    free(lg), free(x), free(xn), free(q), free(k), free(v), free(o), free(t1), free(g), free(u), free(p);
+}
+
+/* ================= model configs ================= */
+
+static flx_model_config_t cfg_make(flx_arch_t arch, uint32_t hidden, uint32_t heads, uint32_t kv, uint32_t D,
+                                   uint32_t ffn, uint32_t vocab, int tied)
+{
+    flx_model_config_t c = {0};
+    c.arch = arch;
+    c.n_layers = 2;
+    c.hidden = hidden;
+    c.n_heads = heads;
+    c.n_kv_heads = kv;
+    c.head_dim = D;
+    c.ffn = ffn;
+    c.vocab = vocab;
+    c.max_ctx = 4096;
+    c.rms_eps = 1e-5f;
+    c.rope_theta = arch == FLX_ARCH_QWEN2 ? 1e6f : 1e4f;
+    c.tied_embeddings = tied;
+    c.qkv_bias = arch == FLX_ARCH_QWEN2;
+    snprintf(c.name, sizeof c.name, "test-%s-G%u-D%u", arch == FLX_ARCH_QWEN2 ? "qwen2" : "llama", heads / kv, D);
+    return c;
+}
+
+typedef struct {
+    flx_model_t *m;
+    flx_fwd_ws_t *ws;
+    void *mem;
+} fwd_t;
+
+static void fwd_open(const flx_model_config_t *c, uint32_t max_prompt, uint32_t max_batch, fwd_t *f)
+{
+    CHECK_OK(flx_model_init_random(c, flx_rng_u64(&rng), &f->m));
+    flx_fwd_shape_t shape = {max_prompt, max_batch, (uint32_t)g_threads};
+    size_t bytes;
+    CHECK_OK(flx_fwd_plan(f->m, &shape, &bytes));
+    f->mem = flx_aligned_alloc(64, bytes);
+    CHECK(f->mem);
+    CHECK_ST(flx_fwd_ws_init(f->m, &shape, f->mem, bytes - 64, &f->ws), FLX_ERR_INVALID);
+    CHECK_OK(flx_fwd_ws_init(f->m, &shape, f->mem, bytes, &f->ws));
+}
+
+static void fwd_close(fwd_t *f)
+{
+    flx_model_destroy(f->m);
+    flx_aligned_free(f->mem);
+}
+
+/* ================= dense KV cache (the test's attention callback) ================= */
+
+typedef struct {
+    uint32_t L, Hkv, D, cap, len;
+    flx_bf16_t *k, *v;    /* (L, Hkv, cap, D) */
+} kvcache_t;
+
+static void kv_init(kvcache_t *kv, const flx_model_config_t *c, uint32_t cap)
+{
+    kv->L = c->n_layers, kv->Hkv = c->n_kv_heads, kv->D = c->head_dim, kv->cap = cap, kv->len = 0;
+    kv->k = calloc((size_t)kv->L * kv->Hkv * cap * kv->D, 2);
+    kv->v = calloc((size_t)kv->L * kv->Hkv * cap * kv->D, 2);
+}
+
+static void kv_free(kvcache_t *kv)
+{
+    free(kv->k), free(kv->v);
+}
+
+static void kv_copy(kvcache_t *dst, const kvcache_t *src)
+{
+    *dst = *src;
+    size_t bytes = (size_t)src->L * src->Hkv * src->cap * src->D * 2;
+    dst->k = malloc(bytes), dst->v = malloc(bytes);
+    memcpy(dst->k, src->k, bytes), memcpy(dst->v, src->v, bytes);
+}
+
+typedef struct {
+    kvcache_t *kv;
+    float *cap_k, *cap_v, *cap_q;   /* capture: K, V (L, Hkv, n, D) as floats, q' (L, Hq, D), or NULL */
+    uint32_t Hq;
+    int calls;
+} sink_t;
+
+static flx_status_t on_layer(void *ctx, uint32_t layer, uint32_t n, const flx_bf16_t *k, const flx_bf16_t *v,
+                             const float *q_last)
+{
+    sink_t *s = ctx;
+    kvcache_t *kv = s->kv;
+    const size_t D = kv->D, per = (size_t)n * D;
+    CHECK(layer == (uint32_t)s->calls);
+    s->calls++;
+    for (uint32_t h = 0; h < kv->Hkv; h++) {
+        size_t base = ((size_t)layer * kv->Hkv + h) * kv->cap * D;
+        memcpy(kv->k + base, k + h * per, per * 2);
+        memcpy(kv->v + base, v + h * per, per * 2);
+    }
+    kv->len = n;
+    if (s->cap_k) {
+        size_t cnt = (size_t)kv->Hkv * per;
+        for (size_t i = 0; i < cnt; i++) {
+            s->cap_k[layer * cnt + i] = flx_bf16_to_f32(k[i]);
+            s->cap_v[layer * cnt + i] = flx_bf16_to_f32(v[i]);
+        }
+        memcpy(s->cap_q + (size_t)layer * s->Hq * D, q_last, (size_t)s->Hq * D * 4);
+    }
+    return FLX_OK;
+}
+
+typedef struct {
+    kvcache_t **seq;      /* (batch) cache of each sequence */
+    const uint32_t *pos;  /* (batch) */
+    uint32_t Hq;
+} attn_ctx_t;
+
+static flx_status_t dense_attn(void *ctx, uint32_t layer, uint32_t batch, const float *q, const float *k,
+                               const float *v, float *o)
+{
+    attn_ctx_t *a = ctx;
+    for (uint32_t b = 0; b < batch; b++) {
+        kvcache_t *kv = a->seq[b];
+        const uint32_t D = kv->D, Hkv = kv->Hkv, G = a->Hq / Hkv, pos = a->pos[b];
+        CHECK(pos < kv->cap);
+        for (uint32_t h = 0; h < Hkv; h++)
+            for (uint32_t d = 0; d < D; d++) {
+                size_t at = (((size_t)layer * Hkv + h) * kv->cap + pos) * D + d;
+                kv->k[at] = flx_f32_to_bf16(k[((size_t)b * Hkv + h) * D + d]);
+                kv->v[at] = flx_f32_to_bf16(v[((size_t)b * Hkv + h) * D + d]);
+            }
+        double *p = malloc((pos + 1) * sizeof(double));
+        for (uint32_t hq = 0; hq < a->Hq; hq++) {
+            const float *qh = q + ((size_t)b * a->Hq + hq) * D;
+            const flx_bf16_t *kh = kv->k + ((size_t)layer * Hkv + hq / G) * kv->cap * D;
+            const flx_bf16_t *vh = kv->v + ((size_t)layer * Hkv + hq / G) * kv->cap * D;
+            double mx = -INFINITY, sum = 0;
+            for (uint32_t j = 0; j <= pos; j++) {
+                double s = 0;
+                for (uint32_t d = 0; d < D; d++) s += (double)qh[d] * flx_bf16_to_f32(kh[(size_t)j * D + d]);
+                p[j] = s / sqrt((double)D);
+                mx = p[j] > mx ? p[j] : mx;
+            }
+            for (uint32_t j = 0; j <= pos; j++) sum += (p[j] = exp(p[j] - mx));
+            for (uint32_t d = 0; d < D; d++) {
+                double acc = 0;
+                for (uint32_t j = 0; j <= pos; j++) acc += p[j] * flx_bf16_to_f32(vh[(size_t)j * D + d]);
+                o[((size_t)b * a->Hq + hq) * D + d] = (float)(acc / sum);
+            }
+        }
+        free(p);
+    }
+    return FLX_OK;
+}
+
+static uint32_t argmax(const float *x, uint32_t n)
+{
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static double rms(const float *x, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    return sqrt(s / n);
+}
+
+/* Greedy tokens agree, unless the reference's top two are closer than the tolerance. */
+static void check_argmax(const float *got, const float *ref, uint32_t V, double atol, double rtol)
+{
+    uint32_t a = argmax(got, V), b = argmax(ref, V);
+    if (a == b) return;
+    double gap = fabs((double)ref[a] - ref[b]);
+    fprintf(stderr, "argmax %u vs reference %u, reference gap %.3g\n", a, b, gap);
+    CHECK(gap <= 2 * (atol + rtol * fabs(ref[b])));
+}
+
+/* ================= (b) + (c) ================= */
+
+static void test_model(const flx_model_config_t *c, uint32_t n, uint32_t m_dec)
+{
+    const uint32_t N = n + m_dec, V = c->vocab, D = c->head_dim;
+    const size_t qd = (size_t)c->n_heads * D, kvd = (size_t)c->n_kv_heads * D;
+    fwd_t f;
+    fwd_open(c, N, 4, &f);
+    int32_t *tok = malloc(N * 4);
+    for (uint32_t i = 0; i < N; i++) tok[i] = (int32_t)flx_rng_below(&rng, V);
+    const size_t kvn = (size_t)c->n_layers * N * kvd;
+    ref_out_t ref = {malloc((size_t)N * V * 4), malloc(kvn * 4), malloc(kvn * 4), malloc((size_t)c->n_layers * N * qd * 4), 0};
+
+    /* (b) teacher-forced prefill of all N tokens vs the reference */
+    float *all = malloc((size_t)N * V * 4), *last = malloc(V * 4), *q_all = malloc((size_t)c->n_layers * N * qd * 4);
+    float *mk = malloc(kvn * 4), *mv = malloc(kvn * 4), *mq = malloc((size_t)c->n_layers * qd * 4);
+    kvcache_t kv;
+    kv_init(&kv, c, N);
+    sink_t sink = {&kv, mk, mv, mq, c->n_heads, 0};
+    flx_prefill_args_t pa = {tok, N, on_layer, &sink, last, all, q_all};
+    CHECK_OK(flx_model_prefill(f.m, f.ws, &pa));
+    CHECK(sink.calls == (int)c->n_layers);
+    ref_forward(f.m, tok, N, mk, mv, &ref);
+    fprintf(stderr, "%s: %d near-midpoint K/V roundings taken from the model\n", c->name, ref.ties);
+    char label[128];
+    const double scale = rms(ref.logits, (size_t)N * V), p_atol = PREFILL_ATOL * scale, d_atol = DECODE_ATOL * scale;
+    snprintf(label, sizeof label, "%s prefill n=%u logits_all", c->name, N);
+    CHECK_CLOSE(label, all, ref.logits, (size_t)N * V, p_atol, PREFILL_RTOL);
+    CHECK(memcmp(last, all + (size_t)(N - 1) * V, V * 4) == 0);
+    CHECK_CLOSE("on_layer K", mk, ref.k, kvn, 1e-30, 0);
+    CHECK_CLOSE("on_layer V", mv, ref.v, kvn, 1e-30, 0);
+    CHECK_CLOSE("q_all", q_all, ref.q, (size_t)c->n_layers * N * qd, 1e-4, 1e-4);
+    for (uint32_t l = 0; l < c->n_layers; l++)
+        CHECK(memcmp(mq + (size_t)l * qd, q_all + ((size_t)l * N + N - 1) * qd, qd * 4) == 0);
+    for (uint32_t t = 0; t < N; t++)
+        check_argmax(all + (size_t)t * V, ref.logits + (size_t)t * V, V, p_atol, PREFILL_RTOL);
+    /* logits_last alone takes the GEMV path for the head */
+    float *last2 = malloc(V * 4);
+    flx_prefill_args_t pl = {tok, N, NULL, NULL, last2, NULL, NULL};
+    CHECK_OK(flx_model_prefill(f.m, f.ws, &pl));
+    CHECK_CLOSE("logits_last only", last2, ref.logits + (size_t)(N - 1) * V, V, p_atol, PREFILL_RTOL);
+
+    /* (c) prefill n, then decode m_dec tokens one at a time through the dense cache */
+    kv_free(&kv);
+    kv_init(&kv, c, N);
+    sink_t sink2 = {&kv, NULL, NULL, NULL, c->n_heads, 0};
+    flx_prefill_args_t pn = {tok, n, on_layer, &sink2, last, NULL, NULL};
+    CHECK_OK(flx_model_prefill(f.m, f.ws, &pn));
+    snprintf(label, sizeof label, "%s prefill n=%u logits_last", c->name, n);
+    CHECK_CLOSE(label, last, all + (size_t)(n - 1) * V, V, p_atol, PREFILL_RTOL);
+    float *lg = malloc(V * 4);
+    for (uint32_t i = 0; i < m_dec; i++) {
+        uint32_t pos = n + i;
+        kvcache_t *seq[1] = {&kv};
+        attn_ctx_t actx = {seq, &pos, c->n_heads};
+        flx_decode_args_t da = {1, &tok[pos], &pos, dense_attn, &actx, lg};
+        CHECK_OK(flx_model_decode(f.m, f.ws, &da));
+        snprintf(label, sizeof label, "%s decode pos %u vs prefill", c->name, pos);
+        CHECK_CLOSE(label, lg, all + (size_t)pos * V, V, d_atol, DECODE_RTOL);
+        check_argmax(lg, all + (size_t)pos * V, V, d_atol, DECODE_RTOL);
+        flx_fwd_timing_t tm;
+        flx_fwd_timing_get(f.ws, &tm);
+        CHECK(tm.dense_bytes == flx_model_weight_bytes(f.m) && tm.dense_ns > 0);
+    }
+    kv_free(&kv);
+    free(tok), free(ref.logits), free(ref.k), free(ref.v), free(ref.q), free(all), free(last), free(last2);
+    free(q_all), free(lg), free(mk), free(mv), free(mq);
+    fwd_close(&f);
+}
+
+/* ================= (d) batch == singles ================= */
+
+static void test_batch(const flx_model_config_t *c)
+{
+    const uint32_t V = c->vocab, lens[3] = {5, 23, 12}, steps = 2;
+    fwd_t f;
+    fwd_open(c, 32, 3, &f);
+    kvcache_t kv[3], kv1[3];
+    int32_t tok[3][32];
+    for (int s = 0; s < 3; s++) {
+        for (int i = 0; i < 32; i++) tok[s][i] = (int32_t)flx_rng_below(&rng, V);
+        kv_init(&kv[s], c, 32);
+        sink_t sink = {&kv[s], NULL, NULL, NULL, c->n_heads, 0};
+        flx_prefill_args_t pa = {tok[s], lens[s], on_layer, &sink, NULL, NULL, NULL};
+        CHECK_OK(flx_model_prefill(f.m, f.ws, &pa));
+        kv_copy(&kv1[s], &kv[s]);
+    }
+    float *lb = malloc(3 * V * 4), *l1 = malloc(V * 4);
+    for (uint32_t st = 0; st < steps; st++) {
+        uint32_t pos[3];
+        int32_t tb[3];
+        kvcache_t *seq[3];
+        for (int s = 0; s < 3; s++) pos[s] = lens[s] + st, tb[s] = tok[s][pos[s]], seq[s] = &kv[s];
+        attn_ctx_t actx = {seq, pos, c->n_heads};
+        flx_decode_args_t da = {3, tb, pos, dense_attn, &actx, lb};
+        CHECK_OK(flx_model_decode(f.m, f.ws, &da));
+        for (int s = 0; s < 3; s++) {
+            kvcache_t *one[1] = {&kv1[s]};
+            attn_ctx_t a1 = {one, &pos[s], c->n_heads};
+            flx_decode_args_t d1 = {1, &tb[s], &pos[s], dense_attn, &a1, l1};
+            CHECK_OK(flx_model_decode(f.m, f.ws, &d1));
+            char label[96];
+            snprintf(label, sizeof label, "batch seq %d pos %u vs alone", s, pos[s]);
+            CHECK_CLOSE(label, lb + (size_t)s * V, l1, V, 1e-5, 1e-5);
+        }
+    }
+    for (int s = 0; s < 3; s++) kv_free(&kv[s]), kv_free(&kv1[s]);
+    free(lb), free(l1);
+    fwd_close(&f);
+}
+
+/* ================= (e) bad arguments ================= */
+
+static void check_msg(const char *want)
+{
+    if (!strstr(flx_error_msg(), want)) {
+        fprintf(stderr, "message '%s' does not name '%s'\n", flx_error_msg(), want);
+        CHECK(0);
+    }
+}
+
+static flx_status_t no_attn(void *ctx, uint32_t layer, uint32_t batch, const float *q, const float *k, const float *v,
+                            float *o)
+{
+    memset(o, 0, (size_t)batch * *(uint32_t *)ctx * 4);
+    return FLX_OK;
+}
+
+static flx_status_t fail_layer(void *ctx, uint32_t layer, uint32_t n, const flx_bf16_t *k, const flx_bf16_t *v,
+                               const float *q_last)
+{
+    return layer == 1 ? flx_error_set(FLX_ERR_CAPACITY, "sink full") : FLX_OK;
+}
+
+static void test_bad_args(void)
+{
+    flx_model_config_t c = cfg_make(FLX_ARCH_LLAMA, 64, 4, 2, 16, 64, 50, 1);
+    fwd_t f;
+    fwd_open(&c, 8, 2, &f);
+    int32_t tok[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+    float logits[2 * 50];
+    flx_prefill_args_t pa = {tok, 9, NULL, NULL, logits, NULL, NULL};
+    CHECK_ST(flx_model_prefill(f.m, f.ws, &pa), FLX_ERR_INVALID);
+    check_msg("n_tokens 9");
+    pa.n_tokens = 0;
+    CHECK_ST(flx_model_prefill(f.m, f.ws, &pa), FLX_ERR_INVALID);
+    check_msg("n_tokens 0");
+    pa.n_tokens = 5;
+    tok[3] = 50;
+    CHECK_ST(flx_model_prefill(f.m, f.ws, &pa), FLX_ERR_INVALID);
+    check_msg("token id 50 at position 3");
+    tok[3] = -2;
+    CHECK_ST(flx_model_prefill(f.m, f.ws, &pa), FLX_ERR_INVALID);
+    check_msg("token id -2 at position 3");
+    tok[3] = 4;
+    pa.on_layer = fail_layer;
+    CHECK_ST(flx_model_prefill(f.m, f.ws, &pa), FLX_ERR_CAPACITY);
+    pa.on_layer = NULL;
+    CHECK_OK(flx_model_prefill(f.m, f.ws, &pa));
+
+    uint32_t qd = c.n_heads * c.head_dim, pos[3] = {5, 6, 7};
+    flx_decode_args_t da = {3, tok, pos, no_attn, &qd, logits};
+    CHECK_ST(flx_model_decode(f.m, f.ws, &da), FLX_ERR_INVALID);
+    check_msg("batch 3");
+    da.batch = 0;
+    CHECK_ST(flx_model_decode(f.m, f.ws, &da), FLX_ERR_INVALID);
+    check_msg("batch 0");
+    da.batch = 2;
+    tok[1] = 77;
+    CHECK_ST(flx_model_decode(f.m, f.ws, &da), FLX_ERR_INVALID);
+    check_msg("token id 77 of sequence 1");
+    tok[1] = 2;
+    da.attn = NULL;
+    CHECK_ST(flx_model_decode(f.m, f.ws, &da), FLX_ERR_INVALID);
+    da.attn = no_attn;
+    CHECK_OK(flx_model_decode(f.m, f.ws, &da));
+
+    /* a workspace planned for another shape is refused */
+    flx_model_config_t c2 = c;
+    c2.hidden = 80;
+    flx_model_t *m2;
+    CHECK_OK(flx_model_init_random(&c2, 1, &m2));
+    CHECK_ST(flx_model_decode(m2, f.ws, &da), FLX_ERR_INVALID);
+    check_msg("hidden 64");
+    flx_model_destroy(m2);
+    flx_fwd_shape_t bad = {0, 1, 1};
+    size_t bytes;
+    CHECK_ST(flx_fwd_plan(f.m, &bad, &bytes), FLX_ERR_INVALID);
+    check_msg("max_prompt 0");
+    fwd_close(&f);
+}
+
+/* ================= benchmark (not a test) ================= */
+
+__attribute__((target("avx2"))) static uint64_t read_buf(const uint8_t *p, size_t bytes, int nth)
+{
+    uint64_t total = 0;
+#pragma omp parallel num_threads(nth) reduction(^ : total)
+    {
+        int tid = 0, nt = 1;
+#ifdef _OPENMP
+        tid = omp_get_thread_num(), nt = omp_get_num_threads();
+#endif
+        size_t chunks = bytes / 128, c0 = chunks * tid / nt, c1 = chunks * (tid + 1) / nt;
+        __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+        for (size_t ci = c0; ci < c1; ci++) {
+            const __m256i *q = (const __m256i *)(p + ci * 128);
+            a0 = _mm256_xor_si256(a0, _mm256_load_si256(q));
+            a1 = _mm256_xor_si256(a1, _mm256_load_si256(q + 1));
+            a2 = _mm256_xor_si256(a2, _mm256_load_si256(q + 2));
+            a3 = _mm256_xor_si256(a3, _mm256_load_si256(q + 3));
+        }
+        __m256i a = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
+        uint64_t t[4];
+        _mm256_storeu_si256((__m256i *)t, a);
+        total ^= t[0] ^ t[1] ^ t[2] ^ t[3];
+    }
+    return total;
+}
+
+static double best_of(int reps, double (*fn)(void *), void *arg)
+{
+    double best = 1e30;
+    for (int i = 0; i < reps; i++) {
+        double t = fn(arg);
+        best = t < best ? t : best;
+    }
+    return best;
+}
+
+typedef struct {
+    const uint8_t *buf;
+    size_t bytes;
+    int nth;
+    const flx_gemv_mat_t *mats;
+    uint32_t cols, n;
+} bench_arg_t;
+
+static volatile uint64_t g_sink;
+
+static double time_read(void *p)
+{
+    bench_arg_t *a = p;
+    uint64_t t0 = flx_now_ns();
+    g_sink ^= read_buf(a->buf, a->bytes, a->nth);
+    return (flx_now_ns() - t0) * 1e-9;
+}
+
+static double time_gemv(void *p)
+{
+    bench_arg_t *a = p;
+    uint64_t t0 = flx_now_ns();
+    flx_gemv_bf16(a->mats, 1, a->cols, (const float *)a->buf, a->n, a->nth);
+    return (flx_now_ns() - t0) * 1e-9;
+}
+
+static int bench(int argc, char **argv)
+{
+    const size_t GiB = (size_t)1 << 30;
+    uint8_t *buf = flx_aligned_alloc(64, GiB);
+    CHECK(buf);
+    memset(buf, 1, GiB);
+    /* GEMV: one 512 MiB bf16 matrix (16384 x 16384), far larger than any cache */
+    const uint32_t rows = 16384, cols = 16384;
+    flx_bf16_t *w = flx_aligned_alloc(64, (size_t)rows * cols * 2);
+    float *x = malloc((size_t)8 * cols * 4), *y = malloc((size_t)8 * rows * 4);
+    CHECK(w && x && y);
+    for (size_t i = 0; i < (size_t)rows * cols; i++) w[i] = (flx_bf16_t)(0x3f80 + (i & 63));
+    rand_f(x, (size_t)8 * cols, 1.0);
+    printf("level %s, %d threads max\n", flx_gemv_level_name(flx_gemv_level()), g_threads);
+    for (int nth = 1; nth <= g_threads; nth++) {
+        bench_arg_t ra = {buf, GiB, nth, NULL, 0, 0};
+        double tr = best_of(5, time_read, &ra), bw_read = GiB / tr * 1e-9;
+        for (uint32_t n = 1; n <= 8; n *= 2) {
+            flx_gemv_mat_t mat = {w, rows, y};
+            bench_arg_t ga = {(const uint8_t *)x, 0, nth, &mat, cols, n};
+            double tg = best_of(5, time_gemv, &ga), bw = (double)rows * cols * 2 / tg * 1e-9;
+            printf("threads %d: read %.2f GB/s | gemv batch %u: %.2f GB/s = %.2f of read, %.3f ms per token\n", nth,
+                   bw_read, n, bw, bw / bw_read, tg * 1e3 / n);
+        }
+    }
+    flx_aligned_free(w), free(x), free(y), flx_aligned_free(buf);
+
+    /* SmolLM2-135M shape, random weights: decode step dense part, and optionally a prefill */
+    flx_model_config_t c = cfg_make(FLX_ARCH_LLAMA, 576, 9, 3, 64, 1536, 49152, 1);
+    c.n_layers = 30;
+    c.rope_theta = 1e5f;
+    uint32_t n_prefill = argc > 2 ? (uint32_t)atoi(argv[2]) : 0;
+    fwd_t f;
+    fwd_open(&c, n_prefill ? n_prefill : 16, 8, &f);
+    uint32_t qd = c.n_heads * c.head_dim;
+    int32_t tok[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    uint32_t pos[8] = {10, 11, 12, 13, 14, 15, 16, 17};
+    float *lg = malloc((size_t)8 * c.vocab * 4);
+    for (uint32_t b = 1; b <= 8; b *= 2) {
+        flx_decode_args_t da = {b, tok, pos, no_attn, &qd, lg};
+        flx_fwd_timing_t tm, best = {UINT64_MAX, 0, 0};
+        for (int i = 0; i < 6; i++) {
+            CHECK_OK(flx_model_decode(f.m, f.ws, &da));
+            flx_fwd_timing_get(f.ws, &tm);
+            if (tm.dense_ns < best.dense_ns) best = tm;
+        }
+        printf("SmolLM2-135M shape decode batch %u: dense %.2f ms (%.2f GB/s of weights), %.3f ms per token\n", b,
+               best.dense_ns * 1e-6, best.dense_bytes / (double)best.dense_ns, best.dense_ns * 1e-6 / b);
+    }
+    if (n_prefill) {
+        int32_t *pt = malloc(n_prefill * 4);
+        for (uint32_t i = 0; i < n_prefill; i++) pt[i] = (int32_t)flx_rng_below(&rng, c.vocab);
+        flx_prefill_args_t pa = {pt, n_prefill, NULL, NULL, lg, NULL, NULL};
+        uint64_t t0 = flx_now_ns();
+        CHECK_OK(flx_model_prefill(f.m, f.ws, &pa));
+        printf("SmolLM2-135M shape prefill %u tokens: %.2f s\n", n_prefill, (flx_now_ns() - t0) * 1e-9);
+        free(pt);
+    }
+    free(lg);
+    fwd_close(&f);
+    return 0;
+}
+
+/* ================= main ================= */
+
+int main(int argc, char **argv)
+{
+    flx_rng_seed(&rng, flx_test_seed("test_forward"));
+#if defined(FLX_TSAN) || !defined(_OPENMP)
+    g_threads = 1;
+#endif
+    if (argc > 1 && strcmp(argv[1], "bench") == 0) return bench(argc, argv);
+
+    const flx_gemv_level_t levels[] = {FLX_GEMV_SCALAR, FLX_GEMV_AVX2, FLX_GEMV_AVX512};
+    for (size_t li = 0; li < FLX_ARRAY_SIZE(levels); li++) {
+        flx_isa_force(levels[li] == FLX_GEMV_SCALAR ? FLX_ISA_SCALAR : FLX_ISA_AVX512BF16);
+        if (flx_gemv_level_cap(levels[li]) != levels[li]) {
+            fprintf(stderr, "level %s: not supported by this CPU, skipped\n", flx_gemv_level_name(levels[li]));
+            continue;
+        }
+        fprintf(stderr, "=== level %s ===\n", flx_gemv_level_name(levels[li]));
+        test_gemv();
+        test_gemm();
+        test_panels(levels[li]);
+        test_rows(levels[li]);
+
+        flx_model_config_t c1 = cfg_make(FLX_ARCH_LLAMA, 128, 4, 1, 64, 256, 301, 1);      /* G4 D64 tied */
+        flx_model_config_t c2 = cfg_make(FLX_ARCH_QWEN2, 128, 8, 1, 128, 192, 257, 0);     /* G8 D128 bias */
+        flx_model_config_t c3 = cfg_make(FLX_ARCH_LLAMA, 64, 2, 2, 128, 96, 199, 0);       /* G1 D128 llama3 */
+        c3.rope_scaling = FLX_ROPE_LLAMA3;
+        c3.rope_theta = 5e5f;
+        c3.rope_factor = 8, c3.rope_low_freq_factor = 1, c3.rope_high_freq_factor = 4, c3.rope_orig_ctx = 64;
+        flx_model_config_t c4 = cfg_make(FLX_ARCH_QWEN2, 80, 3, 3, 48, 112, 97, 1);        /* G1 D48 tails */
+        test_model(&c1, 131, 3);
+        test_model(&c2, 37, 5);
+        test_model(&c3, 45, 4);
+        test_model(&c4, 19, 3);
+        test_batch(&c1);
+        test_batch(&c2);
+        test_bad_args();
+    }
+    flx_isa_force(FLX_ISA_AVX512BF16);
+    flx_gemv_level_cap(FLX_GEMV_AVX512);
+    fprintf(stderr, "test_forward: ok\n");
+    return 0;
+}
