@@ -111,7 +111,7 @@ static char *read_file(const char *path, size_t *len_p)
 
 /* Streaming detokenizer: holds tokens until their bytes end on a UTF-8 character boundary. */
 typedef struct stream {
-    const flx_tok_t *tok;
+    flx_tok_h tok;
     int32_t pending[16];
     size_t n_pending;
     char buf[1024];
@@ -243,7 +243,7 @@ int main(int argc, char **argv)
 
     int rc = 1;
     flx_model_t *m = NULL;
-    flx_tok_t *tok = NULL;
+    flx_tok_h tok = NULL;
     flx_kv_store_h store = NULL;
     flx_engine_h eng = NULL;
     char *text = NULL, *chat_text = NULL;

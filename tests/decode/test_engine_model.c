@@ -113,7 +113,7 @@ int main(void)
         return FLX_TEST_SKIP;
     }
     flx_model_t *m;
-    flx_tok_t *tok;
+    flx_tok_h tok;
     CHECK_OK(flx_model_load(path, &m));
     CHECK_OK(flx_tok_load(path, &tok));
     const uint32_t V = m->cfg.vocab;

@@ -1,0 +1,261 @@
+/*
+ * model_bench - the model runtime on the real model: prefill throughput, time per output token
+ * (TPOT) with full attention and with the fixed (16, 0.05) baseline, the decode-step breakdown
+ * (dense matrix products vs attention) and the dense part's achieved bandwidth against the read
+ * bandwidth this binary measures in the same run.
+ *
+ * For each prompt length L: the first L ids of the token file are prefilled in-process into a
+ * kvstore session (flx_engine_prefill_into_store: what a prefill node does, without the network),
+ * then the engine decodes `steps` greedy tokens (EOS ignored, batch 1) in the mode under test. Each
+ * mode gets its own prefill (an engine consumes its session), so prefill is measured twice per L.
+ * The first WARM steps are not counted. Dense GB/s = weight bytes the forward pass read over the
+ * time it spent outside attention; gemv_bw_frac = that over the measured read bandwidth (the mean
+ * over every (L, mode) run: the dense part does not depend on L or the attention mode).
+ *
+ * usage: model_bench -m MODEL --tokens IDS [--lens 2048,4096,8192] [--steps N] [--threads T] [--csv PATH]
+ * Last line: SUMMARY gemv_bw_frac=<x> tpot_full_over_16_005_8k=<TPOT full / TPOT fixed at the largest L>
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <immintrin.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flx/engine.h"
+#include "flx/forward.h"
+#include "flx/kvstore.h"
+#include "flx/model.h"
+#include "flx/model_load.h"
+#include "flx/util.h"
+
+enum { WARM = 2 };
+
+static void die(const char *what)
+{
+    fprintf(stderr, "model_bench: %s: %s\n", what, flx_error_msg());
+    exit(1);
+}
+
+/* STREAM-like read of a buffer with `threads` threads: best GB/s of reps passes. */
+__attribute__((target("avx2"))) static double read_bw(const uint8_t *buf, size_t bytes, int threads, int reps)
+{
+    double best = 0;
+    for (int r = 0; r < reps; r++) {
+        uint64_t t0 = flx_now_ns(), tot = 0;
+#pragma omp parallel num_threads(threads) reduction(+ : tot)
+        {
+            int t = omp_get_thread_num(), n = omp_get_num_threads();
+            size_t c = bytes / 64, b0 = c * t / n * 64, b1 = c * (t + 1) / n * 64;
+            __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+            for (size_t o = b0; o + 128 <= b1; o += 128) {
+                a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i *)(buf + o)));
+                a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i *)(buf + o + 32)));
+                a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i *)(buf + o + 64)));
+                a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i *)(buf + o + 96)));
+            }
+            uint64_t x[4];
+            _mm256_storeu_si256((__m256i *)x, _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+            tot += x[0] + x[1] + x[2] + x[3];
+        }
+        double s = (flx_now_ns() - t0) * 1e-9;
+        if (tot == 42) printf(" ");
+        if (bytes / s / 1e9 > best) best = bytes / s / 1e9;
+    }
+    return best;
+}
+
+static double measure_bw(int threads)
+{
+    size_t sb = (size_t)1 << 30;
+    uint8_t *b = flx_aligned_alloc(4096, sb);
+    if (!b) return 0;
+    memset(b, 1, sb);
+    double bw = read_bw(b, sb, threads, 5);
+    flx_aligned_free(b);
+    return bw;
+}
+
+static int32_t *read_ids(const char *path, size_t *n_p)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "model_bench: %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    long v;
+    while (ids && fscanf(f, "%ld", &v) == 1) {
+        if (n == cap && !(ids = realloc(ids, (cap *= 2) * sizeof *ids))) break;
+        ids[n++] = (int32_t)v;
+    }
+    if (ids && !feof(f)) {
+        fprintf(stderr, "model_bench: %s: not a list of token ids (one per line)\n", path);
+        free(ids);
+        ids = NULL;
+    }
+    fclose(f);
+    *n_p = n;
+    return ids;
+}
+
+typedef struct {
+    double prefill_tok_s, tpot_ms, dense_ms, attn_ms, other_ms, dense_gbs, host_mb;
+} run_t;
+
+static run_t run_one(const flx_model_t *m, flx_fwd_ws_t *fws, flx_kv_store_h store, const int32_t *ids, uint32_t L,
+                     uint32_t steps, int threads, const flx_engine_params_t *ep, float *logits)
+{
+    run_t r = {0};
+    flx_kv_session_id_t sid;
+    uint64_t t0 = flx_now_ns();
+    if (flx_engine_prefill_into_store(m, fws, store, ids, L, steps + 1, &sid, logits) != FLX_OK) die("prefill");
+    r.prefill_tok_s = L / ((flx_now_ns() - t0) * 1e-9);
+    int32_t first = 0;
+    for (uint32_t j = 1; j < m->cfg.vocab; j++)
+        if (logits[j] > logits[first]) first = (int32_t)j;
+    flx_engine_params_t p = *ep;
+    p.n_threads = (uint32_t)threads;
+    flx_engine_h eng;
+    if (flx_engine_create(m, store, &p, &eng) != FLX_OK) die("engine");
+    flx_gen_params_t gen = {.max_new_tokens = steps + 1, .eos_id = -1, .ignore_eos = 1,
+                            .sampling = flx_sampling_greedy()};
+    flx_engine_seq_id_t seq;
+    if (flx_engine_add(eng, sid, first, &gen, &seq) != FLX_OK) die("engine add");
+    flx_engine_stats_t sum = {0}, s;
+    uint32_t n = 0;
+    for (uint32_t i = 0;; i++) {
+        flx_status_t st = flx_engine_step(eng);
+        if (st < 0) die("engine step");
+        flx_engine_last_stats(eng, &s);
+        if (i >= WARM && s.n_tokens) {
+            sum.step_ns += s.step_ns, sum.dense_ns += s.dense_ns, sum.attn_ns += s.attn_ns;
+            sum.dense_bytes += s.dense_bytes, sum.host_bytes += s.host_bytes;
+            n++;
+        }
+        if (st == FLX_OK) break;
+    }
+    flx_engine_destroy(eng);
+    if (n == 0) {
+        fprintf(stderr, "model_bench: no decode step measured (steps %u <= warm-up %d)\n", steps, WARM);
+        exit(1);
+    }
+    r.tpot_ms = sum.step_ns / 1e6 / n;
+    r.dense_ms = sum.dense_ns / 1e6 / n;
+    r.attn_ms = sum.attn_ns / 1e6 / n;
+    r.other_ms = r.tpot_ms - r.dense_ms - r.attn_ms;
+    r.dense_gbs = sum.dense_ns ? sum.dense_bytes / (double)sum.dense_ns : 0;
+    r.host_mb = sum.host_bytes / 1e6 / n;
+    return r;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model_path = NULL, *ids_path = NULL, *csv_path = NULL;
+    uint32_t lens[8] = {2048, 4096, 8192}, steps = 24;
+    int n_lens = 3, threads = omp_get_max_threads();
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *a = argv[i], *v = argv[i + 1];
+        if (!strcmp(a, "-m")) model_path = v;
+        else if (!strcmp(a, "--tokens")) ids_path = v;
+        else if (!strcmp(a, "--csv")) csv_path = v;
+        else if (!strcmp(a, "--steps")) steps = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--threads")) threads = atoi(v);
+        else if (!strcmp(a, "--lens")) {
+            n_lens = 0;
+            for (const char *p = v; *p && n_lens < 8;) {
+                lens[n_lens++] = (uint32_t)strtoul(p, (char **)&p, 10);
+                if (*p == ',') p++;
+                else if (*p) break;
+            }
+        } else {
+            fprintf(stderr, "model_bench: unknown option %s\n", a);
+            return 2;
+        }
+    }
+    if (!model_path || !ids_path || steps <= WARM || threads < 1 || n_lens == 0) {
+        fprintf(stderr, "usage: model_bench -m MODEL --tokens IDS [--lens 2048,4096,8192] [--steps N > %d] "
+                        "[--threads T] [--csv PATH]\n", WARM);
+        return 2;
+    }
+    size_t n_ids;
+    int32_t *ids = read_ids(ids_path, &n_ids);
+    if (!ids) return 2;
+    uint32_t Lmax = 0;
+    for (int i = 0; i < n_lens; i++) {
+        if (lens[i] < 1 || lens[i] > n_ids) {
+            fprintf(stderr, "model_bench: length %u: the token file holds %zu ids\n", lens[i], n_ids);
+            return 2;
+        }
+        Lmax = lens[i] > Lmax ? lens[i] : Lmax;
+    }
+    omp_set_num_threads(threads);
+    double bw0 = measure_bw(threads);
+    flx_model_t *m;
+    if (flx_model_load(model_path, &m) != FLX_OK) die("model");
+    const flx_model_config_t *c = &m->cfg;
+    printf("model_bench: %s (%u layers, %u/%u heads, head_dim %u), %d threads, %u decode steps (%d warm-up)\n",
+           c->name, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, threads, steps, WARM);
+    printf("weights read per decode step: %.1f MB; read bandwidth (same binary, %d threads): %.1f GB/s\n",
+           flx_model_weight_bytes(m) / 1e6, threads, bw0);
+
+    flx_kv_store_params_t sp = {.field_mask = FLX_KV_STORE_FIELD_CAPACITY | FLX_KV_STORE_FIELD_SHAPE,
+                                .capacity_bytes = (size_t)1 << 30, .n_layers = c->n_layers,
+                                .n_kv_heads = c->n_kv_heads, .n_q_heads = c->n_heads, .head_dim = c->head_dim};
+    flx_kv_store_h store;
+    if (flx_kv_store_create(&sp, &store) != FLX_OK) die("kvstore");
+    flx_fwd_shape_t fs = {.max_prompt = Lmax, .max_batch = 1, .n_threads = (uint32_t)threads};
+    size_t wsb;
+    flx_fwd_ws_t *fws;
+    void *wsmem = NULL;
+    if (flx_fwd_plan(m, &fs, &wsb) != FLX_OK || !(wsmem = flx_aligned_alloc(64, wsb)) ||
+        flx_fwd_ws_init(m, &fs, wsmem, wsb, &fws) != FLX_OK)
+        die("forward workspace");
+    float *logits = malloc(sizeof(float) * c->vocab);
+    FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
+    if (csv_path && !csv) {
+        fprintf(stderr, "model_bench: %s: %s\n", csv_path, strerror(errno));
+        return 1;
+    }
+    if (csv)
+        fprintf(csv, "L,mode,blk,bgt,prefill_tok_s,tpot_ms,dense_ms,attn_ms,other_ms,dense_GBps,read_bw_GBps,"
+                     "dense_bw_frac,host_MB_per_step\n");
+    printf("\n%6s %-14s %12s %9s %9s %9s %9s %11s %9s %12s\n", "L", "mode", "prefill t/s", "TPOT ms", "dense ms",
+           "attn ms", "other ms", "dense GB/s", "dense/bw", "host MB/step");
+    flx_engine_params_t modes[2] = {flx_engine_params_default(), flx_engine_params_default()};
+    modes[0].mode = FLX_ENGINE_ATTN_FULL;
+    modes[1].mode = FLX_ENGINE_ATTN_FIXED, modes[1].blk = 16, modes[1].bgt = 0.05f;
+    for (int k = 0; k < 2; k++) modes[k].max_batch = 1, modes[k].max_l_cpu = Lmax;
+    double frac_sum = 0, tpot_last[2] = {0, 0};
+    int n_runs = 0;
+    for (int li = 0; li < n_lens; li++)
+        for (int k = 0; k < 2; k++) {
+            run_t r = run_one(m, fws, store, ids, lens[li], steps, threads, &modes[k], logits);
+            char name[32];
+            if (k == 0) snprintf(name, sizeof name, "full");
+            else snprintf(name, sizeof name, "fixed(%u,%.2f)", modes[k].blk, (double)modes[k].bgt);
+            printf("%6u %-14s %12.0f %9.2f %9.2f %9.2f %9.2f %11.1f %9.3f %12.2f\n", lens[li], name, r.prefill_tok_s,
+                   r.tpot_ms, r.dense_ms, r.attn_ms, r.other_ms, r.dense_gbs, r.dense_gbs / bw0, r.host_mb);
+            if (csv)
+                fprintf(csv, "%u,%s,%u,%.2f,%.1f,%.4f,%.4f,%.4f,%.4f,%.2f,%.2f,%.4f,%.3f\n", lens[li],
+                        k ? "fixed" : "full", modes[k].blk, k ? (double)modes[k].bgt : 1.0, r.prefill_tok_s,
+                        r.tpot_ms, r.dense_ms, r.attn_ms, r.other_ms, r.dense_gbs, bw0, r.dense_gbs / bw0, r.host_mb);
+            frac_sum += r.dense_gbs / bw0;
+            n_runs++;
+            if (li == n_lens - 1) tpot_last[k] = r.tpot_ms;
+            fflush(stdout);
+        }
+    double bw1 = measure_bw(threads);
+    printf("\nread bandwidth measured again at the end: %.1f GB/s (ratios use %.1f from the start)\n", bw1, bw0);
+    printf("TPOT full / fixed(16, 0.05) at L %u: %.3f\n", lens[n_lens - 1], tpot_last[0] / tpot_last[1]);
+    if (csv) fclose(csv);
+    free(logits);
+    flx_aligned_free(wsmem);
+    flx_kv_store_destroy(store);
+    flx_model_destroy(m);
+    free(ids);
+    printf("SUMMARY gemv_bw_frac=%.3f tpot_full_over_16_005_8k=%.3f\n", frac_sum / n_runs, tpot_last[0] / tpot_last[1]);
+    return 0;
+}
