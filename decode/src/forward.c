@@ -31,6 +31,7 @@
 
 #define ATT_ROWS 128   /* query rows (tokens x group heads) per attention item */
 #define ATT_KB 128     /* keys per block: a multiple of every panel width */
+#define FFN_CHUNK 512  /* prefill tokens per FFN pass: bounds the (tokens, ffn) gate/up buffers */
 
 struct flx_fwd_ws {
     flx_fwd_shape_t shape;        /* n_threads resolved */
@@ -40,7 +41,7 @@ struct flx_fwd_ws {
     float *q;                     /* (n_act, Hq * D) */
     float *k, *v;                 /* (n_act, Hkv * D) */
     float *o;                     /* (n_act, Hq * D) attention output */
-    float *gate, *up;             /* (n_act, ffn) */
+    float *gate, *up;             /* (max(max_batch, min(max_prompt, FFN_CHUNK)), ffn) */
     flx_bf16_t *kb, *vb;          /* (Hkv, n, D) rounded K, V of a prefill (n = its token count) */
     float *kp;                    /* (Hkv, n_pad / NP, D, NP) rounded K in micro-kernel panels */
     float *vf;                    /* (Hkv, n, D) rounded V as fp32 */
@@ -79,7 +80,8 @@ static flx_fwd_ws_t *ws_carve(flx_arena_t *a, const flx_model_t *m, const flx_fw
     float *x = flx_arena_alloc(a, N * H * 4), *xn = flx_arena_alloc(a, N * H * 4);
     float *q = flx_arena_alloc(a, N * qd * 4), *k = flx_arena_alloc(a, N * kvd * 4);
     float *v = flx_arena_alloc(a, N * kvd * 4), *o = flx_arena_alloc(a, N * qd * 4);
-    float *gate = flx_arena_alloc(a, N * c->ffn * 4), *up = flx_arena_alloc(a, N * c->ffn * 4);
+    const size_t NF = FLX_MAX(shape->max_batch, FLX_MIN(P, FFN_CHUNK));
+    float *gate = flx_arena_alloc(a, NF * c->ffn * 4), *up = flx_arena_alloc(a, NF * c->ffn * 4);
     flx_bf16_t *kb = flx_arena_alloc(a, P * kvd * 2), *vb = flx_arena_alloc(a, P * kvd * 2);
     float *kp = flx_arena_alloc(a, P_pad * kvd * 4), *vf = flx_arena_alloc(a, P * kvd * 4);
     float *pack = flx_arena_alloc(a, nth * flx_gemm_pack_floats() * 4);
@@ -381,16 +383,18 @@ flx_status_t flx_model_prefill(const flx_model_t *m, flx_fwd_ws_t *ws, const flx
         flx_gemm_bf16(w->wo, H, qd, ws->o, n, ws->xn, nth, pack);
         add_inplace(ws->x, ws->xn, (size_t)n * H, nth);
         rmsnorm(ws->x, w->ffn_norm, c->rms_eps, n, H, ws->xn, nth);
-        flx_gemm_bf16(w->w_gate, F, H, ws->xn, n, ws->gate, nth, pack);
-        flx_gemm_bf16(w->w_up, F, H, ws->xn, n, ws->up, nth, pack);
-        {
+        for (uint32_t t0 = 0; t0 < n; t0 += FFN_CHUNK) {
+            const uint32_t tn = FLX_MIN(FFN_CHUNK, n - t0);
+            float *xn = ws->xn + (size_t)t0 * H;
+            flx_gemm_bf16(w->w_gate, F, H, xn, tn, ws->gate, nth, pack);
+            flx_gemm_bf16(w->w_up, F, H, xn, tn, ws->up, nth, pack);
             const flx_gemv_level_t lv = flx_gemv_level();
-            const size_t chunk = 4096, total = (size_t)n * F, nchunk = FLX_DIV_UP(total, chunk);
+            const size_t chunk = 4096, total = (size_t)tn * F, nchunk = FLX_DIV_UP(total, chunk);
 #pragma omp parallel for num_threads(nth) schedule(static)
             for (size_t i = 0; i < nchunk; i++)
                 flx_silu_mul(lv, ws->gate + i * chunk, ws->up + i * chunk, FLX_MIN(chunk, total - i * chunk));
+            flx_gemm_bf16(w->w_down, H, F, ws->gate, tn, xn, nth, pack);   /* xn rows of this chunk are done */
         }
-        flx_gemm_bf16(w->w_down, H, F, ws->gate, n, ws->xn, nth, pack);
         add_inplace(ws->x, ws->xn, (size_t)n * H, nth);
     }
     if (args->logits_all) {

@@ -835,6 +835,10 @@ int main(int argc, char **argv)
         test_model(&c3, 45, 4);
         test_model(&c4, 19, 3);
         test_model(&c4, 1, 2);    /* one-token prompt */
+        if (levels[li] != FLX_GEMV_SCALAR) {  /* a long prompt: several FFN chunks and attention blocks */
+            flx_model_config_t c5 = cfg_make(FLX_ARCH_LLAMA, 64, 4, 2, 16, 64, 64, 0);
+            test_model(&c5, 521, 2);
+        }
         test_batch(&c1);
         test_batch(&c2);
         test_bad_args();
