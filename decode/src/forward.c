@@ -16,6 +16,14 @@
  * (keys as columns); V is used in place as (keys, D). Items are taken dynamically, longest first,
  * because causal items differ in cost.
  *
+ * Workspace per prompt token: x, xn, q, o, k, v in fp32 plus rounded K, V (bf16 and fp32 copies
+ * for the sink and the micro-kernel), about 4 (2 hidden + 2 Hq D + 5 Hkv D) bytes; the FFN runs in
+ * chunks of FFN_CHUNK tokens so its (tokens, ffn) buffers stay small (SmolLM2-135M at 8K tokens:
+ * ~110 MB in all).
+ *
+ * Decode: a step's cost is the weight bytes (rows split across threads by thread index in the
+ * GEMVs); the caller's attention runs between the QKV and output projections, timed separately.
+ *
  * RoPE angles are pos * inv_freq[i] in double (positions up to 2^20 keep full fp32 accuracy).
  */
 #include <math.h>
