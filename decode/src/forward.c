@@ -171,9 +171,15 @@ static flx_status_t ws_check(const flx_model_t *m, const flx_fwd_ws_t *ws)
     if (!m || !ws) return flx_error_set(FLX_ERR_INVALID, "forward: model or workspace is NULL");
     const flx_model_config_t *a = &m->cfg, *b = &ws->cfg;
     if (a->hidden != b->hidden || a->n_heads != b->n_heads || a->n_kv_heads != b->n_kv_heads ||
-        a->head_dim != b->head_dim || a->ffn != b->ffn || a->vocab != b->vocab || a->n_layers != b->n_layers)
-        return flx_error_set(FLX_ERR_INVALID, "forward: workspace planned for another model shape (hidden %u, not %u)",
-                             b->hidden, a->hidden);
+        a->head_dim != b->head_dim || a->ffn != b->ffn || a->vocab != b->vocab || a->n_layers != b->n_layers ||
+        a->rope_theta != b->rope_theta || a->rope_scaling != b->rope_scaling || a->rope_factor != b->rope_factor)
+        return flx_error_set(FLX_ERR_INVALID,
+                             "forward: workspace planned for hidden %u heads %u/%u head_dim %u ffn %u vocab %u "
+                             "layers %u rope_theta %g, the model has hidden %u heads %u/%u head_dim %u ffn %u vocab %u "
+                             "layers %u rope_theta %g",
+                             b->hidden, b->n_heads, b->n_kv_heads, b->head_dim, b->ffn, b->vocab, b->n_layers,
+                             (double)b->rope_theta, a->hidden, a->n_heads, a->n_kv_heads, a->head_dim, a->ffn, a->vocab,
+                             a->n_layers, (double)a->rope_theta);
     return FLX_OK;
 }
 

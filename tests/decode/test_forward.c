@@ -658,6 +658,12 @@ static void test_bad_args(void)
     CHECK_ST(flx_model_decode(m2, f.ws, &da), FLX_ERR_INVALID);
     check_msg("hidden 64");
     flx_model_destroy(m2);
+    c2 = c;
+    c2.rope_theta = 5e5f;   /* same shapes, other RoPE: the workspace's frequencies would be wrong */
+    CHECK_OK(flx_model_init_random(&c2, 1, &m2));
+    CHECK_ST(flx_model_decode(m2, f.ws, &da), FLX_ERR_INVALID);
+    check_msg("rope_theta 500000");
+    flx_model_destroy(m2);
     flx_fwd_shape_t bad = {0, 1, 1};
     size_t bytes;
     CHECK_ST(flx_fwd_plan(f.m, &bad, &bytes), FLX_ERR_INVALID);
