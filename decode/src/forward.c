@@ -16,6 +16,14 @@
  * (keys as columns); V is used in place as (keys, D). Items are taken dynamically, longest first,
  * because causal items differ in cost.
  *
+ * Workspace per prompt token: x, xn, q, o, k, v in fp32 plus rounded K, V (bf16 and fp32 copies
+ * for the sink and the micro-kernel), about 4 (2 hidden + 2 Hq D + 5 Hkv D) bytes; the FFN runs in
+ * chunks of FFN_CHUNK tokens so its (tokens, ffn) buffers stay small (SmolLM2-135M at 8K tokens:
+ * ~110 MB in all).
+ *
+ * Decode: a step's cost is the weight bytes (rows split across threads by thread index in the
+ * GEMVs); the caller's attention runs between the QKV and output projections, timed separately.
+ *
  * RoPE angles are pos * inv_freq[i] in double (positions up to 2^20 keep full fp32 accuracy).
  */
 #include <math.h>
@@ -31,6 +39,7 @@
 
 #define ATT_ROWS 128   /* query rows (tokens x group heads) per attention item */
 #define ATT_KB 128     /* keys per block: a multiple of every panel width */
+#define FFN_CHUNK 512  /* prefill tokens per FFN pass: bounds the (tokens, ffn) gate/up buffers */
 
 struct flx_fwd_ws {
     flx_fwd_shape_t shape;        /* n_threads resolved */
@@ -40,7 +49,7 @@ struct flx_fwd_ws {
     float *q;                     /* (n_act, Hq * D) */
     float *k, *v;                 /* (n_act, Hkv * D) */
     float *o;                     /* (n_act, Hq * D) attention output */
-    float *gate, *up;             /* (n_act, ffn) */
+    float *gate, *up;             /* (max(max_batch, min(max_prompt, FFN_CHUNK)), ffn) */
     flx_bf16_t *kb, *vb;          /* (Hkv, n, D) rounded K, V of a prefill (n = its token count) */
     float *kp;                    /* (Hkv, n_pad / NP, D, NP) rounded K in micro-kernel panels */
     float *vf;                    /* (Hkv, n, D) rounded V as fp32 */
@@ -79,7 +88,8 @@ static flx_fwd_ws_t *ws_carve(flx_arena_t *a, const flx_model_t *m, const flx_fw
     float *x = flx_arena_alloc(a, N * H * 4), *xn = flx_arena_alloc(a, N * H * 4);
     float *q = flx_arena_alloc(a, N * qd * 4), *k = flx_arena_alloc(a, N * kvd * 4);
     float *v = flx_arena_alloc(a, N * kvd * 4), *o = flx_arena_alloc(a, N * qd * 4);
-    float *gate = flx_arena_alloc(a, N * c->ffn * 4), *up = flx_arena_alloc(a, N * c->ffn * 4);
+    const size_t NF = FLX_MAX(shape->max_batch, FLX_MIN(P, FFN_CHUNK));
+    float *gate = flx_arena_alloc(a, NF * c->ffn * 4), *up = flx_arena_alloc(a, NF * c->ffn * 4);
     flx_bf16_t *kb = flx_arena_alloc(a, P * kvd * 2), *vb = flx_arena_alloc(a, P * kvd * 2);
     float *kp = flx_arena_alloc(a, P_pad * kvd * 4), *vf = flx_arena_alloc(a, P * kvd * 4);
     float *pack = flx_arena_alloc(a, nth * flx_gemm_pack_floats() * 4);
@@ -161,9 +171,15 @@ static flx_status_t ws_check(const flx_model_t *m, const flx_fwd_ws_t *ws)
     if (!m || !ws) return flx_error_set(FLX_ERR_INVALID, "forward: model or workspace is NULL");
     const flx_model_config_t *a = &m->cfg, *b = &ws->cfg;
     if (a->hidden != b->hidden || a->n_heads != b->n_heads || a->n_kv_heads != b->n_kv_heads ||
-        a->head_dim != b->head_dim || a->ffn != b->ffn || a->vocab != b->vocab || a->n_layers != b->n_layers)
-        return flx_error_set(FLX_ERR_INVALID, "forward: workspace planned for another model shape (hidden %u, not %u)",
-                             b->hidden, a->hidden);
+        a->head_dim != b->head_dim || a->ffn != b->ffn || a->vocab != b->vocab || a->n_layers != b->n_layers ||
+        a->rope_theta != b->rope_theta || a->rope_scaling != b->rope_scaling || a->rope_factor != b->rope_factor)
+        return flx_error_set(FLX_ERR_INVALID,
+                             "forward: workspace planned for hidden %u heads %u/%u head_dim %u ffn %u vocab %u "
+                             "layers %u rope_theta %g, the model has hidden %u heads %u/%u head_dim %u ffn %u vocab %u "
+                             "layers %u rope_theta %g",
+                             b->hidden, b->n_heads, b->n_kv_heads, b->head_dim, b->ffn, b->vocab, b->n_layers,
+                             (double)b->rope_theta, a->hidden, a->n_heads, a->n_kv_heads, a->head_dim, a->ffn, a->vocab,
+                             a->n_layers, (double)a->rope_theta);
     return FLX_OK;
 }
 
@@ -381,16 +397,18 @@ flx_status_t flx_model_prefill(const flx_model_t *m, flx_fwd_ws_t *ws, const flx
         flx_gemm_bf16(w->wo, H, qd, ws->o, n, ws->xn, nth, pack);
         add_inplace(ws->x, ws->xn, (size_t)n * H, nth);
         rmsnorm(ws->x, w->ffn_norm, c->rms_eps, n, H, ws->xn, nth);
-        flx_gemm_bf16(w->w_gate, F, H, ws->xn, n, ws->gate, nth, pack);
-        flx_gemm_bf16(w->w_up, F, H, ws->xn, n, ws->up, nth, pack);
-        {
+        for (uint32_t t0 = 0; t0 < n; t0 += FFN_CHUNK) {
+            const uint32_t tn = FLX_MIN(FFN_CHUNK, n - t0);
+            float *xn = ws->xn + (size_t)t0 * H;
+            flx_gemm_bf16(w->w_gate, F, H, xn, tn, ws->gate, nth, pack);
+            flx_gemm_bf16(w->w_up, F, H, xn, tn, ws->up, nth, pack);
             const flx_gemv_level_t lv = flx_gemv_level();
-            const size_t chunk = 4096, total = (size_t)n * F, nchunk = FLX_DIV_UP(total, chunk);
+            const size_t chunk = 4096, total = (size_t)tn * F, nchunk = FLX_DIV_UP(total, chunk);
 #pragma omp parallel for num_threads(nth) schedule(static)
             for (size_t i = 0; i < nchunk; i++)
                 flx_silu_mul(lv, ws->gate + i * chunk, ws->up + i * chunk, FLX_MIN(chunk, total - i * chunk));
+            flx_gemm_bf16(w->w_down, H, F, ws->gate, tn, xn, nth, pack);   /* xn rows of this chunk are done */
         }
-        flx_gemm_bf16(w->w_down, H, F, ws->gate, n, ws->xn, nth, pack);
         add_inplace(ws->x, ws->xn, (size_t)n * H, nth);
     }
     if (args->logits_all) {

@@ -67,8 +67,10 @@ void flx_gemm_bf16(const flx_bf16_t *w, uint32_t rows, uint32_t cols, const floa
 
 /* ---- packed-panel micro-GEMM (prefill attention; serial, one thread) ----
  * P is an fp32 (K, nr) matrix stored as column panels of width flx_gemm_panel(level): panel j
- * (columns j*NP ..) starts at p + j * pstride and holds element (k, c) at k * ldp + c - j*NP. Every
- * panel must hold NP readable floats per k (zeros past nr): the packers of this module guarantee it.
+ * (columns j*NP ..) starts at p + j * pstride and holds element (k, c) at k * ldp + c - j*NP. The
+ * kernel reads the panel's columns in whole vectors of 16 (8 on AVX2): each k row of a panel must
+ * have min(NP, nr - j*NP) rounded up to 16 readable floats (forward.c's K panels are zero-padded to
+ * NP; V rows have D, a multiple of 16, floats). Columns past nr are never written.
  * Y (m, nr) = X (m, K) . P, or Y += X . P when accumulate. */
 uint32_t flx_gemm_panel(flx_gemv_level_t level);
 void flx_gemm_panels(flx_gemv_level_t level, uint32_t m, uint32_t nr, uint32_t K, const float *x, size_t ldx,
