@@ -39,23 +39,14 @@
 #define GEMM_TB 256     /* tokens per block: the panel conversion is amortised over them */
 #define GEMV_SMALL_N 4  /* up to this many vectors the dot-product form wins */
 
-static flx_gemv_level_t g_cap = FLX_GEMV_AVX512;
-
 flx_gemv_level_t flx_gemv_level(void)
 {
-    flx_isa_t isa = flx_isa_active();
-    flx_gemv_level_t lv = FLX_GEMV_SCALAR;
-    if (isa >= FLX_ISA_AVX2) {
-        const uint32_t need = FLX_CPU_AVX512F | FLX_CPU_AVX512BW | FLX_CPU_AVX512VL | FLX_CPU_AVX512DQ;
-        lv = (flx_cpu_features() & need) == need ? FLX_GEMV_AVX512 : FLX_GEMV_AVX2;
+    switch (flx_isa_active()) {
+    case FLX_ISA_AVX512BF16:   /* no dpbf16 path: decode GEMV is bandwidth-bound, prefill widens panels once */
+    case FLX_ISA_AVX512: return FLX_GEMV_AVX512;
+    case FLX_ISA_AVX2: return FLX_GEMV_AVX2;
+    default: return FLX_GEMV_SCALAR;
     }
-    return lv < g_cap ? lv : g_cap;
-}
-
-flx_gemv_level_t flx_gemv_level_cap(flx_gemv_level_t cap)
-{
-    g_cap = cap;
-    return flx_gemv_level();
 }
 
 const char *flx_gemv_level_name(flx_gemv_level_t level)

@@ -5,8 +5,8 @@
  * that runs at the level flx_gemv_level() picks per call:
  *   FLX_GEMV_SCALAR   plain C, fp32 accumulation (FLX_ISA=scalar)
  *   FLX_GEMV_AVX2     AVX2 + FMA
- *   FLX_GEMV_AVX512   AVX-512 F/BW: chosen whenever flx_isa_active() >= FLX_ISA_AVX2 and the CPU has
- *                     AVX-512 F and BW (so Ice Lake, which lacks AVX512_BF16, gets 512-bit code)
+ *   FLX_GEMV_AVX512   AVX-512 F/BW/VL/DQ, at FLX_ISA_AVX512 and FLX_ISA_AVX512BF16 (so Ice Lake, which
+ *                     lacks AVX512_BF16, gets 512-bit code)
  * There is no _mm512_dpbf16_ps path: the decode GEMV is bound by memory bandwidth (bf16 -> fp32 by a
  * shift is free there), and the prefill GEMM converts each weight panel to fp32 once per token block,
  * so a dot-bf16 path would add untestable code (this CPU has no AVX512_BF16) for no measurable gain.
@@ -31,12 +31,8 @@ typedef enum {
     FLX_GEMV_AVX512 = 2,
 } flx_gemv_level_t;
 
-/* The level kernels use now: from flx_isa_active() and the CPU features, capped by
- * flx_gemv_level_cap(). */
+/* The level kernels use now, from flx_isa_active() (tests force each with flx_isa_force). */
 flx_gemv_level_t flx_gemv_level(void);
-/* Caps the level (tests force each path: flx_isa_force cannot separate AVX2 from AVX-512F on a CPU
- * without AVX512_BF16). Returns the level now in force. Not to be called while kernels run. */
-flx_gemv_level_t flx_gemv_level_cap(flx_gemv_level_t cap);
 const char *flx_gemv_level_name(flx_gemv_level_t level);
 
 /* ---- matrix x vectors (decode batches, tiny prefills): dot-product form, weights read once ---- */
