@@ -15,6 +15,7 @@
 
 #include "flx/cpu.h"
 #include "flx/kvstore.h"
+#include "flx/util.h"
 
 typedef void (*rows_fn)(const flx_bf16_t *k, uint32_t rows, uint32_t d, flx_bf16_t *out);
 typedef void (*pair_fn)(const flx_bf16_t *a, const flx_bf16_t *b, uint32_t d, flx_bf16_t *out);
@@ -59,19 +60,46 @@ __attribute__((target("avx512f,avx512bw"))) static inline void store16_bf16(flx_
     _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
 }
 
-/* d is a multiple of 16 (store invariant). */
-__attribute__((target("avx512f,avx512bw"))) static void rows_minmax_avx512(const flx_bf16_t *k, uint32_t rows,
-                                                                          uint32_t d, flx_bf16_t *out)
+/* Row-major, so a block's K is read once, in address order, and the hardware streams it. A chunk
+ * of 32 bf16 loaded as 16 32-bit lanes holds element 2i in the low half of lane i and element 2i+1
+ * in the high half: (lane << 16) is the exact fp32 of the even element, (lane & 0xffff0000) that
+ * of the odd one, so min/max need no widening instructions beyond those two. Up to 4 chunks (128
+ * channels) are kept in registers per pass over the rows; d is a multiple of 16 (store invariant),
+ * a final 16-wide chunk is loaded masked. */
+#define T512P __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+T512P static void rows_minmax_avx512(const flx_bf16_t *k, uint32_t rows, uint32_t d, flx_bf16_t *out)
 {
-    for (uint32_t c = 0; c < d; c += 16) {
-        __m512 mn = load16_bf16(k + c), mx = mn;
-        for (uint32_t r = 1; r < rows; r++) {
-            __m512 x = load16_bf16(k + (size_t)r * d + c);
-            mn = _mm512_min_ps(x, mn);
-            mx = _mm512_max_ps(x, mx);
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    for (uint32_t c0 = 0; c0 < d; c0 += 128) {
+        const uint32_t nc = (FLX_MIN(d - c0, 128u) + 31) / 32;
+        __mmask32 m[4];
+        __m512 mne[4], mno[4], mxe[4], mxo[4];
+        for (uint32_t j = 0; j < nc; j++) {
+            m[j] = d - (c0 + 32 * j) >= 32 ? 0xffffffffu : 0x0000ffffu;
+            __m512i x = _mm512_maskz_loadu_epi16(m[j], k + c0 + 32 * j);
+            mne[j] = mxe[j] = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+            mno[j] = mxo[j] = _mm512_castsi512_ps(_mm512_and_si512(x, hi));
         }
-        store16_bf16(out + c, mn);
-        store16_bf16(out + d + c, mx);
+        for (uint32_t r = 1; r < rows; r++) {
+            const flx_bf16_t *row = k + (size_t)r * d + c0;
+            for (uint32_t j = 0; j < nc; j++) {
+                __m512i x = _mm512_maskz_loadu_epi16(m[j], row + 32 * j);
+                __m512 e = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+                __m512 o = _mm512_castsi512_ps(_mm512_and_si512(x, hi));
+                mne[j] = _mm512_min_ps(e, mne[j]);
+                mxe[j] = _mm512_max_ps(e, mxe[j]);
+                mno[j] = _mm512_min_ps(o, mno[j]);
+                mxo[j] = _mm512_max_ps(o, mxo[j]);
+            }
+        }
+        for (uint32_t j = 0; j < nc; j++) {
+            __m512i mn = _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(mno[j]), hi),
+                                         _mm512_srli_epi32(_mm512_castps_si512(mne[j]), 16));
+            __m512i mx = _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(mxo[j]), hi),
+                                         _mm512_srli_epi32(_mm512_castps_si512(mxe[j]), 16));
+            _mm512_mask_storeu_epi16(out + c0 + 32 * j, m[j], mn);
+            _mm512_mask_storeu_epi16(out + d + c0 + 32 * j, m[j], mx);
+        }
     }
 }
 
@@ -130,6 +158,18 @@ __attribute__((target("avx2"))) static void pair_minmax_avx2(const flx_bf16_t *a
 }
 #endif
 
+/* Only the K half of each block is read, so the hardware streamer would have to re-train on every
+ * block (a few demand misses per 4 KiB). Touching the first lines of the next block's K early starts
+ * that stream while this block is processed; prefetching whole blocks floods the fill buffers and
+ * was measured slower. */
+static inline void start_stream(const flx_kv_head_view_t *v, uint32_t b)
+{
+    const char *p = (const char *)flx_kv_block_k(v, b);
+    _mm_prefetch(p, _MM_HINT_T0);
+    _mm_prefetch(p + 128, _MM_HINT_T0);
+    _mm_prefetch(p + 256, _MM_HINT_T0);
+}
+
 static void build(const flx_kv_head_view_t *v, flx_bf16_t *const meta[FLX_KV_META_LEVELS], rows_fn rows,
                   pair_fn pair)
 {
@@ -141,6 +181,7 @@ static void build(const flx_kv_head_view_t *v, flx_bf16_t *const meta[FLX_KV_MET
         /* Level 0: 8 physical blocks of this 128-token superblock. */
         for (uint32_t b = sb * 8; b < n[0] && b < sb * 8 + 8; b++) {
             uint32_t r = l - b * FLX_KV_BLOCK_TOKENS;
+            if (b + 1 < n[0]) start_stream(v, b + 1);
             rows(flx_kv_block_k(v, b), r < FLX_KV_BLOCK_TOKENS ? r : FLX_KV_BLOCK_TOKENS, d, meta[0] + b * esz);
         }
         /* Levels 1..3 from the level below. */
