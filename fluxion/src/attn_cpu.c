@@ -91,10 +91,38 @@ static void unperm_eo(float *x, size_t n)
     }
 }
 
+/* AVX-512: [16 even | 16 odd] within each full 32-value chunk of each W-wide row; a final 16 stay. */
+static void perm_eo32(float *x, size_t rows, uint32_t W)
+{
+    float t[32];
+    for (size_t r = 0; r < rows; r++)
+        for (uint32_t c = 0; c + 32 <= W; c += 32) {
+            float *y = x + r * W + c;
+            for (int j = 0; j < 16; j++) {
+                t[j] = y[2 * j];
+                t[16 + j] = y[2 * j + 1];
+            }
+            memcpy(y, t, sizeof t);
+        }
+}
+
+static void unperm_eo32(float *y, uint32_t W)
+{
+    float t[32];
+    for (uint32_t c = 0; c + 32 <= W; c += 32) {
+        for (int j = 0; j < 16; j++) {
+            t[2 * j] = y[c + j];
+            t[2 * j + 1] = y[c + 16 + j];
+        }
+        memcpy(y + c, t, sizeof t);
+    }
+}
+
 static void prep_finish(flx_attn_ws_t *ws, flx_isa_t isa, uint32_t W, attn_q_t *q)
 {
     uint32_t G = ws->shape.group;
     if (isa == FLX_ISA_AVX512BF16) prep_split(ws, G, W);
+    else if (isa == FLX_ISA_AVX512) perm_eo32(ws->q_f32, G, W);
     else if (isa == FLX_ISA_AVX2) perm_eo(ws->q_f32, (size_t)G * W);
     q->f32 = ws->q_f32;
     q->hi = ws->q_hi;
@@ -270,6 +298,7 @@ static void part_finish(const flx_attn_ws_t *ws, int nth, flx_isa_t isa, float *
         }
         lse[h] = (float)(M + log(L));
         if (isa == FLX_ISA_AVX2) unperm_eo(oh, D);
+        else if (isa >= FLX_ISA_AVX512) unperm_eo32(oh, D);
     }
 }
 
@@ -338,12 +367,18 @@ static flx_status_t build_union(flx_attn_ws_t *ws, uint32_t n, const uint32_t *s
     return FLX_OK;
 }
 
-/* Software prefetch of a gathered block (the hardware streamer starts cold at every block of a
- * sparse selection): one line in two; the adjacent-line prefetcher brings its pair. */
+/* A gathered block breaks the hardware streamer's sequence: touching the first lines of its K and
+ * V halves early (one block ahead) starts both streams while the current block is computed.
+ * Prefetching whole blocks floods the fill buffers and was measured slower. */
 static inline void prefetch_block(const flx_kv_head_view_t *view, uint32_t pb)
 {
-    const char *p = (const char *)flx_kv_block_k(view, pb);
-    for (size_t off = 0; off < view->block_bytes; off += 128) _mm_prefetch(p + off, _MM_HINT_T0);
+    const char *k = (const char *)flx_kv_block_k(view, pb), *v = (const char *)flx_kv_block_v(view, pb);
+    _mm_prefetch(k, _MM_HINT_T0);
+    _mm_prefetch(k + 128, _MM_HINT_T0);
+    _mm_prefetch(k + 256, _MM_HINT_T0);
+    _mm_prefetch(v, _MM_HINT_T0);
+    _mm_prefetch(v + 128, _MM_HINT_T0);
+    _mm_prefetch(v + 256, _MM_HINT_T0);
 }
 
 /* Attention over ws->list[0..n_list) (masks in ws->mask) at blk = 16 << level; q already prepared. */
@@ -363,7 +398,7 @@ static void sparse_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int le
         uint32_t u0 = (uint32_t)((uint64_t)n_list * tid / nth), u1 = (uint32_t)((uint64_t)n_list * (tid + 1) / nth);
         /* Walk the slice's physical blocks in order, prefetching PF_AHEAD blocks ahead (the hardware
          * prefetcher does not cross the block boundaries of a gathered selection). */
-        enum { PF_AHEAD = 2 };
+        enum { PF_AHEAD = 1 };
         uint32_t pu = u0, ppb_i = 0;   /* prefetch cursor: list position and block within it */
         for (int a = 0; a < PF_AHEAD && pu < u1; a++) {
             uint32_t pb = ws->list[pu] * ppb + ppb_i;

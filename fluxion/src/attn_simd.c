@@ -245,22 +245,52 @@ T512 INLINE __m512 reduce16_512(const __m512 *a)
     return add_pair32(add_pair64(c[0], c[1]), add_pair64(c[2], c[3]));
 }
 
-/* Dots of nr <= 4 rows with NH <= 4 heads: lane hh * 4 + r. Rows >= nr are masked loads of
- * nothing (no memory access) and give zero. */
+/* Dots of nr <= 4 rows with NH <= 4 heads: lane hh * 4 + r. Full 32-channel chunks are loaded as
+ * 16 32-bit lanes and widened into even (shift) and odd (mask) elements, q being stored in that
+ * order ([16 even | 16 odd] per chunk); a final 16-channel chunk (W % 32 == 16) is natural order.
+ * Rows >= nr are masked loads of nothing (no memory access) and give zero. */
 T512 INLINE __m512 tile_512(const flx_bf16_t *rows, size_t rstride, uint32_t nr, uint32_t W, const float *const *qh,
                             const int NH)
 {
-    const __mmask16 m1 = nr > 1 ? 0xffff : 0, m2 = nr > 2 ? 0xffff : 0, m3 = nr > 3 ? 0xffff : 0;
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    const __mmask32 m1 = nr > 1 ? 0xffffffffu : 0, m2 = nr > 2 ? 0xffffffffu : 0, m3 = nr > 3 ? 0xffffffffu : 0;
     const flx_bf16_t *r1 = rows + (nr > 1 ? rstride : 0), *r2 = rows + (nr > 2 ? 2 * rstride : 0);
     const flx_bf16_t *r3 = rows + (nr > 3 ? 3 * rstride : 0);
     __m512 acc[16];
     for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
-    for (uint32_t d = 0; d < W; d += 16) {
+    uint32_t d = 0;
+    for (; d + 32 <= W; d += 32) {
+        __m512i x[4];
+        x[0] = _mm512_loadu_si512(rows + d);
+        if (nr == 4) {
+            x[1] = _mm512_loadu_si512(r1 + d);
+            x[2] = _mm512_loadu_si512(r2 + d);
+            x[3] = _mm512_loadu_si512(r3 + d);
+        } else {
+            x[1] = _mm512_maskz_loadu_epi16(m1, r1 + d);
+            x[2] = _mm512_maskz_loadu_epi16(m2, r2 + d);
+            x[3] = _mm512_maskz_loadu_epi16(m3, r3 + d);
+        }
+        __m512 e[4], o[4];
+        for (int t = 0; t < 4; t++) {
+            e[t] = _mm512_castsi512_ps(_mm512_slli_epi32(x[t], 16));
+            o[t] = _mm512_castsi512_ps(_mm512_and_si512(x[t], hi));
+        }
+        for (int h = 0; h < NH; h++) {
+            __m512 qe = _mm512_loadu_ps(qh[h] + d), qo = _mm512_loadu_ps(qh[h] + d + 16);
+            for (int t = 0; t < 4; t++) {
+                acc[h * 4 + t] = _mm512_fmadd_ps(qe, e[t], acc[h * 4 + t]);
+                acc[h * 4 + t] = _mm512_fmadd_ps(qo, o[t], acc[h * 4 + t]);
+            }
+        }
+    }
+    if (d < W) {
+        const __mmask16 n1 = (__mmask16)m1, n2 = (__mmask16)m2, n3 = (__mmask16)m3;
         __m512 k[4];
         k[0] = widen16(_mm256_loadu_si256((const __m256i *)(rows + d)));
-        k[1] = widen16(_mm256_maskz_loadu_epi16(m1, r1 + d));
-        k[2] = widen16(_mm256_maskz_loadu_epi16(m2, r2 + d));
-        k[3] = widen16(_mm256_maskz_loadu_epi16(m3, r3 + d));
+        k[1] = widen16(_mm256_maskz_loadu_epi16(n1, r1 + d));
+        k[2] = widen16(_mm256_maskz_loadu_epi16(n2, r2 + d));
+        k[3] = widen16(_mm256_maskz_loadu_epi16(n3, r3 + d));
         for (int h = 0; h < NH; h++) {
             __m512 qv = _mm512_loadu_ps(qh[h] + d);
             for (int t = 0; t < 4; t++) acc[h * 4 + t] = _mm512_fmadd_ps(qv, k[t], acc[h * 4 + t]);
@@ -308,10 +338,13 @@ T512 void attn_dots_avx512(const flx_bf16_t *rows, size_t rstride, uint32_t nrow
     }
 }
 
-/* acc = alpha * acc + sum_t p[t] v[t] for NH <= 4 heads, 32 channels per pass (2 * NH chains). */
+/* acc = alpha * acc + sum_t p[t] v[t] for NH <= 4 heads, 32 channels per pass (2 * NH chains). acc
+ * is in the dots' order: [16 even | 16 odd] per full 32-channel chunk, a final 16-channel chunk
+ * natural. */
 T512 INLINE void pv_512(const flx_bf16_t *v, uint32_t ntok, uint32_t D, const float *P, const float *alpha,
                         float *const *acc, const int NH)
 {
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
     uint32_t d = 0;
     for (; d + 32 <= D; d += 32) {
         __m512 a0[4], a1[4];
@@ -321,13 +354,13 @@ T512 INLINE void pv_512(const flx_bf16_t *v, uint32_t ntok, uint32_t D, const fl
             a1[h] = _mm512_mul_ps(_mm512_loadu_ps(acc[h] + d + 16), va);
         }
         for (uint32_t t = 0; t < ntok; t++) {
-            const flx_bf16_t *vr = v + (size_t)t * D + d;
-            __m512 v0 = widen16(_mm256_loadu_si256((const __m256i *)vr));
-            __m512 v1 = widen16(_mm256_loadu_si256((const __m256i *)(vr + 16)));
+            __m512i x = _mm512_loadu_si512(v + (size_t)t * D + d);
+            __m512 ve = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+            __m512 vo = _mm512_castsi512_ps(_mm512_and_si512(x, hi));
             for (int h = 0; h < NH; h++) {
                 __m512 pb = _mm512_set1_ps(P[(size_t)h * 16 + t]);
-                a0[h] = _mm512_fmadd_ps(pb, v0, a0[h]);
-                a1[h] = _mm512_fmadd_ps(pb, v1, a1[h]);
+                a0[h] = _mm512_fmadd_ps(pb, ve, a0[h]);
+                a1[h] = _mm512_fmadd_ps(pb, vo, a1[h]);
             }
         }
         for (int h = 0; h < NH; h++) {

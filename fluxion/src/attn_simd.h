@@ -9,9 +9,11 @@
  *   block  one online-softmax update of a list of heads over a K/V chunk of ntok <= 16 rows:
  *          dots for the scores, then m, l and acc[D] of each head's state (attn_cpu.c's part
  *          layout: st[0] = m, st[1] = l, st + 16 = acc).
- * Query layouts per level (prepared by attn_cpu.c): scalar and AVX-512 natural fp32; AVX2 fp32 in
- * even/odd order within each 16-value chunk (bf16 widens into even and odd lanes); AVX-512 BF16
- * adds a bf16 hi + lo split for _mm512_dpbf16_ps. Accumulators follow the same order.
+ * Query layouts per level (prepared by attn_cpu.c): scalar natural fp32; AVX2 fp32 in even/odd
+ * order within each 16-value chunk (bf16 widens into even and odd lanes); AVX-512 the same within
+ * each full 32-value chunk ([16 even | 16 odd]), a final 16-value chunk natural; AVX-512 BF16 a
+ * bf16 hi + lo split of natural q for _mm512_dpbf16_ps. Accumulators (P.V) follow the AVX2 /
+ * AVX-512 order at those levels and at AVX-512 BF16 (which shares the AVX-512 P.V).
  * Rows past ntok are never read: partial tiles use masked loads, which do not touch memory for
  * masked-out elements.
  */
