@@ -156,8 +156,9 @@ static void prep_q_score(flx_attn_ws_t *ws, const float *qin, flx_isa_t isa, att
 /* ---------------- scalar inner loops (the fast kernels' scalar level) ---------------- */
 
 static void dots_scalar(const flx_bf16_t *rows, size_t rstride, uint32_t nrows, const attn_q_t *q,
-                        const uint8_t *heads, uint32_t nh, float *out, size_t out_stride)
+                        const uint8_t *heads, uint32_t nh, float *out, size_t out_stride, const void *pf)
 {
+    (void)pf;
     for (uint32_t r = 0; r < nrows; r++) {
         const flx_bf16_t *m = rows + (size_t)r * rstride;
         for (uint32_t i = 0; i < nh; i++) {
@@ -170,10 +171,12 @@ static void dots_scalar(const flx_bf16_t *rows, size_t rstride, uint32_t nrows, 
 }
 
 static void block_scalar(const flx_bf16_t *kp, const flx_bf16_t *vp, uint32_t ntok, uint32_t D, const attn_q_t *q,
-                         const uint8_t *heads, uint32_t nh, float *part)
+                         const uint8_t *heads, uint32_t nh, float *part, const flx_bf16_t *next_k,
+                         const flx_bf16_t *next_v)
 {
+    (void)next_k, (void)next_v;
     float S[64 * 16];
-    dots_scalar(kp, D, ntok, q, heads, nh, S, 16);
+    dots_scalar(kp, D, ntok, q, heads, nh, S, 16, NULL);
     for (uint32_t i = 0; i < nh; i++) {
         float *st = part + heads[i] * ATTN_PART_STRIDE(D), *acc = st + 16, *s = S + 16 * i, mb = -INFINITY;
         for (uint32_t t = 0; t < ntok; t++) mb = s[t] > mb ? s[t] : mb;
@@ -252,7 +255,10 @@ flx_status_t flx_attn_score(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, i
         int tid, nth;
         thread_ids(&tid, &nth);
         uint32_t e0 = (uint32_t)((uint64_t)n * tid / nth), e1 = (uint32_t)((uint64_t)n * (tid + 1) / nth);
-        if (e1 > e0) dots(meta + e0 * W, W, e1 - e0, &pq, heads, G, scores + e0, n);
+        /* the metadata is one sequential stream: prefetch SCORE_AHEAD entries ahead as it is consumed
+         * (a prefetch past the end never faults and is never read) */
+        enum { SCORE_AHEAD = 16 };
+        if (e1 > e0) dots(meta + e0 * W, W, e1 - e0, &pq, heads, G, scores + e0, n, meta + (e0 + SCORE_AHEAD) * W);
     }
     return FLX_OK;
 }
@@ -333,7 +339,11 @@ flx_status_t flx_attn_window(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, 
         uint32_t c0 = (uint32_t)((uint64_t)nchunk * tid / nth), c1 = (uint32_t)((uint64_t)nchunk * (tid + 1) / nth);
         for (uint32_t c = c0; c < c1; c++) {
             uint32_t ntok = n - c * 16 < 16 ? n - c * 16 : 16;
-            fn(view->win_k + (size_t)c * 16 * D, view->win_v + (size_t)c * 16 * D, ntok, D, &pq, heads, nh, part);
+            const flx_bf16_t *nk = NULL, *nv = NULL;   /* the window is contiguous: rows go on in order */
+            if (c + 1 < c1 && n - (c + 1) * 16 >= 16)
+                nk = view->win_k + (size_t)(c + 1) * 16 * D, nv = view->win_v + (size_t)(c + 1) * 16 * D;
+            fn(view->win_k + (size_t)c * 16 * D, view->win_v + (size_t)c * 16 * D, ntok, D, &pq, heads, nh, part, nk,
+               nv);
         }
     }
     part_finish(ws, used, isa, o, lse);
@@ -367,20 +377,6 @@ static flx_status_t build_union(flx_attn_ws_t *ws, uint32_t n, const uint32_t *s
     return FLX_OK;
 }
 
-/* A gathered block breaks the hardware streamer's sequence: touching the first lines of its K and
- * V halves early (one block ahead) starts both streams while the current block is computed.
- * Prefetching whole blocks floods the fill buffers and was measured slower. */
-static inline void prefetch_block(const flx_kv_head_view_t *view, uint32_t pb)
-{
-    const char *k = (const char *)flx_kv_block_k(view, pb), *v = (const char *)flx_kv_block_v(view, pb);
-    _mm_prefetch(k, _MM_HINT_T0);
-    _mm_prefetch(k + 128, _MM_HINT_T0);
-    _mm_prefetch(k + 256, _MM_HINT_T0);
-    _mm_prefetch(v, _MM_HINT_T0);
-    _mm_prefetch(v + 128, _MM_HINT_T0);
-    _mm_prefetch(v + 256, _MM_HINT_T0);
-}
-
 /* Attention over ws->list[0..n_list) (masks in ws->mask) at blk = 16 << level; q already prepared. */
 static void sparse_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int level, uint32_t n_list,
                        flx_isa_t isa, const attn_q_t *pq, float *o, float *lse)
@@ -396,15 +392,8 @@ static void sparse_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int le
         float *part = ws->part + (size_t)tid * G * PART_STRIDE(D);
         part_reset(part, G, D);
         uint32_t u0 = (uint32_t)((uint64_t)n_list * tid / nth), u1 = (uint32_t)((uint64_t)n_list * (tid + 1) / nth);
-        /* Walk the slice's physical blocks in order, prefetching PF_AHEAD blocks ahead (the hardware
-         * prefetcher does not cross the block boundaries of a gathered selection). */
-        enum { PF_AHEAD = 1 };
-        uint32_t pu = u0, ppb_i = 0;   /* prefetch cursor: list position and block within it */
-        for (int a = 0; a < PF_AHEAD && pu < u1; a++) {
-            uint32_t pb = ws->list[pu] * ppb + ppb_i;
-            if (pb < view->n_blocks) prefetch_block(view, pb);
-            if (++ppb_i == ppb || ws->list[pu] * ppb + ppb_i >= view->n_blocks) { pu++; ppb_i = 0; }
-        }
+        /* Each block hands the kernel the next one of this thread's slice, whose K and V are
+         * prefetched while it computes (a gathered selection defeats the hardware streamer). */
         uint8_t heads[FLX_ATTN_MAX_GROUP];
         for (uint32_t u = u0; u < u1; u++) {
             uint32_t b = ws->list[u];
@@ -412,12 +401,10 @@ static void sparse_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int le
             uint32_t p1 = (b + 1) * ppb < view->n_blocks ? (b + 1) * ppb : view->n_blocks;
             for (uint32_t pb = b * ppb; pb < p1; pb++) {
                 uint32_t ntok = l_cpu - pb * 16 < 16 ? l_cpu - pb * 16 : 16;
-                if (pu < u1) {
-                    uint32_t nb = ws->list[pu] * ppb + ppb_i;
-                    if (nb < view->n_blocks) prefetch_block(view, nb);
-                    if (++ppb_i == ppb || ws->list[pu] * ppb + ppb_i >= view->n_blocks) { pu++; ppb_i = 0; }
-                }
-                fn(flx_kv_block_k(view, pb), flx_kv_block_v(view, pb), ntok, D, pq, heads, nh, part);
+                uint32_t nb = pb + 1 < p1 ? pb + 1 : u + 1 < u1 ? ws->list[u + 1] * ppb : UINT32_MAX;
+                const flx_bf16_t *nk = NULL, *nv = NULL;
+                if (nb < view->n_blocks && l_cpu - nb * 16 >= 16) nk = flx_kv_block_k(view, nb), nv = flx_kv_block_v(view, nb);
+                fn(flx_kv_block_k(view, pb), flx_kv_block_v(view, pb), ntok, D, pq, heads, nh, part, nk, nv);
             }
         }
     }

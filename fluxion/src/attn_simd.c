@@ -93,11 +93,16 @@ TAVX2 INLINE __m256 tile_avx2(const flx_bf16_t *rows, size_t rstride, uint32_t n
 }
 
 TAVX2 void attn_dots_avx2(const flx_bf16_t *rows, size_t rstride, uint32_t nrows, const attn_q_t *q,
-                          const uint8_t *heads, uint32_t nh, float *out, size_t out_stride)
+                          const uint8_t *heads, uint32_t nh, float *out, size_t out_stride, const void *pf)
 {
     const uint32_t W = q->W;
     float tmp[8] __attribute__((aligned(32)));
+    const char *pc = pf;
     for (uint32_t r0 = 0; r0 < nrows; r0 += 4) {
+        if (pc) { /* 4 rows' worth of the stream ahead, one line in two */
+            for (size_t off = 0; off < (size_t)4 * W * sizeof(flx_bf16_t); off += 128) _mm_prefetch(pc + off, _MM_HINT_T0);
+            pc += (size_t)4 * W * sizeof(flx_bf16_t);
+        }
         const uint32_t nr = nrows - r0 < 4 ? nrows - r0 : 4;
         const flx_bf16_t *rw = rows + (size_t)r0 * rstride;
         for (uint32_t h0 = 0; h0 < nh; h0 += 2) {
@@ -147,12 +152,18 @@ TAVX2 INLINE void pv_avx2(const flx_bf16_t *v, uint32_t ntok, uint32_t D, const 
 }
 
 TAVX2 void attn_block_avx2(const flx_bf16_t *k, const flx_bf16_t *v, uint32_t ntok, uint32_t D, const attn_q_t *q,
-                           const uint8_t *heads, uint32_t nh, float *part)
+                           const uint8_t *heads, uint32_t nh, float *part, const flx_bf16_t *next_k,
+                           const flx_bf16_t *next_v)
 {
+    if (next_k) /* start the next block's K and V streams */
+        for (int i = 0; i < 3; i++) {
+            _mm_prefetch((const char *)next_k + 128 * i, _MM_HINT_T0);
+            _mm_prefetch((const char *)next_v + 128 * i, _MM_HINT_T0);
+        }
     float S[64 * 16] __attribute__((aligned(32))), P[64 * 16] __attribute__((aligned(32)));
     float alpha[64] __attribute__((aligned(32))), mold[64] __attribute__((aligned(32)));
     float mnew[64] __attribute__((aligned(32)));
-    attn_dots_avx2(k, D, ntok, q, heads, nh, S, 16);
+    attn_dots_avx2(k, D, ntok, q, heads, nh, S, 16, NULL);
     for (uint32_t i = 0; i < nh; i++) {
         const float *st = part + heads[i] * ATTN_PART_STRIDE(D);
         float *s = S + 16 * i, mb = -INFINITY;
@@ -250,7 +261,7 @@ T512 INLINE __m512 reduce16_512(const __m512 *a)
  * order ([16 even | 16 odd] per chunk); a final 16-channel chunk (W % 32 == 16) is natural order.
  * Rows >= nr are masked loads of nothing (no memory access) and give zero. */
 T512 INLINE __m512 tile_512(const flx_bf16_t *rows, size_t rstride, uint32_t nr, uint32_t W, const float *const *qh,
-                            const int NH)
+                            const int NH, const char *pf)
 {
     const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
     const __mmask32 m1 = nr > 1 ? 0xffffffffu : 0, m2 = nr > 2 ? 0xffffffffu : 0, m3 = nr > 3 ? 0xffffffffu : 0;
@@ -260,6 +271,13 @@ T512 INLINE __m512 tile_512(const flx_bf16_t *rows, size_t rstride, uint32_t nr,
     for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
     uint32_t d = 0;
     for (; d + 32 <= W; d += 32) {
+        if (pf) { /* 4 lines of the next block's K per 32 channels x 4 rows: all of it over a block */
+            _mm_prefetch(pf, _MM_HINT_T0);
+            _mm_prefetch(pf + 64, _MM_HINT_T0);
+            _mm_prefetch(pf + 128, _MM_HINT_T0);
+            _mm_prefetch(pf + 192, _MM_HINT_T0);
+            pf += 256;
+        }
         __m512i x[4];
         x[0] = _mm512_loadu_si512(rows + d);
         if (nr == 4) {
@@ -315,9 +333,12 @@ T512 INLINE void tile_store(__m512 s, uint32_t nh, uint32_t nr, float *out, size
         for (uint32_t r = 0; r < nr; r++) out[(size_t)i * out_stride + r0 + r] = tmp[i * 4 + r];
 }
 
+/* pf: the stream to prefetch over the tiles of the first head group (NULL: none): 4 lines per 32
+ * channels of a tile's 4 rows, i.e. as many bytes as the rows themselves. */
 T512 void attn_dots_avx512(const flx_bf16_t *rows, size_t rstride, uint32_t nrows, const attn_q_t *q,
-                           const uint8_t *heads, uint32_t nh, float *out, size_t out_stride)
+                           const uint8_t *heads, uint32_t nh, float *out, size_t out_stride, const void *pfv)
 {
+    const char *pf = pfv;
     const uint32_t W = q->W;
     for (uint32_t r0 = 0; r0 < nrows; r0 += 4) {
         const uint32_t nr = nrows - r0 < 4 ? nrows - r0 : 4;
@@ -326,15 +347,17 @@ T512 void attn_dots_avx512(const flx_bf16_t *rows, size_t rstride, uint32_t nrow
             const uint32_t n = nh - h0 < 4 ? nh - h0 : 4;
             const float *qh[4];
             for (uint32_t i = 0; i < 4; i++) qh[i] = q->f32 + (size_t)heads[h0 + (i < n ? i : 0)] * W;
+            const char *tpf = h0 == 0 && pf ? pf : NULL;
             __m512 s;
             switch (n) {
-            case 1: s = tile_512(rw, rstride, nr, W, qh, 1); break;
-            case 2: s = tile_512(rw, rstride, nr, W, qh, 2); break;
-            case 3: s = tile_512(rw, rstride, nr, W, qh, 3); break;
-            default: s = tile_512(rw, rstride, nr, W, qh, 4); break;
+            case 1: s = tile_512(rw, rstride, nr, W, qh, 1, tpf); break;
+            case 2: s = tile_512(rw, rstride, nr, W, qh, 2, tpf); break;
+            case 3: s = tile_512(rw, rstride, nr, W, qh, 3, tpf); break;
+            default: s = tile_512(rw, rstride, nr, W, qh, 4, tpf); break;
             }
             tile_store(s, n, nr, out + (size_t)h0 * out_stride, out_stride, r0);
         }
+        if (pf) pf += (size_t)(W / 32) * 256;
     }
 }
 
@@ -342,7 +365,7 @@ T512 void attn_dots_avx512(const flx_bf16_t *rows, size_t rstride, uint32_t nrow
  * is in the dots' order: [16 even | 16 odd] per full 32-channel chunk, a final 16-channel chunk
  * natural. */
 T512 INLINE void pv_512(const flx_bf16_t *v, uint32_t ntok, uint32_t D, const float *P, const float *alpha,
-                        float *const *acc, const int NH)
+                        float *const *acc, const int NH, const char *pf)
 {
     const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
     uint32_t d = 0;
@@ -354,6 +377,10 @@ T512 INLINE void pv_512(const flx_bf16_t *v, uint32_t ntok, uint32_t D, const fl
             a1[h] = _mm512_mul_ps(_mm512_loadu_ps(acc[h] + d + 16), va);
         }
         for (uint32_t t = 0; t < ntok; t++) {
+            if (pf) { /* one line of the next block's V per token and 32 channels: all of it */
+                _mm_prefetch(pf, _MM_HINT_T0);
+                pf += 64;
+            }
             __m512i x = _mm512_loadu_si512(v + (size_t)t * D + d);
             __m512 ve = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
             __m512 vo = _mm512_castsi512_ps(_mm512_and_si512(x, hi));
@@ -381,7 +408,7 @@ T512 INLINE void pv_512(const flx_bf16_t *v, uint32_t ntok, uint32_t D, const fl
 
 /* Softmax update of nh heads from their scores S (nh, 16), then P.V. */
 T512 static void softmax_pv_512(const flx_bf16_t *v, uint32_t ntok, uint32_t D, const uint8_t *heads, uint32_t nh,
-                                float *S, float *part)
+                                float *S, float *part, const char *pf_v)
 {
     float P[64 * 16] __attribute__((aligned(64))), alpha[64] __attribute__((aligned(64)));
     float mold[64] __attribute__((aligned(64))), mnew[64] __attribute__((aligned(64)));
@@ -412,21 +439,24 @@ T512 static void softmax_pv_512(const flx_bf16_t *v, uint32_t ntok, uint32_t D, 
         const uint32_t n = nh - h0 < 4 ? nh - h0 : 4;
         for (uint32_t i = 0; i < n; i++) acc[i] = part + heads[h0 + i] * ATTN_PART_STRIDE(D) + 16;
         const float *Ph = P + 16 * (size_t)h0, *ah = alpha + h0;
+        const char *pfv = h0 == 0 ? pf_v : NULL;
         switch (n) {
-        case 1: pv_512(v, ntok, D, Ph, ah, acc, 1); break;
-        case 2: pv_512(v, ntok, D, Ph, ah, acc, 2); break;
-        case 3: pv_512(v, ntok, D, Ph, ah, acc, 3); break;
-        default: pv_512(v, ntok, D, Ph, ah, acc, 4); break;
+        case 1: pv_512(v, ntok, D, Ph, ah, acc, 1, pfv); break;
+        case 2: pv_512(v, ntok, D, Ph, ah, acc, 2, pfv); break;
+        case 3: pv_512(v, ntok, D, Ph, ah, acc, 3, pfv); break;
+        default: pv_512(v, ntok, D, Ph, ah, acc, 4, pfv); break;
         }
     }
 }
 
+/* next: the next block to read (its K, V halves are prefetched while this one is computed) or NULL. */
 T512 void attn_block_avx512(const flx_bf16_t *k, const flx_bf16_t *v, uint32_t ntok, uint32_t D, const attn_q_t *q,
-                            const uint8_t *heads, uint32_t nh, float *part)
+                            const uint8_t *heads, uint32_t nh, float *part, const flx_bf16_t *next_k,
+                            const flx_bf16_t *next_v)
 {
     float S[64 * 16] __attribute__((aligned(64)));
-    attn_dots_avx512(k, D, ntok, q, heads, nh, S, 16);
-    softmax_pv_512(v, ntok, D, heads, nh, S, part);
+    attn_dots_avx512(k, D, ntok, q, heads, nh, S, 16, next_k);
+    softmax_pv_512(v, ntok, D, heads, nh, S, part, (const char *)next_v);
 }
 
 /* ============================ AVX-512 BF16 ============================ */
@@ -460,10 +490,15 @@ T512BF INLINE __m512 tile_bf16(const flx_bf16_t *rows, size_t rstride, uint32_t 
 }
 
 T512BF void attn_dots_avx512bf16(const flx_bf16_t *rows, size_t rstride, uint32_t nrows, const attn_q_t *q,
-                                 const uint8_t *heads, uint32_t nh, float *out, size_t out_stride)
+                                 const uint8_t *heads, uint32_t nh, float *out, size_t out_stride, const void *pf)
 {
     const uint32_t W = q->W;
+    const char *pc = pf;
     for (uint32_t r0 = 0; r0 < nrows; r0 += 4) {
+        if (pc) { /* 4 rows' worth of the stream ahead */
+            for (size_t off = 0; off < (size_t)4 * W * sizeof(flx_bf16_t); off += 64) _mm_prefetch(pc + off, _MM_HINT_T0);
+            pc += (size_t)4 * W * sizeof(flx_bf16_t);
+        }
         const uint32_t nr = nrows - r0 < 4 ? nrows - r0 : 4;
         const flx_bf16_t *rw = rows + (size_t)r0 * rstride;
         for (uint32_t h0 = 0; h0 < nh; h0 += 4) {
@@ -487,9 +522,10 @@ T512BF void attn_dots_avx512bf16(const flx_bf16_t *rows, size_t rstride, uint32_
 }
 
 T512BF void attn_block_avx512bf16(const flx_bf16_t *k, const flx_bf16_t *v, uint32_t ntok, uint32_t D,
-                                  const attn_q_t *q, const uint8_t *heads, uint32_t nh, float *part)
+                                  const attn_q_t *q, const uint8_t *heads, uint32_t nh, float *part,
+                                  const flx_bf16_t *next_k, const flx_bf16_t *next_v)
 {
     float S[64 * 16] __attribute__((aligned(64)));
-    attn_dots_avx512bf16(k, D, ntok, q, heads, nh, S, 16);
-    softmax_pv_512(v, ntok, D, heads, nh, S, part);
+    attn_dots_avx512bf16(k, D, ntok, q, heads, nh, S, 16, next_k);
+    softmax_pv_512(v, ntok, D, heads, nh, S, part, (const char *)next_v);
 }

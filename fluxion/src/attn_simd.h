@@ -35,23 +35,30 @@ typedef struct attn_q {
 
 #define ATTN_PART_STRIDE(D) ((size_t)(D) + 16)
 
+/* pf: where the caller will read next (prefetched as the rows are consumed, one row's worth per
+ * row), or NULL. */
 typedef void (*attn_dots_fn)(const flx_bf16_t *rows, size_t rstride, uint32_t nrows, const attn_q_t *q,
-                             const uint8_t *heads, uint32_t nh, float *out, size_t out_stride);
+                             const uint8_t *heads, uint32_t nh, float *out, size_t out_stride, const void *pf);
+/* next_k, next_v: the next block the caller will read (prefetched while this one computes), or NULL. */
 typedef void (*attn_block_fn)(const flx_bf16_t *k, const flx_bf16_t *v, uint32_t ntok, uint32_t D,
-                              const attn_q_t *q, const uint8_t *heads, uint32_t nh, float *part);
+                              const attn_q_t *q, const uint8_t *heads, uint32_t nh, float *part,
+                              const flx_bf16_t *next_k, const flx_bf16_t *next_v);
 
 void attn_dots_avx2(const flx_bf16_t *rows, size_t rstride, uint32_t nrows, const attn_q_t *q, const uint8_t *heads,
-                    uint32_t nh, float *out, size_t out_stride);
+                    uint32_t nh, float *out, size_t out_stride, const void *pf);
 void attn_dots_avx512(const flx_bf16_t *rows, size_t rstride, uint32_t nrows, const attn_q_t *q,
-                      const uint8_t *heads, uint32_t nh, float *out, size_t out_stride);
+                      const uint8_t *heads, uint32_t nh, float *out, size_t out_stride, const void *pf);
 void attn_dots_avx512bf16(const flx_bf16_t *rows, size_t rstride, uint32_t nrows, const attn_q_t *q,
-                          const uint8_t *heads, uint32_t nh, float *out, size_t out_stride);
+                          const uint8_t *heads, uint32_t nh, float *out, size_t out_stride, const void *pf);
 
 void attn_block_avx2(const flx_bf16_t *k, const flx_bf16_t *v, uint32_t ntok, uint32_t D, const attn_q_t *q,
-                     const uint8_t *heads, uint32_t nh, float *part);
+                     const uint8_t *heads, uint32_t nh, float *part,
+    const flx_bf16_t *next_k, const flx_bf16_t *next_v);
 void attn_block_avx512(const flx_bf16_t *k, const flx_bf16_t *v, uint32_t ntok, uint32_t D, const attn_q_t *q,
-                       const uint8_t *heads, uint32_t nh, float *part);
+                       const uint8_t *heads, uint32_t nh, float *part,
+    const flx_bf16_t *next_k, const flx_bf16_t *next_v);
 void attn_block_avx512bf16(const flx_bf16_t *k, const flx_bf16_t *v, uint32_t ntok, uint32_t D, const attn_q_t *q,
-                           const uint8_t *heads, uint32_t nh, float *part);
+                           const uint8_t *heads, uint32_t nh, float *part,
+    const flx_bf16_t *next_k, const flx_bf16_t *next_v);
 
 #endif
