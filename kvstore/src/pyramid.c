@@ -17,12 +17,14 @@
 #include "flx/kvstore.h"
 #include "flx/util.h"
 
-typedef void (*rows_fn)(const flx_bf16_t *k, uint32_t rows, uint32_t d, flx_bf16_t *out);
+/* pf: the next block's K rows (prefetched while these are reduced) or NULL. */
+typedef void (*rows_fn)(const flx_bf16_t *k, uint32_t rows, uint32_t d, flx_bf16_t *out, const flx_bf16_t *pf);
 typedef void (*pair_fn)(const flx_bf16_t *a, const flx_bf16_t *b, uint32_t d, flx_bf16_t *out);
 
 /* out (2, d): min row, max row of k (rows, d). */
-static void rows_minmax_ref(const flx_bf16_t *k, uint32_t rows, uint32_t d, flx_bf16_t *out)
+static void rows_minmax_ref(const flx_bf16_t *k, uint32_t rows, uint32_t d, flx_bf16_t *out, const flx_bf16_t *pf)
 {
+    (void)pf;
     for (uint32_t c = 0; c < d; c++) {
         float mn = flx_bf16_to_f32(k[c]), mx = mn;
         for (uint32_t r = 1; r < rows; r++) {
@@ -67,7 +69,8 @@ __attribute__((target("avx512f,avx512bw"))) static inline void store16_bf16(flx_
  * channels) are kept in registers per pass over the rows; d is a multiple of 16 (store invariant),
  * a final 16-wide chunk is loaded masked. */
 #define T512P __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
-T512P static void rows_minmax_avx512(const flx_bf16_t *k, uint32_t rows, uint32_t d, flx_bf16_t *out)
+T512P static void rows_minmax_avx512(const flx_bf16_t *k, uint32_t rows, uint32_t d, flx_bf16_t *out,
+                                     const flx_bf16_t *pf)
 {
     const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
     for (uint32_t c0 = 0; c0 < d; c0 += 128) {
@@ -82,6 +85,11 @@ T512P static void rows_minmax_avx512(const flx_bf16_t *k, uint32_t rows, uint32_
         }
         for (uint32_t r = 1; r < rows; r++) {
             const flx_bf16_t *row = k + (size_t)r * d + c0;
+            if (pf) { /* row r's share of the next block, spread over the rows (the streamer restarts at
+                       * every block: only K halves are read) */
+                const char *p = (const char *)(pf + (size_t)r * d + c0);
+                for (uint32_t j = 0; j < nc; j++) _mm_prefetch(p + 64 * j, _MM_HINT_T0);
+            }
             for (uint32_t j = 0; j < nc; j++) {
                 __m512i x = _mm512_maskz_loadu_epi16(m[j], row + 32 * j);
                 __m512 e = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
@@ -129,8 +137,9 @@ __attribute__((target("avx2"))) static inline void store8_bf16(flx_bf16_t *p, __
 }
 
 __attribute__((target("avx2"))) static void rows_minmax_avx2(const flx_bf16_t *k, uint32_t rows, uint32_t d,
-                                                             flx_bf16_t *out)
+                                                             flx_bf16_t *out, const flx_bf16_t *pf)
 {
+    (void)pf;
     for (uint32_t c = 0; c < d; c += 8) {
         __m256 mn = load8_bf16(k + c), mx = mn;
         for (uint32_t r = 1; r < rows; r++) {
@@ -158,18 +167,6 @@ __attribute__((target("avx2"))) static void pair_minmax_avx2(const flx_bf16_t *a
 }
 #endif
 
-/* Only the K half of each block is read, so the hardware streamer would have to re-train on every
- * block (a few demand misses per 4 KiB). Touching the first lines of the next block's K early starts
- * that stream while this block is processed; prefetching whole blocks floods the fill buffers and
- * was measured slower. */
-static inline void start_stream(const flx_kv_head_view_t *v, uint32_t b)
-{
-    const char *p = (const char *)flx_kv_block_k(v, b);
-    _mm_prefetch(p, _MM_HINT_T0);
-    _mm_prefetch(p + 128, _MM_HINT_T0);
-    _mm_prefetch(p + 256, _MM_HINT_T0);
-}
-
 static void build(const flx_kv_head_view_t *v, flx_bf16_t *const meta[FLX_KV_META_LEVELS], rows_fn rows,
                   pair_fn pair)
 {
@@ -181,8 +178,8 @@ static void build(const flx_kv_head_view_t *v, flx_bf16_t *const meta[FLX_KV_MET
         /* Level 0: 8 physical blocks of this 128-token superblock. */
         for (uint32_t b = sb * 8; b < n[0] && b < sb * 8 + 8; b++) {
             uint32_t r = l - b * FLX_KV_BLOCK_TOKENS;
-            if (b + 1 < n[0]) start_stream(v, b + 1);
-            rows(flx_kv_block_k(v, b), r < FLX_KV_BLOCK_TOKENS ? r : FLX_KV_BLOCK_TOKENS, d, meta[0] + b * esz);
+            rows(flx_kv_block_k(v, b), r < FLX_KV_BLOCK_TOKENS ? r : FLX_KV_BLOCK_TOKENS, d, meta[0] + b * esz,
+                 b + 1 < n[0] ? flx_kv_block_k(v, b + 1) : NULL);
         }
         /* Levels 1..3 from the level below. */
         for (int j = 1; j < FLX_KV_META_LEVELS; j++) {
