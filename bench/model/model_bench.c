@@ -9,7 +9,8 @@
  * then the engine decodes `steps` greedy tokens (EOS ignored, batch 1) in the mode under test. Each
  * mode gets its own prefill (an engine consumes its session), so prefill is measured twice per L.
  * The first WARM steps are not counted. Dense GB/s = weight bytes the forward pass read over the
- * time it spent outside attention; gemv_bw_frac = that over the measured read bandwidth (the mean
+ * time it spent outside attention; gemv_bw_frac = that over the best read-bandwidth sample of the run
+ * (start and after each length; the mean
  * over every (L, mode) run: the dense part does not depend on L or the attention mode).
  *
  * usage: model_bench -m MODEL --tokens IDS [--lens 2048,4096,8192] [--steps N] [--threads T] [--csv PATH]
@@ -103,6 +104,8 @@ static int32_t *read_ids(const char *path, size_t *n_p)
 
 typedef struct {
     double prefill_tok_s, tpot_ms, dense_ms, attn_ms, other_ms, dense_gbs, host_mb;
+    uint32_t L;
+    int mode;
 } run_t;
 
 static run_t run_one(const flx_model_t *m, flx_fwd_ws_t *fws, flx_kv_store_h store, const int32_t *ids, uint32_t L,
@@ -222,33 +225,41 @@ int main(int argc, char **argv)
     if (csv)
         fprintf(csv, "L,mode,blk,bgt,prefill_tok_s,tpot_ms,dense_ms,attn_ms,other_ms,dense_GBps,read_bw_GBps,"
                      "dense_bw_frac,host_MB_per_step\n");
-    printf("\n%6s %-14s %12s %9s %9s %9s %9s %11s %9s %12s\n", "L", "mode", "prefill t/s", "TPOT ms", "dense ms",
-           "attn ms", "other ms", "dense GB/s", "dense/bw", "host MB/step");
+    printf("\n%6s %-14s %12s %9s %9s %9s %9s %11s %12s\n", "L", "mode", "prefill t/s", "TPOT ms", "dense ms",
+           "attn ms", "other ms", "dense GB/s", "host MB/step");
     flx_engine_params_t modes[2] = {flx_engine_params_default(), flx_engine_params_default()};
     modes[0].mode = FLX_ENGINE_ATTN_FULL;
     modes[1].mode = FLX_ENGINE_ATTN_FIXED, modes[1].blk = 16, modes[1].bgt = 0.05f;
     for (int k = 0; k < 2; k++) modes[k].max_batch = 1, modes[k].max_l_cpu = Lmax;
-    double frac_sum = 0, tpot_last[2] = {0, 0};
+    run_t runs[16];
     int n_runs = 0;
-    for (int li = 0; li < n_lens; li++)
+    double bw = bw0;   /* the best sample of the run: start, after each length, end */
+    for (int li = 0; li < n_lens; li++) {
         for (int k = 0; k < 2; k++) {
             run_t r = run_one(m, fws, store, ids, lens[li], steps, threads, &modes[k], logits);
-            char name[32];
-            if (k == 0) snprintf(name, sizeof name, "full");
-            else snprintf(name, sizeof name, "fixed(%u,%.2f)", modes[k].blk, (double)modes[k].bgt);
-            printf("%6u %-14s %12.0f %9.2f %9.2f %9.2f %9.2f %11.1f %9.3f %12.2f\n", lens[li], name, r.prefill_tok_s,
-                   r.tpot_ms, r.dense_ms, r.attn_ms, r.other_ms, r.dense_gbs, r.dense_gbs / bw0, r.host_mb);
-            if (csv)
-                fprintf(csv, "%u,%s,%u,%.2f,%.1f,%.4f,%.4f,%.4f,%.4f,%.2f,%.2f,%.4f,%.3f\n", lens[li],
-                        k ? "fixed" : "full", modes[k].blk, k ? (double)modes[k].bgt : 1.0, r.prefill_tok_s,
-                        r.tpot_ms, r.dense_ms, r.attn_ms, r.other_ms, r.dense_gbs, bw0, r.dense_gbs / bw0, r.host_mb);
-            frac_sum += r.dense_gbs / bw0;
-            n_runs++;
-            if (li == n_lens - 1) tpot_last[k] = r.tpot_ms;
+            r.L = lens[li];
+            r.mode = k;
+            printf("%6u %-14s %12.0f %9.2f %9.2f %9.2f %9.2f %11.1f %12.2f\n", lens[li], k ? "fixed(16,0.05)" : "full",
+                   r.prefill_tok_s, r.tpot_ms, r.dense_ms, r.attn_ms, r.other_ms, r.dense_gbs, r.host_mb);
             fflush(stdout);
+            runs[n_runs++] = r;
         }
-    double bw1 = measure_bw(threads);
-    printf("\nread bandwidth measured again at the end: %.1f GB/s (ratios use %.1f from the start)\n", bw1, bw0);
+        double b = measure_bw(threads);
+        bw = b > bw ? b : bw;
+    }
+    printf("\nread bandwidth samples: %.1f GB/s at the start, best of the run %.1f GB/s (fractions use the best)\n", bw0,
+           bw);
+    double frac_sum = 0, tpot_last[2] = {0, 0};
+    for (int i = 0; i < n_runs; i++) {
+        const run_t *r = &runs[i];
+        if (csv)
+            fprintf(csv, "%u,%s,%u,%.2f,%.1f,%.4f,%.4f,%.4f,%.4f,%.2f,%.2f,%.4f,%.3f\n", r->L, r->mode ? "fixed" : "full",
+                    modes[r->mode].blk, r->mode ? (double)modes[r->mode].bgt : 1.0, r->prefill_tok_s, r->tpot_ms,
+                    r->dense_ms, r->attn_ms, r->other_ms, r->dense_gbs, bw, r->dense_gbs / bw, r->host_mb);
+        frac_sum += r->dense_gbs / bw;
+        if (r->L == lens[n_lens - 1]) tpot_last[r->mode] = r->tpot_ms;
+    }
+    printf("dense part / read bandwidth, mean over the %d runs: %.3f\n", n_runs, frac_sum / n_runs);
     printf("TPOT full / fixed(16, 0.05) at L %u: %.3f\n", lens[n_lens - 1], tpot_last[0] / tpot_last[1]);
     if (csv) fclose(csv);
     free(logits);

@@ -213,8 +213,10 @@ T512 static AI __m512 hsum16x16_avx512(const __m512 *a)
 /* NR rows x NB vectors (NR * NB <= 16): 4 x 4 up to 4 vectors, 2 x 8 above, so each widened weight
  * chunk feeds as many FMAs as the 16 accumulator registers allow (the widening is what bounds a
  * batched GEMV once the weights stream from memory). Accumulator of (i, j) is a[i * (16 / NR) + j]. */
+/* pf: the rows two tiles ahead, prefetched as this tile's rows are consumed (the tile reads its rows
+ * interleaved, which the hardware streamer follows poorly; a prefetch past the matrix is harmless). */
 T512 static AI void gv_tile_avx512(const int NR, const int NB, const flx_bf16_t *w, size_t cols, uint32_t nr,
-                                   const float *x, float *y, size_t ldy)
+                                   const float *x, float *y, size_t ldy, const char *pf)
 {
     const int S = 16 / NR;
     const flx_bf16_t *wr[4];
@@ -224,6 +226,8 @@ T512 static AI void gv_tile_avx512(const int NR, const int NB, const flx_bf16_t 
     for (int k = 0; k < 16; k++) a[k] = _mm512_setzero_ps();
     size_t c = 0;
     for (; c + 16 <= cols; c += 16) {
+        _mm_prefetch(pf + c * NR * sizeof(flx_bf16_t), _MM_HINT_T0);
+        if (NR == 4) _mm_prefetch(pf + c * NR * sizeof(flx_bf16_t) + 64, _MM_HINT_T0);
         __m512 v[4];
 #pragma GCC unroll 4
         for (int i = 0; i < NR; i++) v[i] = ld16_bf16_avx512(wr[i] + c);
@@ -241,8 +245,8 @@ T512 static AI void gv_tile_avx512(const int NR, const int NB, const flx_bf16_t 
             y[(size_t)j * ldy + i] = sums[i * S + j] + dot_tail(wr[i], x + (size_t)j * cols, c, cols);
 }
 
-#define GV4(NB) gv_tile_avx512(4, NB, wr, cols, FLX_MIN(4, r1 - r), xj, yj, ldy)
-#define GV2(NB) gv_tile_avx512(2, NB, wr, cols, FLX_MIN(2, r1 - r), xj, yj, ldy)
+#define GV4(NB) gv_tile_avx512(4, NB, wr, cols, FLX_MIN(4, r1 - r), xj, yj, ldy, pf)
+#define GV2(NB) gv_tile_avx512(2, NB, wr, cols, FLX_MIN(2, r1 - r), xj, yj, ldy, pf)
 
 T512 static void gemv_rows_avx512(const flx_bf16_t *w, size_t cols, uint32_t r0, uint32_t r1, const float *x,
                                   uint32_t n, float *y, size_t ldy)
@@ -250,6 +254,7 @@ T512 static void gemv_rows_avx512(const flx_bf16_t *w, size_t cols, uint32_t r0,
     const uint32_t tr = n > 4 ? 2 : 4, tb = n > 4 ? 8 : 4;
     for (uint32_t r = r0; r < r1; r += tr) {
         const flx_bf16_t *wr = w + (size_t)r * cols;
+        const char *pf = (const char *)(w + (size_t)(r + 2 * tr) * cols);
         for (uint32_t j = 0; j < n; j += tb) {
             const float *xj = x + (size_t)j * cols;
             float *yj = y + (size_t)j * ldy + r;
