@@ -27,6 +27,7 @@
 #include <omp.h>
 #endif
 
+#include "flx/simd_exp.h"
 #include "flx/cpu.h"
 #include "flx/util.h"
 #include "gemv.h"
@@ -508,41 +509,6 @@ void flx_gemm_bf16(const flx_bf16_t *w, uint32_t rows, uint32_t cols, const floa
 
 /* ================= row kernels ================= */
 
-/* exp for x <= 0 (Cody-Waite reduction, degree-7 polynomial; the same as fluxion's attn_cpu.c). */
-T2 static AI __m256 exp_avx2(__m256 x)
-{
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-T512 static AI __m512 exp_avx512(__m512 x)
-{
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
 
 T2 static float max_row_avx2(const float *s, uint32_t n)
 {
@@ -579,7 +545,7 @@ T2 static float exp_row_avx2(float *s, uint32_t n, float mx)
     __m256 vm = _mm256_set1_ps(mx), acc = _mm256_setzero_ps();
     uint32_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + i), vm));
+        __m256 e = flx_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + i), vm));
         _mm256_storeu_ps(s + i, e);
         acc = _mm256_add_ps(acc, e);
     }
@@ -593,7 +559,7 @@ T512 static float exp_row_avx512(float *s, uint32_t n, float mx)
     __m512 vm = _mm512_set1_ps(mx), acc = _mm512_setzero_ps();
     for (uint32_t i = 0; i < n; i += 16) {
         __mmask16 k = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
-        __m512 e = _mm512_maskz_mov_ps(k, exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + i), vm)));
+        __m512 e = _mm512_maskz_mov_ps(k, flx_exp_avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + i), vm)));
         _mm512_mask_storeu_ps(s + i, k, e);
         acc = _mm512_add_ps(acc, e);
     }
@@ -617,7 +583,7 @@ T2 static void silu_mul_avx2(float *g, const float *u, size_t n)
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
         __m256 x = _mm256_loadu_ps(g + i);
-        __m256 e = exp_avx2(_mm256_or_ps(x, sign));
+        __m256 e = flx_exp_avx2(_mm256_or_ps(x, sign));
         __m256 num = _mm256_blendv_ps(one, e, x);   /* sign bit of x picks e */
         __m256 s = _mm256_div_ps(num, _mm256_add_ps(one, e));
         _mm256_storeu_ps(g + i, _mm256_mul_ps(_mm256_mul_ps(x, s), _mm256_loadu_ps(u + i)));
@@ -631,7 +597,7 @@ T512 static void silu_mul_avx512(float *g, const float *u, size_t n)
     for (size_t i = 0; i < n; i += 16) {
         __mmask16 k = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
         __m512 x = _mm512_maskz_loadu_ps(k, g + i);
-        __m512 e = exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));
+        __m512 e = flx_exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));
         __mmask16 neg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
         __m512 num = _mm512_mask_blend_ps(neg, one, e);
         __m512 s = _mm512_div_ps(num, _mm512_add_ps(one, e));

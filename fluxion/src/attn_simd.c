@@ -15,6 +15,7 @@
  * The AVX-512 BF16 level replaces widen + FMA in the dot tiles by _mm512_dpbf16_ps with q split
  * into bf16 hi + lo (about 16 mantissa bits of q); P.V stays fp32 (p must not be rounded to bf16).
  */
+#include "flx/simd_exp.h"
 #include "attn_simd.h"
 
 #include <immintrin.h>
@@ -28,27 +29,6 @@
 #define T512BF __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
 
 /* ================================ AVX2 ================================ */
-
-/* exp for x <= 0 (scores minus their running max); x below -87 gives ~1e-38, and callers never
- * use lanes past ntok. */
-TAVX2 INLINE __m256 exp_avx2(__m256 x)
-{
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
 
 /* Lane i of the result = sum of the lanes of a[i]. */
 TAVX2 INLINE __m256 reduce8_avx2(const __m256 *a)
@@ -172,15 +152,15 @@ TAVX2 void attn_block_avx2(const flx_bf16_t *k, const flx_bf16_t *v, uint32_t nt
         mold[i] = st[0];
         mnew[i] = st[0] > mb ? st[0] : mb;
         __m256 vm = _mm256_set1_ps(mnew[i]);
-        _mm256_store_ps(P + 16 * i, exp_avx2(_mm256_sub_ps(_mm256_load_ps(s), vm)));
-        _mm256_store_ps(P + 16 * i + 8, exp_avx2(_mm256_sub_ps(_mm256_load_ps(s + 8), vm)));
+        _mm256_store_ps(P + 16 * i, flx_exp_avx2(_mm256_sub_ps(_mm256_load_ps(s), vm)));
+        _mm256_store_ps(P + 16 * i + 8, flx_exp_avx2(_mm256_sub_ps(_mm256_load_ps(s + 8), vm)));
     }
     /* alpha = exp(m_old - m_new), 8 heads at a time; m_old = -inf (first block) gives 0. */
     for (uint32_t i = nh; i < FLX_ALIGN8(nh); i++) mold[i] = mnew[i] = 0;
     for (uint32_t i = 0; i < nh; i += 8) {
         __m256 d = _mm256_sub_ps(_mm256_load_ps(mold + i), _mm256_load_ps(mnew + i));
         __m256 big = _mm256_cmp_ps(d, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
-        _mm256_store_ps(alpha + i, _mm256_and_ps(exp_avx2(d), big));
+        _mm256_store_ps(alpha + i, _mm256_and_ps(flx_exp_avx2(d), big));
     }
     for (uint32_t i = 0; i < nh; i++) {
         float *st = part + heads[i] * ATTN_PART_STRIDE(D), l = st[1] * alpha[i];
@@ -204,23 +184,6 @@ TAVX2 void attn_block_avx2(const flx_bf16_t *k, const flx_bf16_t *v, uint32_t nt
 
 /* ================================ AVX-512 ================================ */
 
-T512 INLINE __m512 exp_512(__m512 x)
-{
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
 
 T512 INLINE __m512 widen16(__m256i x)
 {
@@ -419,13 +382,13 @@ T512 static void softmax_pv_512(const flx_bf16_t *v, uint32_t ntok, uint32_t D, 
         const float mb = _mm512_reduce_max_ps(sv);
         mold[i] = st[0];
         mnew[i] = st[0] > mb ? st[0] : mb;
-        _mm512_store_ps(P + 16 * i, _mm512_maskz_mov_ps(live, exp_512(_mm512_sub_ps(sv, _mm512_set1_ps(mnew[i])))));
+        _mm512_store_ps(P + 16 * i, _mm512_maskz_mov_ps(live, flx_exp_avx512(_mm512_sub_ps(sv, _mm512_set1_ps(mnew[i])))));
     }
     /* alpha = exp(m_old - m_new) for 16 heads at a time; m_old = -inf (first block) gives 0. */
     for (uint32_t i = 0; i < nh; i += 16) {
         const __mmask16 hm = nh - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nh - i)) - 1u);
         __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(hm, mold + i), _mm512_maskz_loadu_ps(hm, mnew + i));
-        __m512 a = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(d, _mm512_set1_ps(-104.0f), _CMP_LT_OQ), exp_512(d),
+        __m512 a = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(d, _mm512_set1_ps(-104.0f), _CMP_LT_OQ), flx_exp_avx512(d),
                                         _mm512_setzero_ps());
         _mm512_store_ps(alpha + i, a);
     }
