@@ -11,8 +11,8 @@
  *  (c) continuous batching: 4 sequences of different prompt lengths joining at different steps,
  *      max_batch 3, each get exactly the tokens they get alone (greedy);
  *  (e) a session with a small window room ends with CAPACITY while the others continue.
- * Refusals (d) and the other endings are covered by test_engine_attn (stand-in forward); a few are
- * repeated here on a real model.
+ * Refusals (d), the other endings and seeded sampling are in test_engine_endings (same kind of
+ * random model); a few refusals are repeated here.
  *
  * Tolerance: decode vs teacher-forced prefill, as test_forward holds it: 1e-3 x RMS(logits) + 1e-3
  * relative (the decode step's k, v come from the GEMV and are rounded to bf16 for the window; the
