@@ -3,6 +3,7 @@
  */
 #include "flx/util.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <time.h>
@@ -97,4 +98,15 @@ void *flx_arena_alloc(flx_arena_t *a, size_t size)
     a->used = off + FLX_ALIGN_UP(size, FLX_CACHELINE);
     if (!a->base || a->used > a->cap) return NULL;
     return a->base + off;
+}
+
+flx_status_t flx_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    if (!s || *s < '0' || *s > '9') return FLX_ERR_INVALID;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (*end || errno || v < lo || v > hi) return FLX_ERR_INVALID;
+    *out = v;
+    return FLX_OK;
 }

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "flx/util.h"
 #include "flx/model.h"
 #include "flx/model_load.h"
 
@@ -24,14 +25,11 @@ static void usage(FILE *f)
             "  --seed to 1, --max-ctx to 4096, --rope-theta to 10000. OUT_DIR is created if missing.\n");
 }
 
-/* Strict decimal parse into [lo, hi]; prints the flag on error. */
 static int parse_u64(const char *flag, const char *s, unsigned long long lo, unsigned long long hi,
                      unsigned long long *out)
 {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (!*s || *end || errno || s[0] == '-' || v < lo || v > hi) {
+    uint64_t v;
+    if (flx_parse_u64(s, lo, hi, &v) != FLX_OK) {
         fprintf(stderr, "flx-gen-ckpt: --%s '%s' is not an integer in %llu..%llu\n", flag, s, lo, hi);
         return -1;
     }

@@ -47,10 +47,8 @@ static void usage(FILE *f)
 static int parse_u64(const char *flag, const char *s, unsigned long long lo, unsigned long long hi,
                      unsigned long long *out)
 {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (!*s || *end || errno || s[0] == '-' || v < lo || v > hi) {
+    uint64_t v;
+    if (flx_parse_u64(s, lo, hi, &v) != FLX_OK) {
         fprintf(stderr, PROG ": --%s '%s' is not an integer in %llu..%llu\n", flag, s, lo, hi);
         return -1;
     }

@@ -95,10 +95,8 @@ static int32_t *read_ids(const char *path, size_t *n_p)
 
 static int parse_u32(const char *s, uint32_t *v)
 {
-    char *end;
-    errno = 0;
-    unsigned long x = strtoul(s, &end, 10);
-    if (!*s || *end || errno || x > UINT32_MAX || s[0] == '-') return -1;
+    uint64_t x;
+    if (flx_parse_u64(s, 0, UINT32_MAX, &x) != FLX_OK) return -1;
     *v = (uint32_t)x;
     return 0;
 }

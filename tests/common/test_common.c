@@ -137,6 +137,16 @@ static void test_rng_cpu_arena(void)
     CHECK(flx_arena_alloc(&ar, 1) == NULL);
     flx_aligned_free(mem);
 
+    uint64_t u = 7;
+    CHECK(flx_parse_u64("42", 0, 100, &u) == FLX_OK && u == 42);
+    CHECK(flx_parse_u64("18446744073709551615", 0, UINT64_MAX, &u) == FLX_OK && u == UINT64_MAX);
+    const char *bad_ints[] = {"", "-1", "+1", " 1", "1 ", "1x", "0x10", "101", "18446744073709551616"};
+    for (size_t i = 0; i < FLX_ARRAY_SIZE(bad_ints); i++) {
+        u = 7;
+        CHECK(flx_parse_u64(bad_ints[i], 0, 100, &u) == FLX_ERR_INVALID && u == 7);
+    }
+    CHECK(flx_parse_u64(NULL, 0, 1, &u) == FLX_ERR_INVALID);
+
     CHECK(flx_error_set(FLX_ERR_CAPACITY, "pool full: %d", 7) == FLX_ERR_CAPACITY);
     CHECK(strcmp(flx_error_msg(), "pool full: 7") == 0);
     CHECK(strcmp(flx_status_name(FLX_ERR_CAPACITY), "capacity") == 0);

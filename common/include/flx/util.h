@@ -39,6 +39,10 @@ static inline flx_status_t flx_add_size(size_t a, size_t b, size_t *out)
     return FLX_OK;
 }
 
+/* Strict decimal parse of a whole string (flags, config values): digits only, no sign, no
+ * trailing characters, value in [lo, hi]. FLX_ERR_INVALID otherwise; *out written only on success. */
+flx_status_t flx_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
+
 /* Aligned allocation (alignment a power of two >= sizeof(void*)); free with flx_aligned_free. */
 void *flx_aligned_alloc(size_t align, size_t size);
 void flx_aligned_free(void *p);
