@@ -411,6 +411,20 @@ static void sparse_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int le
     part_finish(ws, used, isa, o, lse);
 }
 
+/* Union of the heads' selections, then attention over it; *n_list_p = distinct logical blocks. */
+static flx_status_t union_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int level, const float *q,
+                              const uint32_t *sel, uint32_t sel_stride, const uint32_t *k, float *o, float *lse,
+                              uint32_t *n_list_p)
+{
+    flx_status_t st = build_union(ws, flx_kv_meta_count(view->l_cpu, level), sel, sel_stride, k, n_list_p);
+    if (st) return st;
+    flx_isa_t isa = flx_isa_active();
+    attn_q_t pq;
+    prep_q_attn(ws, q, isa, &pq);
+    sparse_run(ws, view, level, *n_list_p, isa, &pq, o, lse);
+    return FLX_OK;
+}
+
 flx_status_t flx_attn_sparse(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int level, const float *q,
                              const uint32_t *sel, uint32_t sel_stride, const uint32_t *k, float *o, float *lse)
 {
@@ -421,24 +435,16 @@ flx_status_t flx_attn_sparse(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, 
     if (view->head_dim != ws->shape.head_dim || view->l_cpu > ws->shape.max_l_cpu)
         return flx_error_set(FLX_ERR_INVALID, "sparse: view head_dim %u l_cpu %u vs workspace D %u max_l_cpu %u",
                              view->head_dim, view->l_cpu, ws->shape.head_dim, ws->shape.max_l_cpu);
-    uint32_t n = flx_kv_meta_count(view->l_cpu, level), n_list;
-    if (!sel && n) {
+    if (!sel && flx_kv_meta_count(view->l_cpu, level)) {
         for (uint32_t h = 0; h < ws->shape.group; h++)
             if (k[h]) return flx_error_set(FLX_ERR_INVALID, "sparse: sel is NULL but k[%u] = %u", h, k[h]);
     }
-    if ((st = build_union(ws, n, sel, sel_stride, k, &n_list))) return st;
-    flx_isa_t isa = flx_isa_active();
-    attn_q_t pq;
-    prep_q_attn(ws, q, isa, &pq);
-    sparse_run(ws, view, level, n_list, isa, &pq, o, lse);
-    return FLX_OK;
+    uint32_t n_list;
+    return union_run(ws, view, level, q, sel, sel_stride, k, o, lse, &n_list);
 }
 
-/* All host blocks for every head (FULL mode), through the same driver. */
-flx_status_t flx_attn_internal_full_host(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q,
-                                         float *o, float *lse, uint64_t *bytes_p);
-flx_status_t flx_attn_internal_full_host(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q,
-                                         float *o, float *lse, uint64_t *bytes_p)
+flx_status_t flx_attn_task_full_host(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q, float *o,
+                                     float *lse, uint64_t *bytes_p)
 {
     uint32_t G = ws->shape.group, n = view->n_blocks;
     uint64_t all = G == 64 ? ~0ull : ((1ull << G) - 1);
@@ -454,34 +460,19 @@ flx_status_t flx_attn_internal_full_host(flx_attn_ws_t *ws, const flx_kv_head_vi
     return FLX_OK;
 }
 
-/* Selected distinct blocks after build_union, for the timing counters. */
-uint64_t flx_attn_internal_union_bytes(const flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int level,
-                                       uint32_t n_list);
-uint64_t flx_attn_internal_union_bytes(const flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int level,
-                                       uint32_t n_list)
+flx_status_t flx_attn_task_sparse(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int level, const float *q,
+                                  float *o, float *lse, uint64_t *bytes_p)
 {
+    uint32_t n_list;
+    flx_status_t st = union_run(ws, view, level, q, ws->sel, ws->n_max, ws->k, o, lse, &n_list);
+    if (st) return st;
+    /* K+V bytes of the distinct blocks read (the last block holds only the tokens up to l_cpu) */
     uint64_t tok = 0;
-    uint32_t blk = 16u << level;
+    const uint32_t blk = 16u << level;
     for (uint32_t u = 0; u < n_list; u++) {
         uint32_t b = ws->list[u], t1 = (b + 1) * blk < view->l_cpu ? (b + 1) * blk : view->l_cpu;
         tok += t1 - b * blk;
     }
-    return tok * view->head_dim * 4;
-}
-
-/* Host sparse attention for the task: union + run, returning the list length. */
-flx_status_t flx_attn_internal_sparse(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int level, const float *q,
-                                      float *o, float *lse, uint64_t *bytes_p);
-flx_status_t flx_attn_internal_sparse(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int level, const float *q,
-                                      float *o, float *lse, uint64_t *bytes_p)
-{
-    uint32_t n = flx_kv_meta_count(view->l_cpu, level), n_list;
-    flx_status_t st = build_union(ws, n, ws->sel, ws->n_max, ws->k, &n_list);
-    if (st) return st;
-    flx_isa_t isa = flx_isa_active();
-    attn_q_t pq;
-    prep_q_attn(ws, q, isa, &pq);
-    sparse_run(ws, view, level, n_list, isa, &pq, o, lse);
-    *bytes_p = flx_attn_internal_union_bytes(ws, view, level, n_list);
+    *bytes_p = tok * view->head_dim * 4;
     return FLX_OK;
 }

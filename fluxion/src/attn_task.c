@@ -20,11 +20,6 @@
 #include "attn_internal.h"
 #include "flx/util.h"
 
-flx_status_t flx_attn_internal_full_host(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q,
-                                         float *o, float *lse, uint64_t *bytes_p);
-flx_status_t flx_attn_internal_sparse(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int level, const float *q,
-                                      float *o, float *lse, uint64_t *bytes_p);
-
 int flx_attn_blk_level(uint32_t blk)
 {
     switch (blk) {
@@ -340,7 +335,7 @@ flx_status_t flx_attn_host_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view
     uint64_t t0 = flx_now_ns(), t1, t2, ts = 0, bytes = 0;
     if (cfg->mode == FLX_ATTN_FULL) {
         t1 = t0;
-        st = flx_attn_internal_full_host(ws, view, q, o, lse, &bytes);
+        st = flx_attn_task_full_host(ws, view, q, o, lse, &bytes);
     } else {
         uint32_t blk = 16u << level, n = view->meta_n[level];
         int any = 0, all = 1;
@@ -361,7 +356,7 @@ flx_status_t flx_attn_host_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view
 #ifdef FLX_TSAN
             nt = 1;
 #endif
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
             for (uint32_t h = 0; h < G; h++)
                 flx_topk(scores + (size_t)h * n, n, kk[h], sel + (size_t)h * nmax);
         } else {
@@ -370,7 +365,7 @@ flx_status_t flx_attn_host_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view
         }
         if (timing) timing->score_bytes = any && !all ? (uint64_t)n * 2 * D * sizeof(flx_bf16_t) : 0;
         t1 = flx_now_ns();
-        st = flx_attn_internal_sparse(ws, view, level, q, o, lse, &bytes);
+        st = flx_attn_task_sparse(ws, view, level, q, o, lse, &bytes);
     }
     t2 = flx_now_ns();
     if (st) return st;
