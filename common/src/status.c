@@ -35,14 +35,13 @@ const char *flx_status_name(flx_status_t st)
     }
 }
 
-flx_status_t flx_error_set(flx_status_t st, const char *fmt, ...)
+void flx_error_record(flx_status_t st, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(tl_msg, sizeof tl_msg, fmt, ap);
     va_end(ap);
     flx_log_debug("error", "%s: %s", flx_status_name(st), tl_msg);
-    return st;
 }
 
 const char *flx_error_msg(void)

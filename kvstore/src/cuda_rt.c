@@ -141,7 +141,7 @@ flx_status_t flx_cuda_mem_info(int device, size_t *free_p, size_t *total_p)
 {
     if (!free_p || !total_p) return flx_error_set(FLX_ERR_INVALID, "cuda mem info: NULL argument");
 #ifdef FLX_HAVE_CUDA
-    int prev;
+    int prev = device; /* "no switch" until device_enter says otherwise */
     flx_status_t st = device_enter(device, "cudaMemGetInfo", &prev);
     if (st != FLX_OK) return st;
     size_t f = 0, t = 0;
@@ -160,7 +160,7 @@ flx_status_t flx_cuda_malloc(int device, size_t len, void **dev_p)
 {
     if (!dev_p || len == 0) return flx_error_set(FLX_ERR_INVALID, "cudaMalloc of %zu bytes: NULL or empty", len);
 #ifdef FLX_HAVE_CUDA
-    int prev;
+    int prev = device; /* "no switch" until device_enter says otherwise */
     flx_status_t st = device_enter(device, "cudaMalloc", &prev);
     if (st != FLX_OK) return st;
     if ((st = injected_fault("cudaMalloc")) != FLX_OK) {
@@ -186,7 +186,7 @@ flx_status_t flx_cuda_free(int device, void *dev)
 {
     if (!dev) return FLX_OK;
 #ifdef FLX_HAVE_CUDA
-    int prev;
+    int prev = device; /* "no switch" until device_enter says otherwise */
     flx_status_t st = device_enter(device, "cudaFree", &prev);
     if (st != FLX_OK) return st;
     cudaError_t e = cudaFree(dev);
@@ -210,7 +210,7 @@ flx_status_t flx_cuda_copy_htod_2d(int device, void *dst_dev, size_t dst_pitch, 
         return flx_error_set(FLX_ERR_INVALID, "host-to-device copy: NULL pointer or pitch (%zu, %zu) below width %zu",
                              dst_pitch, src_pitch, width);
 #ifdef FLX_HAVE_CUDA
-    int prev;
+    int prev = device; /* "no switch" until device_enter says otherwise */
     flx_status_t st = device_enter(device, "host-to-device copy", &prev);
     if (st != FLX_OK) return st;
     if ((st = injected_fault("host-to-device copy")) != FLX_OK) {
@@ -243,7 +243,7 @@ flx_status_t flx_cuda_copy_dtoh(int device, void *dst, const void *src_dev, size
     if (len == 0) return FLX_OK;
     if (!dst || !src_dev) return flx_error_set(FLX_ERR_INVALID, "device-to-host copy of %zu bytes: NULL pointer", len);
 #ifdef FLX_HAVE_CUDA
-    int prev;
+    int prev = device; /* "no switch" until device_enter says otherwise */
     flx_status_t st = device_enter(device, "device-to-host copy", &prev);
     if (st != FLX_OK) return st;
     if ((st = injected_fault("device-to-host copy")) != FLX_OK) {

@@ -57,8 +57,16 @@ const char *flx_status_name(flx_status_t st);
  *     return flx_error_set(FLX_ERR_INVALID, "layer %u out of range (n_layers %u)", l, n);
  * The message is truncated to FLX_ERROR_MSG_MAX-1 bytes. It is also logged at debug level. */
 #define FLX_ERROR_MSG_MAX 512
-flx_status_t flx_error_set(flx_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+void flx_error_record(flx_status_t st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A statement expression rather than a function, so the compiler sees that the value is st itself:
+ * callers write out-params only on success, and an opaque return would make every such
+ * "if (st) return st; use(*out)" look like a maybe-uninitialized read. st is evaluated once. */
+#define flx_error_set(st, ...)                    \
+    __extension__({                               \
+        flx_status_t flx_st_ = (st);              \
+        flx_error_record(flx_st_, __VA_ARGS__);   \
+        flx_st_;                                  \
+    })
 
 /* The last message recorded by this thread (empty string if none). Valid until the next
  * flx_error_set or flx_error_clear on this thread. */
