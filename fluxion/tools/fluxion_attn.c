@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attn_layout.h"
+#include "flx/attn_layout.h"
 #include "flx/safetensors.h"
 #include "flx/util.h"
 

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "attn_layout.h"
+#include "flx/attn_layout.h"
 #include "flx/util.h"
 
 void flx_attn_layout_free(flx_attn_layout_t *lay)

@@ -1,0 +1,144 @@
+/*
+ * flx/predictor.h - the head-property predictor (paper §6.2): an MLP with a shared backbone that
+ * maps a head's 41 features (flx/features.h) to (bgt0, k, s); its weights file; the label dataset
+ * file; training.
+ *
+ * NETWORK (109,827 parameters)
+ *   x  = (feat - feature_mean) / feature_std                       standardized, (41)
+ *   h1 = relu(W1 x + b1)        W1 (256, 41)
+ *   h2 = relu(W2 h1 + b2)       W2 (256, 256)
+ *   h3 = relu(W3 h2 + b3)       W3 (128, 256)
+ *   y  = W4 h3 + b4             W4 (3, 128)     the three heads share h3 (the backbone)
+ *   bgt0 = y0 * target_std[0] + target_mean[0]
+ *   k    = y1 * target_std[1] + target_mean[1]
+ *   p_streaming = sigmoid(y2)
+ * Weights are (out, in) row-major, as torch.nn.Linear stores them.
+ *
+ * WEIGHTS FILE (safetensors, every tensor F32; nothing else is accepted)
+ *   feature_mean (41)   feature_std (41)   target_mean (2)   target_std (2)
+ *   backbone.0.weight (256, 41)   backbone.0.bias (256)
+ *   backbone.1.weight (256, 256)  backbone.1.bias (256)
+ *   backbone.2.weight (128, 256)  backbone.2.bias (128)
+ *   head.weight (3, 128)          head.bias (3)
+ *   metadata: "format" = "fluxion-predictor", "version" = "1", "features" = "appendix-a-41",
+ *             optional "tau", "criterion", "source", "trained_by" (free text)
+ * In PyTorch: nn.Sequential of Linear/ReLU named backbone.{0,1,2} + a Linear named head, inputs
+ * standardized with feature_mean/std (std entries > 0), regression outputs de-standardized with
+ * target_mean/std. The loader refuses missing or extra tensors, other dtypes or shapes, non-finite
+ * values, a std <= 0, and other formats/versions, naming what was wrong.
+ *
+ * DATASET FILE (safetensors, written by fluxion-label, read by fluxion-train)
+ *   features F32 (N, 41)      labels F32 (N, 3) = bgt0, k, s (s in {0, 1})
+ *   bgt F32 (N, 5)            least budgets at blk 1, 16, 32, 64, 128 (flx/budget.h)
+ *   where U32 (N, 3)          layer, query head, decode step of the row
+ *   metadata: "format" = "fluxion-dataset", "version" = "1", "tau", "criterion", "source"
+ *
+ * THREAD MODE: a loaded predictor is immutable; flx_predictor_run may be called from many threads
+ * at once, each with its own scratch.
+ */
+#ifndef FLX_PREDICTOR_H
+#define FLX_PREDICTOR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flx/features.h"
+#include "flx/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FLX_PRED_IN FLX_FEAT_COUNT
+#define FLX_PRED_H1 256
+#define FLX_PRED_H2 256
+#define FLX_PRED_H3 128
+#define FLX_PRED_OUT 3
+
+/* The parameters, plain arrays (owned by whoever made the struct). */
+typedef struct flx_mlp {
+    float feature_mean[FLX_PRED_IN], feature_std[FLX_PRED_IN];
+    float target_mean[2], target_std[2];
+    float *w1, *b1, *w2, *b2, *w3, *b3, *w4, *b4;   /* shapes as above */
+} flx_mlp_t;
+
+/* Allocates the weight arrays of m (zeroed; stds 1) / frees them. */
+flx_status_t flx_mlp_alloc(flx_mlp_t *m);
+void flx_mlp_free(flx_mlp_t *m);
+size_t flx_mlp_param_count(void);   /* 109827 */
+
+/* Weights file I/O. meta_* may be NULL. */
+flx_status_t flx_mlp_save(const flx_mlp_t *m, const char *path, const char *source, const char *criterion,
+                          float tau);
+flx_status_t flx_mlp_load(const char *path, flx_mlp_t *m);
+
+typedef struct flx_head_pred {
+    float bgt0, k;
+    float p_streaming;   /* probability the head is streaming; the selector uses >= 0.5 */
+} flx_head_pred_t;
+
+/* Inference: a prepared (repacked, AVX-512/AVX2/scalar by flx_isa_active()) copy of an MLP. */
+typedef struct flx_predictor *flx_predictor_h;
+flx_status_t flx_predictor_create(const flx_mlp_t *m, flx_predictor_h *p);
+flx_status_t flx_predictor_load(const char *path, flx_predictor_h *p);   /* flx_mlp_load + create */
+void flx_predictor_destroy(flx_predictor_h p);
+
+/* Scratch bytes for up to max_rows rows per call. */
+size_t flx_predictor_scratch_bytes(uint32_t max_rows);
+/* feat (n_rows, 41) -> out (n_rows); rows are independent (all heads of a layer, of every sequence
+ * in the batch). Uses up to n_threads OpenMP threads (0 = 1: the decode loop calls it per layer
+ * from a worker). Non-finite features are refused with FLX_ERR_INVALID naming row and feature. */
+flx_status_t flx_predictor_run(flx_predictor_h p, const float *feat, uint32_t n_rows, flx_head_pred_t *out,
+                               void *scratch, size_t scratch_bytes, uint32_t n_threads);
+
+/* ---- dataset ---- */
+
+typedef struct flx_dataset {
+    uint32_t n;
+    float *features;   /* (n, 41) */
+    float *labels;     /* (n, 3) */
+    float *bgt;        /* (n, 5) */
+    uint32_t *where;   /* (n, 3) */
+    char source[256], criterion[32];
+    float tau;
+} flx_dataset_t;
+
+flx_status_t flx_dataset_save(const flx_dataset_t *d, const char *path);
+/* Loads and appends to d (d zeroed first for a fresh set); rows of a file whose tau or criterion
+ * differ from rows already in d are refused. */
+flx_status_t flx_dataset_load_append(flx_dataset_t *d, const char *path);
+void flx_dataset_free(flx_dataset_t *d);
+
+/* ---- training (flx_fluxion_train, links a BLAS) ---- */
+
+typedef struct flx_train_params {
+    uint32_t epochs;        /* default 60 */
+    uint32_t batch;         /* default 256 */
+    float lr;               /* Adam, default 1e-3 */
+    float weight_decay;     /* L2 on weights, default 0 */
+    float test_frac;        /* held-out share, default 0.2 (split by a seeded shuffle) */
+    float bce_weight;       /* weight of the s loss against the two regressions, default 1 */
+    uint64_t seed;          /* init, shuffle, split */
+    int verbose;            /* per-epoch lines on stderr */
+} flx_train_params_t;
+
+void flx_train_defaults(flx_train_params_t *p);
+
+typedef struct flx_train_report {
+    uint32_t n_train, n_test;
+    float test_mae_bgt0, test_mae_k;        /* over test rows that are retrieval heads */
+    float test_mae_bgt16;                   /* |bgt0 + 4k - bgt(16)| likewise */
+    float stream_precision, stream_recall;  /* streaming class on the test rows (p >= 0.5) */
+    float train_loss;                       /* last epoch */
+} flx_train_report_t;
+
+/* Trains m (allocated by the caller with flx_mlp_alloc) on d: feature and target standardization
+ * from the training rows, regression (MSE on standardized bgt0, k) over retrieval rows only (a
+ * streaming head's budget is never used), binary cross-entropy for s over all rows. Deterministic
+ * for a seed and a BLAS thread count. */
+flx_status_t flx_train(const flx_dataset_t *d, const flx_train_params_t *p, flx_mlp_t *m, flx_train_report_t *rep);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,44 @@
+/*
+ * flx/selector.h - the granularity-budget selector (paper §6.3, Eq. 1 and Eq. 3).
+ *
+ * For one GQA group of G query heads sharing a kv head with l_cpu host tokens, given each head's
+ * predicted (bgt0, k, p_streaming):
+ *   streaming head    p_streaming >= 0.5: reads no host token (budget 0, window only)
+ *   group skip        every head streaming: the group reads nothing on the host, no task (V = 0)
+ *   bgt_h(blk)        clamp(bgt0_h + k_h log2(blk), 0, 1) for a retrieval head, 0 for a streaming
+ *                     one. THE CLAMP: a fitted line can leave [0, 1] (a negative intercept at
+ *                     small blk, above 1 at large blk); budgets are fractions of l_cpu, so they
+ *                     are clamped into [0, 1] before V is computed and before they are used.
+ *   V(blk)            2 l_cpu / blk + 2 l_cpu sum_h bgt_h(blk)          (Eq. 3, in token rows:
+ *                     multiply by D * sizeof(bf16) for bytes)
+ *   blk*              argmin V over {16, 32, 64, 128}; ties go to the smaller blk
+ *   priority          V(blk*), the scheduler's task priority (larger first)
+ * Non-finite predictions are treated as retrieval heads with budget 1 (the safe side).
+ */
+#ifndef FLX_SELECTOR_H
+#define FLX_SELECTOR_H
+
+#include <stdint.h>
+
+#include "flx/predictor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct flx_selection {
+    int skip;          /* 1: streaming-only group, no host work */
+    uint32_t blk;      /* blk* (0 when skip) */
+    float v;           /* V(blk*) (0 when skip) */
+    float v_blk[4];    /* V at 16, 32, 64, 128 (for reports) */
+    uint32_t n_retrieval;
+} flx_selection_t;
+
+/* pred (G) -> budgets (G) at blk* and the selection. G in [1, 64]. */
+flx_status_t flx_select_group(const flx_head_pred_t *pred, uint32_t G, uint32_t l_cpu, float *budgets,
+                              flx_selection_t *sel);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
