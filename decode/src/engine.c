@@ -19,12 +19,12 @@
  * Errors inside OpenMP tasks are recorded per thread (status + message copy, since flx_error_msg is
  * thread-local) and re-raised on the driving thread after the parallel region.
  *
- * WHERE FLUXION PLUGS IN: attn_layer() below builds one flx_attn_cfg_t for the whole step (FULL or
- * FIXED). The Fluxion mode replaces that with, per layer: features of every (sequence, query head)
- * from the window partials and the session's prefill statistics, the predictor, the selector (a
- * SPARSE cfg with blk and per-head budgets per group, or window-only for streaming groups), and the
- * priority scheduler that hands the tasks to CPU workers and the GPU worker. The task itself
- * (flx_attn_group_run) and the window append stay as they are.
+ * FLUXION: attn_fluxion() replaces the one-cfg-per-step task loop with, per layer: features of
+ * every (sequence, query head) (which also yield the window partials), one predictor call over all
+ * of them, the selector per (sequence, kv group), then the host parts of the retrieval groups in
+ * descending priority V on the CPU workers (OpenMP dynamic schedule over the sorted task list: a
+ * free worker takes the next-highest task), each merged with its window partial. The GPU worker
+ * joins that queue with the scheduler stage.
  */
 #include "flx/engine.h"
 
@@ -35,6 +35,8 @@
 #include <string.h>
 
 #include "flx/attn.h"
+#include "flx/features.h"
+#include "flx/selector.h"
 #include "flx/bf16.h"
 #include "flx/forward.h"
 #include "flx/log.h"
@@ -87,6 +89,16 @@ struct flx_engine {
     void *sample_scratch;
     size_t sample_scratch_bytes;
     flx_bf16_t *kv_bf16;         /* (2, Hkv, D) staging for one append */
+    /* FLUXION only (NULL otherwise) */
+    float *feat;                 /* (max_batch, Hq, 41) */
+    float *o_win, *lse_win;      /* (max_batch, Hq, D), (max_batch, Hq) window partials */
+    flx_head_pred_t *pred;       /* (max_batch, Hq) */
+    float *budgets;              /* (max_batch, Hq) */
+    flx_selection_t *sel;        /* (max_batch, Hkv) */
+    uint32_t *tasks;             /* (max_batch, Hkv) retrieval tasks, highest V first */
+    const flx_bf16_t **win_ptr;  /* (max_batch, 2, Hkv) window row pointers for the features */
+    void *pred_scratch;
+    size_t pred_scratch_bytes;
 
     seq_t *seqs;                 /* (max_seqs) */
     uint32_t *order;             /* (max_seqs) live slots, oldest first */
@@ -173,9 +185,9 @@ static flx_status_t check_params(const flx_engine_params_t *p)
             return flx_error_set(FLX_ERR_INVALID, "fixed attention bgt %g must be in [0, 1]", (double)p->bgt);
         break;
     case FLX_ENGINE_ATTN_FLUXION:
-        return flx_error_set(FLX_ERR_UNSUPPORTED,
-                             "attention mode fluxion (predictor + selector + scheduler) is not implemented yet; "
-                             "use full or fixed");
+        if (!p->predictor)
+            return flx_error_set(FLX_ERR_INVALID, "attention mode fluxion needs a predictor (params.predictor)");
+        break;
     default:
         return flx_error_set(FLX_ERR_INVALID, "attention mode %d unknown", (int)p->mode);
     }
@@ -253,6 +265,24 @@ flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, c
     e->bseq = calloc(B, sizeof *e->bseq);
     e->btok = calloc(B, sizeof *e->btok);
     e->bpos = calloc(B, sizeof *e->bpos);
+    if (e->p.mode == FLX_ENGINE_ATTN_FLUXION) {
+        const size_t rows = (size_t)B * e->Hq;
+        e->feat = malloc(rows * FLX_FEAT_COUNT * sizeof(float));
+        e->o_win = malloc(rows * e->D * sizeof(float));
+        e->lse_win = malloc(rows * sizeof(float));
+        e->pred = malloc(rows * sizeof *e->pred);
+        e->budgets = malloc(rows * sizeof(float));
+        e->sel = malloc((size_t)B * e->Hkv * sizeof *e->sel);
+        e->tasks = malloc((size_t)B * e->Hkv * sizeof *e->tasks);
+        e->win_ptr = malloc((size_t)B * 2 * e->Hkv * sizeof *e->win_ptr);
+        e->pred_scratch_bytes = flx_predictor_scratch_bytes((uint32_t)rows);
+        e->pred_scratch = flx_aligned_alloc(FLX_CACHELINE, FLX_ALIGN_UP(e->pred_scratch_bytes + 1, FLX_CACHELINE));
+        if (!e->feat || !e->o_win || !e->lse_win || !e->pred || !e->budgets || !e->sel || !e->tasks || !e->win_ptr ||
+            !e->pred_scratch) {
+            st = flx_error_set(FLX_ERR_NOMEM, "engine create: fluxion buffers for max_batch %u", B);
+            goto fail;
+        }
+    }
     if (!e->fwd_mem || !e->attn_mem || !e->aws || !e->lse || !e->thr || !e->logits || !e->sample_scratch ||
         !e->kv_bf16 || !e->seqs || !e->order || !e->bseq || !e->btok || !e->bpos) {
         st = flx_error_set(FLX_ERR_NOMEM, "engine create: workspaces for max_batch %u, %u threads, vocab %u", B, T,
@@ -293,6 +323,15 @@ void flx_engine_destroy(flx_engine_h e)
     free(e->bseq);
     free(e->btok);
     free(e->bpos);
+    free(e->feat);
+    free(e->o_win);
+    free(e->lse_win);
+    free(e->pred);
+    free(e->budgets);
+    free(e->sel);
+    free(e->tasks);
+    free(e->win_ptr);
+    flx_aligned_free(e->pred_scratch);
     free(e);
 }
 
@@ -367,6 +406,17 @@ flx_status_t flx_engine_add(flx_engine_h e, flx_kv_session_id_t sid, int32_t fir
     flx_kv_session_h sess;
     if ((st = flx_kv_session_acquire(e->store, sid, &sess)))
         return st;
+    if (e->p.mode == FLX_ENGINE_ATTN_FLUXION) {
+        const flx_head_stats_t *hs = NULL;
+        const float *mk, *qa;
+        if ((st = flx_kv_head_stats(sess, 0, 0, &hs, &mk, &qa)) || !hs) {
+            flx_kv_session_release(sess);
+            return st ? st
+                      : flx_error_set(FLX_ERR_STATE, "session %#llx has no predictor statistics: the fluxion mode "
+                                                     "needs them (prefill with statistics)",
+                                      (unsigned long long)sid);
+        }
+    }
     if ((st = flx_kv_session_begin_decode(e->store, sid))) {
         flx_kv_session_release(sess);
         return st;
@@ -478,6 +528,56 @@ static void timing_add(flx_attn_timing_t *a, const flx_attn_timing_t *b)
     a->attn_bytes += b->attn_bytes;
 }
 
+/* FLUXION, before the tasks run: features (+ window partials) of every (sequence, query head),
+ * the predictor over all of them, the selector per (sequence, kv group). Streaming-only groups get
+ * their window partial as output now; the others are listed in e->tasks, highest V first. */
+static flx_status_t fluxion_plan(struct flx_engine *e, uint32_t layer, uint32_t B, const float *q, float *o,
+                                 uint32_t *n_tasks_p)
+{
+    const uint32_t Hq = e->Hq, Hkv = e->Hkv, G = e->G, D = e->D;
+    uint64_t t0 = flx_now_ns();
+    flx_status_t st = FLX_OK;
+    for (uint32_t b = 0; b < B && !st; b++) {
+        const flx_bf16_t **wk = e->win_ptr + (size_t)b * 2 * Hkv, **wv = wk + Hkv;
+        flx_feat_layer_t in;
+        const size_t r0 = (size_t)b * Hq;
+        st = flx_features_layer_from_session(e->bseq[b]->sess, layer, q + r0 * D, wk, wv, &in);
+        if (!st)
+            st = flx_features_decode(&in, e->feat + r0 * FLX_FEAT_COUNT, e->o_win + r0 * D, e->lse_win + r0);
+        if (st)
+            return flx_error_set(st, "layer %u sequence %llu: features: %s", layer,
+                                 (unsigned long long)e->bseq[b]->id, flx_error_msg());
+    }
+    if ((st = flx_predictor_run(e->p.predictor, e->feat, B * Hq, e->pred, e->pred_scratch, e->pred_scratch_bytes,
+                                e->p.n_threads)))
+        return flx_error_set(st, "layer %u: predictor: %s", layer, flx_error_msg());
+    uint32_t n = 0;
+    for (uint32_t id = 0; id < B * Hkv; id++) {
+        const uint32_t b = id / Hkv, g = id % Hkv;
+        const size_t r0 = (size_t)b * Hq + (size_t)g * G;
+        flx_kv_head_view_t view;
+        if ((st = flx_kv_head_view(e->bseq[b]->sess, layer, g, &view)))
+            return st;
+        if ((st = flx_select_group(e->pred + r0, G, view.l_cpu, e->budgets + r0, &e->sel[id])))
+            return st;
+        if (e->sel[id].skip) {
+            memcpy(o + r0 * D, e->o_win + r0 * D, (size_t)G * D * sizeof(float));
+            e->cur.n_skipped++;
+            continue;
+        }
+        /* insertion into the list kept in descending V (B * Hkv is small) */
+        uint32_t i = n++;
+        while (i > 0 && e->sel[e->tasks[i - 1]].v < e->sel[id].v) {
+            e->tasks[i] = e->tasks[i - 1];
+            i--;
+        }
+        e->tasks[i] = id;
+    }
+    *n_tasks_p = n;
+    e->cur.predict_ns += flx_now_ns() - t0;
+    return FLX_OK;
+}
+
 /* flx_attn_layer_fn: q (B, Hq, D), k, v (B, Hkv, D) fp32 -> o (B, Hq, D). */
 static flx_status_t attn_layer(void *ctx, uint32_t layer, uint32_t B, const float *q, const float *k, const float *v,
                                float *o)
@@ -487,6 +587,7 @@ static flx_status_t attn_layer(void *ctx, uint32_t layer, uint32_t B, const floa
         return flx_error_set(FLX_ERR_INTERNAL, "attention called with batch %u, step has %u", B, e->batch);
     const uint32_t Hq = e->Hq, Hkv = e->Hkv, G = e->G, D = e->D;
     const size_t kvn = (size_t)Hkv * D;
+    const int fluxion = e->p.mode == FLX_ENGINE_ATTN_FLUXION;
     uint64_t t0 = flx_now_ns();
     flx_bf16_t *kb = e->kv_bf16, *vb = e->kv_bf16 + kvn;
     for (uint32_t b = 0; b < B; b++) {
@@ -498,13 +599,19 @@ static flx_status_t attn_layer(void *ctx, uint32_t layer, uint32_t B, const floa
     }
     uint64_t t1 = flx_now_ns();
 
-    const uint32_t n_tasks = B * Hkv, T = e->p.n_threads;
+    uint32_t n_tasks = B * Hkv;
+    const uint32_t T = e->p.n_threads;
+    if (fluxion) {
+        flx_status_t st = fluxion_plan(e, layer, B, q, o, &n_tasks);
+        if (st)
+            return st;
+    }
     for (uint32_t t = 0; t < T; t++) {
         memset(&e->thr[t].t, 0, sizeof e->thr[t].t);
         e->thr[t].n_tasks = 0;
         e->thr[t].st = FLX_OK;
     }
-    const uint32_t nt = FLX_MIN(T, n_tasks);
+    const uint32_t nt = n_tasks ? FLX_MIN(T, n_tasks) : 1;   /* FLUXION: every group may be streaming */
 #pragma omp parallel num_threads(nt)
     {
         const uint32_t tid = (uint32_t)omp_get_thread_num();
@@ -513,12 +620,19 @@ static flx_status_t attn_layer(void *ctx, uint32_t layer, uint32_t B, const floa
         for (uint32_t task = 0; task < n_tasks; task++) {
             if (ts->st)
                 continue;
-            const uint32_t b = task / Hkv, g = task % Hkv;
+            const uint32_t id = fluxion ? e->tasks[task] : task, b = id / Hkv, g = id % Hkv;
             flx_kv_head_view_t view;
             flx_attn_timing_t tim = {0};
             flx_status_t st = flx_kv_head_view(e->bseq[b]->sess, layer, g, &view);
-            if (!st) {
-                const size_t off = ((size_t)b * Hq + (size_t)g * G) * D;
+            const size_t off = ((size_t)b * Hq + (size_t)g * G) * D;
+            if (!st && fluxion) {
+                const size_t r0 = (size_t)b * Hq + (size_t)g * G;
+                flx_attn_cfg_t cfg = {.mode = FLX_ATTN_SPARSE, .blk = e->sel[id].blk, .budgets = e->budgets + r0};
+                float *lg = e->lse + (size_t)tid * G;
+                st = flx_attn_host_run(&e->aws[tid], &view, q + off, &cfg, o + off, lg, &tim);
+                if (!st)
+                    flx_attn_merge(G, D, e->o_win + off, e->lse_win + r0, o + off, lg, o + off, lg);
+            } else if (!st) {
                 st = flx_attn_group_run(&e->aws[tid], &view, q + off, &e->cfg, o + off, e->lse + (size_t)tid * G,
                                         &tim);
             }
@@ -570,6 +684,8 @@ static void stats_add(flx_engine_stats_t *a, const flx_engine_stats_t *b)
     a->merge_ns += b->merge_ns;
     a->host_bytes += b->host_bytes;
     a->dense_bytes += b->dense_bytes;
+    a->predict_ns += b->predict_ns;
+    a->n_skipped += b->n_skipped;
 }
 
 /* Retires every live sequence whose last token was delivered. */
@@ -662,7 +778,11 @@ flx_status_t flx_engine_step(flx_engine_h e)
 typedef struct prefill_ctx {
     flx_kv_store_h store;
     flx_kv_session_id_t sid;
-    uint32_t n_kv_heads, head_dim;
+    uint32_t n_q_heads, n_kv_heads, head_dim;
+    float tau;                    /* < 0: no statistics */
+    flx_kv_store_info_t info;
+    flx_head_stats_t *stats;      /* (Hq) */
+    float *mean_k, *q_anchor;     /* (Hq, D) */
 } prefill_ctx_t;
 
 static flx_status_t prefill_on_layer(void *ctx, uint32_t layer, uint32_t n, const flx_bf16_t *k, const flx_bf16_t *v,
@@ -671,23 +791,48 @@ static flx_status_t prefill_on_layer(void *ctx, uint32_t layer, uint32_t n, cons
     const prefill_ctx_t *pc = ctx;
     flx_kv_chunk_t c = {.layer = layer, .head_begin = 0, .head_end = pc->n_kv_heads, .tok_begin = 0, .tok_end = n,
                         .dtype = FLX_DT_BF16, .head_dim = pc->head_dim};
-    return flx_kv_chunk_write(pc->store, pc->sid, &c, k, v);
+    flx_status_t st = flx_kv_chunk_write(pc->store, pc->sid, &c, k, v);
+    if (st || pc->tau < 0.0f)
+        return st;
+    flx_prefill_layer_t pl = {.n_q_heads = pc->n_q_heads, .n_kv_heads = pc->n_kv_heads, .head_dim = pc->head_dim,
+                              .prompt_len = n, .sink = pc->info.sink, .local = pc->info.local, .k = k, .v = v,
+                              .tok_stride = n, .q_anchor = q_last, .tau = pc->tau};
+    if ((st = flx_prefill_stats(&pl, pc->stats, pc->mean_k, pc->q_anchor)))
+        return st;
+    return flx_kv_stats_write(pc->store, pc->sid, layer, pc->stats, pc->mean_k, pc->q_anchor);
 }
 
-flx_status_t flx_engine_prefill_into_store(const flx_model_t *m, flx_fwd_ws_t *ws, flx_kv_store_h store,
-                                           const int32_t *tokens, uint32_t n, uint32_t max_new_tokens,
-                                           flx_kv_session_id_t *sid_p, float *first_logits)
+static flx_status_t prefill(const flx_model_t *m, flx_fwd_ws_t *ws, flx_kv_store_h store, const int32_t *tokens,
+                            uint32_t n, uint32_t max_new_tokens, float tau, flx_kv_session_id_t *sid_p,
+                            float *first_logits)
 {
     if (!m || !ws || !store || !tokens || !sid_p || !first_logits)
         return flx_error_set(FLX_ERR_INVALID, "prefill into store: NULL argument");
     if (n == 0)
         return flx_error_set(FLX_ERR_INVALID, "prefill into store: empty prompt");
-    flx_kv_session_params_t sp = {.prompt_len = n, .max_new_tokens = max_new_tokens, .flags = FLX_KV_SESSION_NO_STATS};
+    if (tau >= 0.0f && !(tau > 0.0f && tau < 1.0f))
+        return flx_error_set(FLX_ERR_INVALID, "prefill into store: tau %g not in (0, 1)", (double)tau);
+    flx_kv_session_params_t sp = {.prompt_len = n, .max_new_tokens = max_new_tokens,
+                                  .flags = tau < 0.0f ? FLX_KV_SESSION_NO_STATS : 0};
+    const uint32_t Hq = m->cfg.n_heads, D = m->cfg.head_dim;
+    prefill_ctx_t pc = {.store = store, .n_q_heads = Hq, .n_kv_heads = m->cfg.n_kv_heads, .head_dim = D, .tau = tau};
+    flx_kv_store_info(store, &pc.info);
+    if (tau >= 0.0f) {
+        pc.stats = malloc(Hq * sizeof *pc.stats);
+        pc.mean_k = malloc((size_t)Hq * D * sizeof(float));
+        pc.q_anchor = malloc((size_t)Hq * D * sizeof(float));
+        if (!pc.stats || !pc.mean_k || !pc.q_anchor) {
+            free(pc.stats);
+            free(pc.mean_k);
+            free(pc.q_anchor);
+            return flx_error_set(FLX_ERR_NOMEM, "prefill into store: statistics of %u heads", Hq);
+        }
+    }
     flx_kv_session_id_t sid;
     flx_status_t st = flx_kv_session_open(store, &sp, &sid);
     if (st)
-        return st;
-    prefill_ctx_t pc = {.store = store, .sid = sid, .n_kv_heads = m->cfg.n_kv_heads, .head_dim = m->cfg.head_dim};
+        goto fail_open;
+    pc.sid = sid;
     flx_prefill_args_t pa = {.tokens = tokens, .n_tokens = n, .on_layer = prefill_on_layer, .ctx = &pc,
                              .logits_last = first_logits};
     if ((st = flx_model_prefill(m, ws, &pa)))
@@ -700,12 +845,36 @@ flx_status_t flx_engine_prefill_into_store(const flx_model_t *m, flx_fwd_ws_t *w
                            (unsigned long long)sid, flx_kv_state_name(info.state), n);
         goto fail;
     }
+    free(pc.stats);
+    free(pc.mean_k);
+    free(pc.q_anchor);
     *sid_p = sid;
     return FLX_OK;
 fail: {
     char msg[FLX_ERROR_MSG_MAX];
     snprintf(msg, sizeof msg, "%s", flx_error_msg());
     flx_kv_session_close(store, sid);
-    return flx_error_set(st, "%s", msg);
+    st = flx_error_set(st, "%s", msg);
 }
+fail_open:
+    free(pc.stats);
+    free(pc.mean_k);
+    free(pc.q_anchor);
+    return st;
+}
+
+flx_status_t flx_engine_prefill_into_store(const flx_model_t *m, flx_fwd_ws_t *ws, flx_kv_store_h store,
+                                           const int32_t *tokens, uint32_t n, uint32_t max_new_tokens,
+                                           flx_kv_session_id_t *sid_p, float *first_logits)
+{
+    return prefill(m, ws, store, tokens, n, max_new_tokens, -1.0f, sid_p, first_logits);
+}
+
+flx_status_t flx_engine_prefill_with_stats(const flx_model_t *m, flx_fwd_ws_t *ws, flx_kv_store_h store,
+                                           const int32_t *tokens, uint32_t n, uint32_t max_new_tokens, float tau,
+                                           flx_kv_session_id_t *sid_p, float *first_logits)
+{
+    if (!(tau > 0.0f && tau < 1.0f))
+        return flx_error_set(FLX_ERR_INVALID, "prefill with statistics: tau %g not in (0, 1)", (double)tau);
+    return prefill(m, ws, store, tokens, n, max_new_tokens, tau, sid_p, first_logits);
 }

@@ -29,12 +29,17 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: " PROG " --model PATH --prompt-file FILE [--chat] [--mode full|fixed] [--blk 16] [--bgt 0.05]\n"
+            "usage: " PROG " --model PATH --prompt-file FILE [--chat] [--mode full|fixed|fluxion] [--blk 16] [--bgt 0.05]\n"
+            "                    [--predictor WEIGHTS] [--tau 0.1]\n"
             "                    [--max-new 64] [--temp 0] [--top-k 0] [--top-p 1] [--seed S] [--threads N]\n"
             "  --model        a .gguf file or a Hugging Face folder (config.json, *.safetensors, tokenizer.json)\n"
             "  --prompt-file  the prompt text (UTF-8); '-' reads stdin\n"
             "  --chat         wrap the prompt as one user message with the model's chat template\n"
-            "  --mode         attention over the host-resident KV: full (exact) or fixed (blk, bgt)\n"
+            "  --mode         attention over the host-resident KV: full (exact), fixed (blk, bgt) or fluxion\n"
+            "                 (predicted per-head budgets and block size)\n"
+            "  --predictor    fluxion: predictor weights (default fluxion/weights/predictor-smollm2-135m-instruct\n"
+            "                 .safetensors next to the build, or $FLX_PREDICTOR)\n"
+            "  --tau          fluxion: Eq. 2 threshold of the prefill statistics (default 0.1)\n"
             "  --blk          fixed: logical block size 16, 32, 64 or 128\n"
             "  --bgt          fixed: fraction in [0, 1] of the host-resident tokens each head reads besides\n"
             "                 its window (sink + local + generated tokens)\n"
@@ -169,7 +174,7 @@ static int cmp_u64(const void *a, const void *b)
 int main(int argc, char **argv)
 {
     enum { O_MODEL = 1, O_PROMPT, O_CHAT, O_MODE, O_BLK, O_BGT, O_MAXNEW, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_THREADS,
-           O_HELP };
+           O_PREDICTOR, O_TAU, O_HELP };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},   {"prompt-file", required_argument, 0, O_PROMPT},
         {"chat", no_argument, 0, O_CHAT},           {"mode", required_argument, 0, O_MODE},
@@ -177,9 +182,11 @@ int main(int argc, char **argv)
         {"max-new", required_argument, 0, O_MAXNEW}, {"temp", required_argument, 0, O_TEMP},
         {"top-k", required_argument, 0, O_TOPK},    {"top-p", required_argument, 0, O_TOPP},
         {"seed", required_argument, 0, O_SEED},     {"threads", required_argument, 0, O_THREADS},
+        {"predictor", required_argument, 0, O_PREDICTOR}, {"tau", required_argument, 0, O_TAU},
         {"help", no_argument, 0, O_HELP},           {0, 0, 0, 0},
     };
-    const char *model_path = NULL, *prompt_path = NULL;
+    const char *model_path = NULL, *prompt_path = NULL, *pred_path = getenv("FLX_PREDICTOR");
+    float tau = 0.1f;
     int chat = 0;
     flx_engine_params_t ep = flx_engine_params_default();
     ep.max_batch = 1;
@@ -215,6 +222,8 @@ int main(int argc, char **argv)
         case O_TOPP: if (parse_f("top-p", a, 0.0, 1, 1.0, &sp.top_p)) return 2; break;
         case O_SEED: if (parse_u64("seed", a, 0, UINT64_MAX, &v)) return 2; sp.seed = v; break;
         case O_THREADS: if (parse_u64("threads", a, 1, 1024, &threads)) return 2; break;
+        case O_PREDICTOR: pred_path = a; break;
+        case O_TAU: if (parse_f("tau", a, 0.0, 1, 0.999999, &tau)) return 2; break;
         case O_HELP: usage(stdout); return 0;
         default:
             fprintf(stderr, PROG ": unknown option or missing value: %s\n", argv[optind - 1]);
@@ -233,10 +242,14 @@ int main(int argc, char **argv)
         return 2;
     }
     ep.n_threads = (uint32_t)threads;
-    if (ep.mode == FLX_ENGINE_ATTN_FLUXION) {   /* the engine refuses it too; say so before loading */
-        fprintf(stderr, PROG ": --mode fluxion: the Fluxion attention mode (predictor + selector + scheduler) is "
-                        "not implemented yet; use full or fixed\n");
-        return 2;
+    flx_predictor_h pred = NULL;
+    if (ep.mode == FLX_ENGINE_ATTN_FLUXION) {   /* load the weights before the model: fail fast */
+        if (!pred_path) pred_path = FLX_DEFAULT_PREDICTOR;
+        if (flx_predictor_load(pred_path, &pred)) {
+            fprintf(stderr, PROG ": --predictor %s: %s\n", pred_path, flx_error_msg());
+            return 2;
+        }
+        ep.predictor = pred;
     }
 
     int rc = 1;
@@ -346,8 +359,12 @@ int main(int argc, char **argv)
     }
     flx_kv_session_id_t sid;
     uint64_t t_pre = flx_now_ns();
-    if ((st = flx_engine_prefill_into_store(m, pws, store, ids, n, (uint32_t)FLX_MIN(max_new, 1u << 30), &sid,
-                                            logits))) {
+    st = ep.mode == FLX_ENGINE_ATTN_FLUXION
+             ? flx_engine_prefill_with_stats(m, pws, store, ids, n, (uint32_t)FLX_MIN(max_new, 1u << 30), tau, &sid,
+                                             logits)
+             : flx_engine_prefill_into_store(m, pws, store, ids, n, (uint32_t)FLX_MIN(max_new, 1u << 30), &sid,
+                                             logits);
+    if (st) {
         fprintf(stderr, PROG ": prefill: %s\n", flx_error_msg());
         goto out;
     }
@@ -385,6 +402,7 @@ int main(int argc, char **argv)
             cfg->name, cfg->n_layers, cfg->n_heads, cfg->n_kv_heads, cfg->head_dim, n, si.n_sink, si.n_local,
             si.l_cpu, flx_engine_attn_mode_name(ep.mode));
     if (ep.mode == FLX_ENGINE_ATTN_FIXED) fprintf(stderr, " (blk %u, bgt %g)", ep.blk, (double)ep.bgt);
+    if (ep.mode == FLX_ENGINE_ATTN_FLUXION) fprintf(stderr, " (predictor %s, tau %g)", pred_path, (double)tau);
     fprintf(stderr, "\n");
     fflush(stderr);
 
@@ -435,9 +453,15 @@ int main(int argc, char **argv)
                 (double)tot.window_ns / tot.n_steps / 1e6, (double)tot.score_ns / tot.n_steps / 1e6,
                 (double)tot.topk_ns / tot.n_steps / 1e6, (double)tot.host_attn_ns / tot.n_steps / 1e6,
                 (double)tot.merge_ns / tot.n_steps / 1e6);
+    if (tot.n_steps && ep.mode == FLX_ENGINE_ATTN_FLUXION)
+        fprintf(stderr, "fluxion per step: features + predictor + selector %.3f ms, %.0f of %u groups streaming-only "
+                        "(no host read)\n",
+                (double)tot.predict_ns / tot.n_steps / 1e6, (double)tot.n_skipped / tot.n_steps,
+                cfg->n_layers * cfg->n_kv_heads);
     rc = 0;
 out:
     flx_engine_destroy(eng);
+    flx_predictor_destroy(pred);
     flx_kv_store_destroy(store);
     flx_aligned_free(pmem);
     free(scratch);

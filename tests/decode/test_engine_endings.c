@@ -147,7 +147,7 @@ static void test_refusals(void)
     flx_engine_params_t p = flx_engine_params_default();
     flx_engine_h e = (flx_engine_h)(uintptr_t)0x1;
     p.mode = FLX_ENGINE_ATTN_FLUXION;
-    refused(flx_engine_create(g_m, store, &p, &e), FLX_ERR_UNSUPPORTED, "fluxion", "fluxion mode");
+    refused(flx_engine_create(g_m, store, &p, &e), FLX_ERR_INVALID, "needs a predictor", "fluxion mode without a predictor");
     CHECK(e == (flx_engine_h)(uintptr_t)0x1);
     p = flx_engine_params_default();
     p.mode = FLX_ENGINE_ATTN_FIXED;

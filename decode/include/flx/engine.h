@@ -49,10 +49,14 @@
  *      thread (each task single-threaded inside);
  *   3. o is written per query head.
  * Modes: FULL (window + every host token), FIXED (blk, bgt for every head; bgt = fraction of the
- * l_cpu host-resident tokens read in addition to the window). FLUXION (features -> predictor ->
- * selector -> scheduler with per-head budgets, the paper's method) plugs in at step 2 by producing
- * a per-group SPARSE config; until those stages exist flx_engine_create refuses it with
- * FLX_ERR_UNSUPPORTED.
+ * l_cpu host-resident tokens read in addition to the window), FLUXION (the paper's method): per
+ * layer, the 41 features of every (sequence, query head) from the window and the session's
+ * prefill statistics (flx/features.h; they also give each head's window partial), the predictor
+ * over all of them at once (flx/predictor.h), the selector per group (flx/selector.h: blk, per-head
+ * budgets, priority V; streaming-only groups read nothing on the host and keep the window
+ * partial), then the host parts of the remaining groups, highest V first, pulled by the CPU
+ * workers one at a time, each merged with its window partial. Sessions must carry prefill
+ * statistics (flx_engine_prefill_into_store with a tau, or a prefill node that sends them).
  *
  * THREAD MODE
  * An engine is driven by one thread at a time (add, step, cancel, stats); the step uses up to
@@ -70,6 +74,7 @@
 #include "flx/forward.h"
 #include "flx/kvstore.h"
 #include "flx/model.h"
+#include "flx/predictor.h"
 #include "flx/sampling.h"
 #include "flx/status.h"
 
@@ -83,7 +88,7 @@ typedef uint64_t flx_engine_seq_id_t;   /* never 0; not reused by an engine */
 typedef enum {
     FLX_ENGINE_ATTN_FULL = 0,     /* window + all host tokens: the exact reference */
     FLX_ENGINE_ATTN_FIXED = 1,    /* one (blk, bgt) for every head: the paper's "w/o Fluxion" baselines */
-    FLX_ENGINE_ATTN_FLUXION = 2,  /* predictor + selector + scheduler: not implemented yet (refused) */
+    FLX_ENGINE_ATTN_FLUXION = 2,  /* features + predictor + selector, per-head budgets (needs predictor) */
 } flx_engine_attn_mode_t;
 
 /* Parses "full", "fixed", "fluxion"; FLX_ERR_INVALID naming the string otherwise. */
@@ -101,13 +106,14 @@ typedef struct flx_engine_params {
     int close_sessions;      /* 1: a retired sequence's kvstore session is closed by the engine */
     int bind_numa;           /* 1: bind the OpenMP pool (n_threads, the calling thread included) to the
                                 store's NUMA node at create, so attention reads host KV locally */
+    flx_predictor_h predictor; /* FLUXION: borrowed, must outlive the engine; NULL otherwise */
 } flx_engine_params_t;
 
 /* max_batch 8, max_seqs 0, n_threads 0, max_l_cpu 0, FULL, blk 16, bgt 0.05, close_sessions 1,
  * bind_numa 0. */
 flx_engine_params_t flx_engine_params_default(void);
 
-/* Checks params (ranges, mode; FLUXION -> FLX_ERR_UNSUPPORTED) and that the store's shape (layers,
+/* Checks params (ranges, mode; FLUXION needs a predictor) and that the store's shape (layers,
  * kv heads, query heads, head_dim) is the model's. model and store are borrowed and must outlive
  * the engine. */
 flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, const flx_engine_params_t *params,
@@ -201,6 +207,8 @@ typedef struct flx_engine_stats {
     uint64_t window_ns, score_ns, topk_ns, host_attn_ns, merge_ns;  /* flx_attn_timing_t sums */
     uint64_t host_bytes;      /* host-resident bytes read: Quest metadata + K/V blocks */
     uint64_t dense_bytes;     /* weight bytes the dense part read */
+    uint64_t predict_ns;      /* FLUXION: features + predictor + selector, wall time */
+    uint64_t n_skipped;       /* FLUXION: (sequence, layer, kv group)s that were streaming-only (no host task) */
 } flx_engine_stats_t;
 
 /* Stats of the last step that ran, and the sums since create. */
@@ -218,6 +226,12 @@ void flx_engine_total_stats(flx_engine_h engine, flx_engine_stats_t *stats_p);
  */
 flx_status_t flx_engine_prefill_into_store(const flx_model_t *model, flx_fwd_ws_t *ws, flx_kv_store_h store,
                                            const int32_t *tokens, uint32_t n, uint32_t max_new_tokens,
+                                           flx_kv_session_id_t *sid_p, float *first_logits);
+/* The same, and the session also gets the predictor's prefill statistics of every layer
+ * (flx_prefill_stats with Eq. 2 threshold tau, from the layer's K, V and last query), which the
+ * FLUXION mode needs. */
+flx_status_t flx_engine_prefill_with_stats(const flx_model_t *model, flx_fwd_ws_t *ws, flx_kv_store_h store,
+                                           const int32_t *tokens, uint32_t n, uint32_t max_new_tokens, float tau,
                                            flx_kv_session_id_t *sid_p, float *first_logits);
 
 #ifdef __cplusplus
