@@ -1,0 +1,190 @@
+/*
+ * test_engine_fluxion - the FLUXION attention mode of the decode loop, end to end on a small random
+ * model (Llama, 2 layers, 4 query heads over 2 kv heads, head_dim 64) with the real forward pass,
+ * prefill statistics (flx_engine_prefill_with_stats) and the real predictor and selector.
+ *
+ * Predictors with known outputs make the mode checkable against the other modes (an MLP whose
+ * weights are zero outputs its biases for every head):
+ *   - every head retrieval with bgt0 = 1, k = 0: each group reads every host token, so the greedy
+ *     tokens equal FULL's and no group is skipped;
+ *   - every head streaming: every group keeps its window partial, reads nothing on the host, and
+ *     the tokens equal FIXED with bgt 0 (window only); host bytes 0;
+ *   - retrieval with bgt0 = 0.1, k = 0: budgets 0.1 at blk 16 (Eq. 3 picks 16: k = 0 makes the
+ *     metadata term decide), tokens equal FIXED (16, 0.1).
+ * Also: a session without statistics is refused by flx_engine_add in FLUXION mode, and the
+ * prefill statistics pass the store's checks (the session becomes READY).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flx/engine.h"
+#include "flx/forward.h"
+#include "flx/model.h"
+#include "flx/predictor.h"
+#include "flx_test.h"
+
+enum { NGEN = 8, PROMPT = 400 };
+
+static flx_model_t *g_m;
+static flx_fwd_ws_t *g_pws;
+static uint32_t V;
+
+typedef struct rec {
+    int32_t tok[NGEN];
+    uint32_t n;
+} rec_t;
+
+static void on_token(void *ctx, flx_engine_seq_id_t seq, int32_t token, int is_last, flx_engine_finish_t why)
+{
+    rec_t *r = ctx;
+    if (token >= 0 && r->n < NGEN) r->tok[r->n++] = token;
+}
+
+static flx_kv_store_h make_store(void)
+{
+    flx_kv_store_params_t p = {.field_mask = FLX_KV_STORE_FIELD_CAPACITY | FLX_KV_STORE_FIELD_SHAPE |
+                                             FLX_KV_STORE_FIELD_WINDOW,
+                               .capacity_bytes = (size_t)64 << 20, .n_layers = g_m->cfg.n_layers,
+                               .n_kv_heads = g_m->cfg.n_kv_heads, .n_q_heads = g_m->cfg.n_heads,
+                               .head_dim = g_m->cfg.head_dim, .sink = 16, .local = 64};
+    flx_kv_store_h s;
+    CHECK_OK(flx_kv_store_create(&p, &s));
+    return s;
+}
+
+static flx_predictor_h constant_predictor(float bgt0, float k, float stream_logit)
+{
+    flx_mlp_t m;
+    CHECK_OK(flx_mlp_alloc(&m));
+    m.target_mean[0] = bgt0;
+    m.target_mean[1] = k;
+    m.b4[2] = stream_logit;
+    flx_predictor_h p;
+    CHECK_OK(flx_predictor_create(&m, &p));
+    flx_mlp_free(&m);
+    return p;
+}
+
+/* Greedy tokens of the prompt under params; returns total stats in *st_p. */
+static void run(const int32_t *prompt, flx_engine_params_t ep, int with_stats, rec_t *r, flx_engine_stats_t *st_p)
+{
+    flx_kv_store_h store = make_store();
+    flx_engine_h e;
+    ep.n_threads = 2;
+    ep.max_batch = 1;
+    CHECK_OK(flx_engine_create(g_m, store, &ep, &e));
+    float *lg = malloc(V * sizeof *lg);
+    flx_kv_session_id_t sid;
+    if (with_stats) CHECK_OK(flx_engine_prefill_with_stats(g_m, g_pws, store, prompt, PROMPT, 64, 0.1f, &sid, lg));
+    else CHECK_OK(flx_engine_prefill_into_store(g_m, g_pws, store, prompt, PROMPT, 64, &sid, lg));
+    flx_kv_session_info_t si;
+    CHECK_OK(flx_kv_session_info(store, sid, &si));
+    CHECK(si.state == FLX_KV_READY && si.l_cpu > 0);
+    memset(r, 0, sizeof *r);
+    flx_gen_params_t gp = {.max_new_tokens = NGEN, .eos_id = -1, .sampling = flx_sampling_greedy(),
+                           .on_token = on_token, .ctx = r};
+    flx_engine_seq_id_t id;
+    CHECK_OK(flx_engine_add(e, sid, (int32_t)flx_sample_argmax(lg, V), &gp, &id));
+    flx_status_t st;
+    int guard = 0;
+    while ((st = flx_engine_step(e)) == FLX_INPROGRESS) CHECK(++guard < 100);
+    CHECK_OK(st);
+    CHECK(r->n == NGEN);
+    flx_engine_total_stats(e, st_p);
+    flx_engine_destroy(e);
+    flx_kv_store_destroy(store);
+    free(lg);
+}
+
+static void same(const rec_t *a, const rec_t *b, const char *what)
+{
+    for (uint32_t i = 0; i < NGEN; i++)
+        if (a->tok[i] != b->tok[i]) {
+            fprintf(stderr, "%s: token %u differs: %d vs %d\n", what, i, a->tok[i], b->tok[i]);
+            CHECK(a->tok[i] == b->tok[i]);
+        }
+}
+
+int main(void)
+{
+    flx_rng_t rng;
+    flx_rng_seed(&rng, flx_test_seed("test_engine_fluxion"));
+    flx_model_config_t c = {.arch = FLX_ARCH_LLAMA, .n_layers = 2, .hidden = 256, .n_heads = 4, .n_kv_heads = 2,
+                            .head_dim = 64, .ffn = 512, .vocab = 512, .max_ctx = 4096, .rms_eps = 1e-5f,
+                            .rope_theta = 10000.0f};
+    snprintf(c.name, sizeof c.name, "llama-2x256-d64-g2");
+    CHECK_OK(flx_model_init_random(&c, flx_rng_u64(&rng), &g_m));
+    V = c.vocab;
+    flx_fwd_shape_t s = {.max_prompt = PROMPT, .max_batch = 1, .n_threads = 2};
+    size_t b;
+    CHECK_OK(flx_fwd_plan(g_m, &s, &b));
+    void *pmem = flx_aligned_alloc(64, b);
+    CHECK(pmem);
+    CHECK_OK(flx_fwd_ws_init(g_m, &s, pmem, b, &g_pws));
+    int32_t prompt[PROMPT];
+    for (uint32_t i = 0; i < PROMPT; i++) prompt[i] = (int32_t)flx_rng_below(&rng, V);
+
+    flx_engine_stats_t st_full, st_flx, st_win, st_fix, st_x;
+    rec_t full, flx, win, fix, x;
+    flx_engine_params_t ep = flx_engine_params_default();
+    ep.mode = FLX_ENGINE_ATTN_FULL;
+    run(prompt, ep, 0, &full, &st_full);
+
+    flx_predictor_h all = constant_predictor(1.0f, 0.0f, -20.0f);
+    ep.mode = FLX_ENGINE_ATTN_FLUXION;
+    ep.predictor = all;
+    run(prompt, ep, 1, &flx, &st_flx);
+    same(&flx, &full, "fluxion with budget 1 vs full");
+    CHECK(st_flx.n_skipped == 0 && st_flx.n_tasks == st_flx.n_steps * c.n_layers * c.n_kv_heads);
+    CHECK(st_flx.host_bytes > 0 && st_flx.predict_ns > 0);
+
+    /* A session without statistics is refused in FLUXION mode, the message says why. */
+    {
+        flx_kv_store_h store = make_store();
+        flx_engine_h e;
+        CHECK_OK(flx_engine_create(g_m, store, &ep, &e));
+        float *lg = malloc(V * sizeof *lg);
+        flx_kv_session_id_t sid;
+        CHECK_OK(flx_engine_prefill_into_store(g_m, g_pws, store, prompt, PROMPT, 16, &sid, lg));
+        flx_gen_params_t gp = {.max_new_tokens = 2, .eos_id = -1, .sampling = flx_sampling_greedy()};
+        flx_engine_seq_id_t id = 0;
+        CHECK_ST(flx_engine_add(e, sid, 0, &gp, &id), FLX_ERR_STATE);
+        CHECK(strstr(flx_error_msg(), "statistics") && id == 0);
+        CHECK_ST(flx_engine_prefill_with_stats(g_m, g_pws, store, prompt, PROMPT, 16, 1.5f, &sid, lg), FLX_ERR_INVALID);
+        free(lg);
+        flx_engine_destroy(e);
+        flx_kv_store_destroy(store);
+    }
+
+    flx_predictor_h stream = constant_predictor(0.5f, 0.0f, 20.0f);
+    ep.predictor = stream;
+    run(prompt, ep, 1, &win, &st_win);
+    CHECK(st_win.host_bytes == 0 && st_win.n_tasks == 0);
+    CHECK(st_win.n_skipped == (uint64_t)st_win.n_steps * c.n_layers * c.n_kv_heads);
+    ep = flx_engine_params_default();
+    ep.mode = FLX_ENGINE_ATTN_FIXED;
+    ep.blk = 16;
+    ep.bgt = 0.0f;
+    run(prompt, ep, 0, &fix, &st_fix);
+    same(&win, &fix, "fluxion all-streaming vs fixed bgt 0");
+
+    flx_predictor_h tenth = constant_predictor(0.1f, 0.0f, -20.0f);
+    ep.mode = FLX_ENGINE_ATTN_FLUXION;
+    ep.predictor = tenth;
+    run(prompt, ep, 1, &x, &st_x);
+    ep.mode = FLX_ENGINE_ATTN_FIXED;
+    ep.bgt = 0.1f;
+    ep.predictor = NULL;
+    run(prompt, ep, 0, &fix, &st_fix);
+    same(&x, &fix, "fluxion bgt 0.1 vs fixed (16, 0.1)");
+    CHECK(st_x.host_bytes == st_fix.host_bytes);
+
+    flx_predictor_destroy(all);
+    flx_predictor_destroy(stream);
+    flx_predictor_destroy(tenth);
+    flx_aligned_free(pmem);
+    flx_model_destroy(g_m);
+    fprintf(stderr, "test_engine_fluxion: ok\n");
+    return 0;
+}
