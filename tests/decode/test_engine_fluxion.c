@@ -9,8 +9,8 @@
  *     tokens equal FULL's and no group is skipped;
  *   - every head streaming: every group keeps its window partial, reads nothing on the host, and
  *     the tokens equal FIXED with bgt 0 (window only); host bytes 0;
- *   - retrieval with bgt0 = 0.1, k = 0: budgets 0.1 at blk 16 (Eq. 3 picks 16: k = 0 makes the
- *     metadata term decide), tokens equal FIXED (16, 0.1).
+ *   - retrieval with bgt0 = 0.1, k = 0: budgets 0.1 at every blk, so Eq. 3's metadata term decides
+ *     and the selector picks blk 128: tokens and host bytes equal FIXED (128, 0.1).
  * Also: a session without statistics is refused by flx_engine_add in FLUXION mode, and the
  * prefill statistics pass the store's checks (the session becomes READY).
  */
@@ -174,10 +174,11 @@ int main(void)
     ep.predictor = tenth;
     run(prompt, ep, 1, &x, &st_x);
     ep.mode = FLX_ENGINE_ATTN_FIXED;
+    ep.blk = 128;
     ep.bgt = 0.1f;
     ep.predictor = NULL;
     run(prompt, ep, 0, &fix, &st_fix);
-    same(&x, &fix, "fluxion bgt 0.1 vs fixed (16, 0.1)");
+    same(&x, &fix, "fluxion bgt 0.1 vs fixed (128, 0.1)");
     CHECK(st_x.host_bytes == st_fix.host_bytes);
 
     flx_predictor_destroy(all);
