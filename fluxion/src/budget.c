@@ -205,8 +205,7 @@ static hent_t heap_pop(hent_t *h, uint32_t *n)
     return top;
 }
 
-/* Budget of k blocks that flx_attn_budget_blocks maps back to exactly k. */
-static float budget_of(uint32_t k, uint32_t l_cpu, uint32_t blk)
+float flx_label_budget(uint32_t k, uint32_t l_cpu, uint32_t blk)
 {
     if (k == 0 || l_cpu == 0) return 0.0f;
     double x = (double)k * blk / l_cpu;
@@ -373,7 +372,7 @@ flx_status_t flx_label_layer(const flx_label_layer_in_t *in, flx_head_label_t *o
                 }
                 for (uint32_t i = n / 2; i-- > 0;) sift_down(hp, n, i);
                 uint32_t k = least_k(v, &c, &win, &a, hp, n, blk, dots);
-                lab.bgt[slot[j]] = budget_of(k, l_cpu, blk);
+                lab.bgt[slot[j]] = flx_label_budget(k, l_cpu, blk);
             }
             if (want_fit) flx_label_fit(lab.bgt, &lab.bgt0, &lab.k);
         }
