@@ -214,7 +214,7 @@ flx_status_t flx_prefill_stats(const flx_prefill_layer_t *in, flx_head_stats_t *
                 o->onorm_anchor[sgm] = (float)on;
             }
             o->q_anchor_norm = (float)qn;
-            for (int j = 0; j < 4; j++) o->bgt_star[j] = lab[h].bgt[j];
+            for (int j = 0; j < 4; j++) o->bgt_star[j] = lab[h].bgt[j + 1];   /* bgt[0] is blk 1, not searched */
             /* window = sink + local of the layout view: its rows are exactly those */
             double on;
             seg_partial_d(qa, views[g].win_k, views[g].win_v, views[g].n_win, D, &on);
