@@ -1084,6 +1084,18 @@ flx_status_t flx_kv_head_stats(flx_kv_session_h x, uint32_t layer, uint32_t q_he
     return FLX_OK;
 }
 
+flx_status_t flx_kv_session_shape(flx_kv_session_h x, flx_kv_session_shape_t *shape_p)
+{
+    if (!x || !shape_p) return flx_error_set(FLX_ERR_INVALID, "session shape: NULL argument");
+    const struct flx_kv_store *s = x->store;
+    *shape_p = (flx_kv_session_shape_t){.n_layers = s->n_layers, .n_kv_heads = s->n_kv_heads,
+                                        .n_q_heads = s->n_q_heads, .head_dim = s->head_dim,
+                                        .prompt_len = x->prompt_len, .n_sink = x->lay.n_sink,
+                                        .n_local = x->lay.n_local, .l_cpu = x->lay.l_cpu,
+                                        .with_stats = x->stats != NULL};
+    return FLX_OK;
+}
+
 flx_status_t flx_kv_window_append(flx_kv_session_h x, uint32_t layer, const flx_bf16_t *k, const flx_bf16_t *v)
 {
     const struct flx_kv_store *s = x->store;

@@ -78,6 +78,10 @@ typedef struct flx_label_layer_in {
  * 16..128 were searched (else 0). FLX_ERR_INVALID names a bad argument; FLX_ERR_NOMEM. */
 flx_status_t flx_label_layer(const flx_label_layer_in_t *in, flx_head_label_t *out);
 
+/* The budget of k logical blocks of blk tokens: min(1, k * blk / l_cpu), nudged to the nearest float
+ * that flx_attn_budget_blocks maps back to exactly k (k <= ceil(l_cpu / blk)); 0 for k = 0. */
+float flx_label_budget(uint32_t k, uint32_t l_cpu, uint32_t blk);
+
 /* The Eq. 1 fit alone: bgt (5) at blk 1, 16, 32, 64, 128 -> (bgt0, k) as above. */
 void flx_label_fit(const float bgt[FLX_LABEL_N_BLK], float *bgt0, float *k);
 

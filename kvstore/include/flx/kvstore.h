@@ -345,6 +345,15 @@ flx_status_t flx_kv_head_view(flx_kv_session_h sess, uint32_t layer, uint32_t kv
 flx_status_t flx_kv_head_stats(flx_kv_session_h sess, uint32_t layer, uint32_t q_head, const flx_head_stats_t **stats_p,
                                const float **mean_k_p, const float **q_anchor_p);
 
+/* Shape and segments of an acquired session (what a consumer of views needs besides them). */
+typedef struct flx_kv_session_shape {
+    uint32_t n_layers, n_kv_heads, n_q_heads, head_dim;
+    uint32_t prompt_len, n_sink, n_local, l_cpu;
+    int with_stats;                    /* 0 when opened with FLX_KV_SESSION_NO_STATS */
+} flx_kv_session_shape_t;
+
+flx_status_t flx_kv_session_shape(flx_kv_session_h sess, flx_kv_session_shape_t *shape_p);
+
 /* Appends one generated token of one layer: k, v bf16 (n_kv_heads, head_dim), to the host window
  * and, when the session has one, to the device window (synchronously: on return the row is on the
  * device). FLX_ERR_CAPACITY when the window is full; on any failure (a device copy error included)
