@@ -52,9 +52,10 @@ static size_t weight_floats(void)
     return n;
 }
 
+/* Trainable parameters (the header's 109,827); the 86 standardization constants are not counted. */
 size_t flx_mlp_param_count(void)
 {
-    return weight_floats() + 2 * FLX_PRED_IN + 4;
+    return weight_floats();
 }
 
 flx_status_t flx_mlp_alloc(flx_mlp_t *m)

@@ -1,0 +1,5 @@
+# Stage 4 predictor part: MLP inference, weights and dataset files, training, selector.
+flx_add_test(test_predictor SOURCES test_predictor.c LIBS flx_predictor LABELS unit)
+flx_add_test(test_dataset SOURCES test_dataset.c LIBS flx_predictor LABELS unit)
+flx_add_test(test_train SOURCES test_train.c LIBS flx_fluxion_train LABELS unit)
+flx_add_test(test_selector SOURCES test_selector.c LIBS flx_predictor LABELS unit)
