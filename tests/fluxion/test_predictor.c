@@ -136,7 +136,7 @@ static void check_bad_value(flx_mlp_t *m, float *slot, float v, const char *want
     CHECK(strstr(flx_error_msg(), want) != NULL);
 }
 
-static void bench(flx_predictor_h p, const flx_mlp_t *m, flx_rng_t *rng, uint32_t n)
+static void bench(flx_predictor_h p, const flx_mlp_t *m, flx_rng_t *rng, uint32_t n, uint32_t nt)
 {
     float *feat = malloc((size_t)n * FLX_PRED_IN * sizeof(float));
     flx_head_pred_t *out = malloc(n * sizeof *out);
@@ -147,11 +147,12 @@ static void bench(flx_predictor_h p, const flx_mlp_t *m, flx_rng_t *rng, uint32_
     double best = 1e30;
     for (int it = 0; it < 200; it++) {
         uint64_t t0 = flx_now_ns();
-        CHECK_OK(flx_predictor_run(p, feat, n, out, scratch, sb, 1));
+        CHECK_OK(flx_predictor_run(p, feat, n, out, scratch, sb, nt));
         double us = (double)(flx_now_ns() - t0) / 1e3;
         if (us < best) best = us;
     }
-    fprintf(stderr, "timing %s: %u rows, 1 thread: best %.1f us\n", flx_isa_name(flx_isa_active()), n, best);
+    fprintf(stderr, "timing %s: %u rows, %u thread(s): best %.1f us (%.1f GFLOP/s)\n", flx_isa_name(flx_isa_active()),
+            n, nt, best, 2.0 * (double)flx_mlp_param_count() * n / best / 1e3);
     free(feat);
     free(out);
     free(scratch);
@@ -222,10 +223,11 @@ int main(void)
 
     for (int lvl = FLX_ISA_AVX2; lvl <= (int)best && lvl <= FLX_ISA_AVX512; lvl++) {
         flx_isa_force((flx_isa_t)lvl);
-        bench(p, &m, &rng, 32);
-        bench(p, &m, &rng, 128);
+        bench(p, &m, &rng, 32, 1);
+        bench(p, &m, &rng, 128, 1);
     }
     flx_isa_force(best);
+    bench(p, &m, &rng, 128, 2);
 
     flx_predictor_destroy(p);
     flx_predictor_destroy(NULL);
