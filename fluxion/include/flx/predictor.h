@@ -30,7 +30,8 @@
  * DATASET FILE (safetensors, written by fluxion-label, read by fluxion-train)
  *   features F32 (N, 41)      labels F32 (N, 3) = bgt0, k, s (s in {0, 1})
  *   bgt F32 (N, 5)            least budgets at blk 1, 16, 32, 64, 128 (flx/budget.h)
- *   where U32 (N, 3)          layer, query head, decode step of the row
+ *   where I32 (N, 3)          layer, query head, decode step of the row (>= 0; I32 because the
+ *                             project's safetensors reader has no U32 dtype)
  *   metadata: "format" = "fluxion-dataset", "version" = "1", "tau", "criterion", "source"
  *
  * THREAD MODE: a loaded predictor is immutable; flx_predictor_run may be called from many threads
