@@ -24,6 +24,7 @@
 
 #include "flx/predictor.h"
 #include "flx/util.h"
+#include "train_internal.h"
 
 void flx_train_defaults(flx_train_params_t *p)
 {
@@ -144,6 +145,33 @@ static void mean_std(const float *x, size_t stride, const uint32_t *rows, uint32
     double sd = n ? sqrt(s2 / n) : 0.0;
     *mean = (float)mu;
     *std = sd > 1e-6 * fmax(1.0, fabs(mu)) ? (float)sd : 1.0f;   /* constant feature: std 1 */
+}
+
+/* One minibatch: loss and gradient (train_internal.h; the gradient check in test_train). */
+flx_status_t flx_train_batch_loss(const flx_mlp_t *m, const float *x, const float *tgt, const float *s, int B,
+                                  float bce_w, float *grad, double *loss)
+{
+    train_ws_t ws;
+    memset(&ws, 0, sizeof ws);
+    flx_status_t st = FLX_OK;
+    for (int l = 0; l <= NL; l++) {
+        int w = l == 0 ? FLX_PRED_IN : DOUT[l - 1];
+        ws.act[l] = malloc((size_t)B * w * sizeof(float));
+        ws.dact[l] = malloc((size_t)B * w * sizeof(float));
+        if (!ws.act[l] || !ws.dact[l]) st = flx_error_set(FLX_ERR_NOMEM, "batch loss: %d rows", B);
+    }
+    if (!st) {
+        memcpy(ws.act[0], x, (size_t)B * FLX_PRED_IN * sizeof(float));
+        ws.grad = grad;
+        forward(m->w1, &ws, B);
+        *loss = loss_grad(ws.act[NL], tgt, s, B, bce_w, ws.dact[NL]);
+        backward(m->w1, &ws, B);
+    }
+    for (int l = 0; l <= NL; l++) {
+        free(ws.act[l]);
+        free(ws.dact[l]);
+    }
+    return st;
 }
 
 flx_status_t flx_train(const flx_dataset_t *d, const flx_train_params_t *p, flx_mlp_t *m, flx_train_report_t *rep)
