@@ -30,7 +30,8 @@
  * DATASET FILE (safetensors, written by fluxion-label, read by fluxion-train)
  *   features F32 (N, 41)      labels F32 (N, 3) = bgt0, k, s (s in {0, 1})
  *   bgt F32 (N, 5)            least budgets at blk 1, 16, 32, 64, 128 (flx/budget.h)
- *   where U32 (N, 3)          layer, query head, decode step of the row
+ *   where I32 (N, 3)          layer, query head, decode step of the row (>= 0; I32 because the
+ *                             project's safetensors reader has no U32 dtype)
  *   metadata: "format" = "fluxion-dataset", "version" = "1", "tau", "criterion", "source"
  *
  * THREAD MODE: a loaded predictor is immutable; flx_predictor_run may be called from many threads
@@ -91,6 +92,10 @@ size_t flx_predictor_scratch_bytes(uint32_t max_rows);
 flx_status_t flx_predictor_run(flx_predictor_h p, const float *feat, uint32_t n_rows, flx_head_pred_t *out,
                                void *scratch, size_t scratch_bytes, uint32_t n_threads);
 
+/* The oracle of flx_predictor_run: the same network in double straight from the (out, in) weights,
+ * one row at a time, no dispatch. Does not check the features (tests feed it finite ones). */
+flx_status_t flx_mlp_forward_ref(const flx_mlp_t *m, const float *feat, uint32_t n_rows, flx_head_pred_t *out);
+
 /* ---- dataset ---- */
 
 typedef struct flx_dataset {
@@ -108,6 +113,18 @@ flx_status_t flx_dataset_save(const flx_dataset_t *d, const char *path);
  * differ from rows already in d are refused. */
 flx_status_t flx_dataset_load_append(flx_dataset_t *d, const char *path);
 void flx_dataset_free(flx_dataset_t *d);
+
+/* Quality of a predictor on rows of a dataset (fluxion-train's test split, fluxion-predict). */
+typedef struct flx_eval {
+    uint32_t n_rows, n_retrieval;          /* rows evaluated; those labelled retrieval (s = 0) */
+    float mae_bgt0, mae_k, mae_bgt16;      /* over retrieval rows (NaN when none); bgt16 = bgt0 + 4k vs bgt[1] */
+    float stream_precision, stream_recall; /* streaming class, p >= 0.5; 1 when the denominator is 0 and
+                                              nothing was missed */
+} flx_eval_t;
+
+/* rows (n_rows indices into d) -> ev. Runs p single-threaded in chunks. */
+flx_status_t flx_predictor_evaluate(flx_predictor_h p, const flx_dataset_t *d, const uint32_t *rows, uint32_t n_rows,
+                                    flx_eval_t *ev);
 
 /* ---- training (flx_fluxion_train, links a BLAS) ---- */
 

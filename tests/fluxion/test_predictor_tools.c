@@ -1,0 +1,96 @@
+/*
+ * test_predictor_tools.c - fluxion-train and fluxion-predict end to end: a small synthetic dataset
+ * is trained on, the weights load, fluxion-predict reports the same held-out metrics format, and
+ * bad flags or files exit with 2.
+ * argv[1] = fluxion-train, argv[2] = fluxion-predict, argv[3] = scratch directory.
+ */
+#include <string.h>
+#include <sys/wait.h>
+
+#include "flx/predictor.h"
+#include "flx_test.h"
+
+static int run(const char *cmd)
+{
+    int r = system(cmd);
+    CHECK(r != -1 && WIFEXITED(r));
+    return WEXITSTATUS(r);
+}
+
+/* Value of "key v" in file, NaN when absent. */
+static double value_of(const char *path, const char *key)
+{
+    FILE *f = fopen(path, "r");
+    CHECK(f);
+    char k[64];
+    double v, got = NAN;
+    while (fscanf(f, "%63s %lf", k, &v) == 2)
+        if (!strcmp(k, key)) got = v;
+    fclose(f);
+    return got;
+}
+
+int main(int argc, char **argv)
+{
+    CHECK(argc == 4);
+    const char *tr = argv[1], *pr = argv[2], *dir = argv[3];
+    flx_rng_t rng;
+    flx_rng_seed(&rng, flx_test_seed("test_predictor_tools"));
+    flx_dataset_t d;
+    memset(&d, 0, sizeof d);
+    d.n = 2000;
+    d.features = malloc((size_t)d.n * FLX_PRED_IN * 4);
+    d.labels = malloc((size_t)d.n * 3 * 4);
+    d.bgt = malloc((size_t)d.n * 5 * 4);
+    d.where = calloc((size_t)d.n * 3, 4);
+    CHECK(d.features && d.labels && d.bgt && d.where);
+    for (uint32_t r = 0; r < d.n; r++) {
+        float *f = d.features + (size_t)r * FLX_PRED_IN;
+        for (int i = 0; i < FLX_PRED_IN; i++) f[i] = (float)flx_rng_normal(&rng);
+        d.labels[r * 3] = 0.3f + 0.1f * f[0];
+        d.labels[r * 3 + 1] = 0.02f + 0.01f * f[1];
+        d.labels[r * 3 + 2] = f[2] > 1.0f;
+        for (int j = 0; j < 5; j++) d.bgt[r * 5 + j] = d.labels[r * 3] + (j ? j + 3 : 0) * d.labels[r * 3 + 1];
+    }
+    d.tau = 0.05f;
+    snprintf(d.criterion, sizeof d.criterion, "fluxion");
+    snprintf(d.source, sizeof d.source, "tools test");
+    char ds[512], w[512], out[512], cmd[2048];
+    snprintf(ds, sizeof ds, "%s/tools_ds.safetensors", dir);
+    snprintf(w, sizeof w, "%s/tools_w.safetensors", dir);
+    snprintf(out, sizeof out, "%s/tools_out.txt", dir);
+    CHECK_OK(flx_dataset_save(&d, ds));
+
+    snprintf(cmd, sizeof cmd, "%s --data %s --out %s --epochs 5 --batch 64 --seed 7 --test-frac 0.25 > %s", tr, ds,
+             w, out);
+    CHECK(run(cmd) == 0);
+    CHECK(value_of(out, "n_train") == 1500 && value_of(out, "n_test") == 500);
+    double mae = value_of(out, "test_mae_bgt0");
+    CHECK(isfinite(mae) && mae < 0.1);
+    CHECK(isfinite(value_of(out, "stream_recall")));
+    flx_mlp_t m;
+    CHECK_OK(flx_mlp_load(w, &m));
+    flx_mlp_free(&m);
+
+    snprintf(cmd, sizeof cmd, "%s --weights %s --data %s > %s", pr, w, ds, out);
+    CHECK(run(cmd) == 0);
+    CHECK(value_of(out, "rows") == 2000);
+    CHECK(isfinite(value_of(out, "mae_bgt0")) && value_of(out, "mae_bgt0") < 0.1);
+
+    /* bad flags and files */
+    const char *bad[] = {"--data %s --out %s --epochs 0", "--data %s --out %s --lr -1", "--data %s --out %s --lr x",
+                         "--data %s --out %s --test-frac 1", "--data %s --out %s --batch 12a", "--data %s",
+                         "--data %s --out %s --bogus"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char args[1100];
+        snprintf(args, sizeof args, bad[i], ds, w);
+        snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null >/dev/null", tr, args);
+        CHECK(run(cmd) == 2);
+    }
+    snprintf(cmd, sizeof cmd, "%s --weights %s --data %s 2>/dev/null >/dev/null", pr, ds, ds); /* dataset as weights */
+    CHECK(run(cmd) == 2);
+    snprintf(cmd, sizeof cmd, "%s --weights %s --data %s/missing 2>/dev/null >/dev/null", pr, w, dir);
+    CHECK(run(cmd) == 2);
+    flx_dataset_free(&d);
+    return 0;
+}
