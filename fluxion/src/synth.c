@@ -97,15 +97,15 @@ void flx_synth_defaults(flx_synth_params_t *p, uint32_t n_layers, uint32_t n_q_h
      * independent of the prompt length. */
     uint32_t host = prompt_len > 320 + 256 ? prompt_len - 320 : 256;
     float lh = logf((float)host);
-    p->sink_strength = lh + 1.0f;
-    p->sink_tail = 0.75f;
+    p->sink_strength = lh + 5.0f;
+    p->sink_tail = 0.3f;
     p->sink_value_scale = 0.1f;
-    p->recent_strength = 6.0f;
+    p->recent_strength = 7.0f;
     p->needle_sites = 8;
     p->needle_len = 16;
     p->needles_active = 2;
     p->move_every = 4;
-    p->needle_strength = lh - 0.5f;
+    p->needle_strength = lh + 1.0f;
     p->needle_value_coherence = 0.8f;
     p->head_jitter = 0.1f;
     p->value_norm_base = 1.0f;
