@@ -44,15 +44,18 @@ typedef struct flx_synth_params {
     /* structure knobs (flx_synth_defaults sets the documented profile) */
     float retrieval_share;       /* share of retrieval heads, default 0.5 (DuoAttention) */
     uint32_t n_sink_tokens;      /* tokens that carry the sink */
-    float sink_strength;         /* sink score scale */
+    float sink_strength;         /* score of token 0 for a query (units of <q,k>/sqrt(D)) */
+    float sink_tail;             /* sink tokens 1..n_sink_tokens-1 carry this share of the sink key */
     float sink_value_scale;      /* sink value norm relative to others */
     uint32_t recent_span;        /* tokens before the query that streaming mass favours */
-    float recent_strength;
+    float recent_strength;       /* score bonus at distance 0, decaying over ~recent_span (RoPE kernel) */
     uint32_t needle_sites;       /* needle spans per retrieval head in the host region */
     uint32_t needle_len;         /* tokens per needle span */
     uint32_t needles_active;     /* active needles per step */
     uint32_t move_every;         /* steps between needle moves */
-    float needle_strength;
+    float needle_strength;       /* score of an active needle token for its head */
+    float needle_value_coherence;/* share of a needle token's value along its site's common direction */
+    float head_jitter;           /* per-head relative spread of the sink/recency/needle strengths */
     float value_norm_base, value_norm_growth;
     float noise;                 /* key/query isotropic noise (sets the z-score spread) */
     uint32_t host_begin;         /* needles are placed in prompt positions [host_begin, prompt_len - host_end_margin) */
@@ -72,6 +75,9 @@ const flx_synth_params_t *flx_synth_params(const flx_synth_t *syn);
 
 /* Layer l arrays (flx/kvsource.h layouts). Uses OpenMP over heads. */
 flx_status_t flx_synth_layer(const flx_synth_t *syn, uint32_t layer, flx_bf16_t *k, flx_bf16_t *v, float *q);
+
+/* Mean value norm of layer l's non-sink tokens: value_norm_base * (1 + growth * l / (n_layers - 1)). */
+float flx_synth_value_norm(const flx_synth_t *syn, uint32_t layer);
 
 /* Ground truth. */
 flx_synth_kind_t flx_synth_head_kind(const flx_synth_t *syn, uint32_t layer, uint32_t q_head);
