@@ -376,7 +376,7 @@ flx_status_t flx_synth_layer(const flx_synth_t *syn, uint32_t layer, flx_bf16_t 
     flx_status_t st = FLX_OK;
 #pragma omp parallel for schedule(dynamic, 1)
     for (uint32_t g = 0; g < G; g++) {
-        float *work = malloc(((size_t)(4 + 2 * gs * S) * D + (size_t)gs * S * 2) * sizeof *work);
+        float *work = malloc(((size_t)(5 + 3 * gs * S) * D + (size_t)gs * S * 2) * sizeof *work);
         if (!work) {
 #pragma omp atomic write
             st = FLX_ERR_NOMEM;
@@ -384,7 +384,8 @@ flx_status_t flx_synth_layer(const flx_synth_t *syn, uint32_t layer, flx_bf16_t 
         }
         float *us = work, *ur = us + D, *x = ur + D, *y = x + D;
         float *ndir = y + D, *vdir = ndir + (size_t)gs * S * D;
-        uint32_t *sb = (uint32_t *)(vdir + (size_t)gs * S * D);   /* (gs, S) site begins */
+        float *basis = vdir + (size_t)gs * S * D;                  /* (1 + gs S, D) orthonormal */
+        uint32_t *sb = (uint32_t *)(basis + (size_t)(1 + gs * S) * D); /* (gs, S) site begins */
         uint8_t ret[1024];
         flx_rng_t r;
         stream(&r, p->seed, layer, g, P_SINKDIR, 0);
@@ -407,6 +408,47 @@ flx_status_t flx_synth_layer(const flx_synth_t *syn, uint32_t layer, flx_bf16_t 
                 for (uint32_t i = 0; i < D; i++) w[i] *= (float)(1.0 / sqrt(n2));
             }
         }
+        /* The directions a query of this group is matched along after RoPE: w_0 = the sink direction
+         * (token 0 is never rotated) and, per needle site, its direction rotated to the span's
+         * centre c. They are made orthonormal in that rotated frame (Gram-Schmidt; the site's
+         * pre-RoPE key direction becomes R(-c) w, so its keys lie along R(t - c) w ~ w inside the
+         * span), and query noise is kept out of their span. Without this, rotation leaves every
+         * structural component overlapping the others by ~1/sqrt(structural dims), and noise
+         * against a key of amplitude KEY_AMP sqrt(D) scores with std KEY_AMP: sink and needle
+         * scores would swing by several units from step to step, which real sinks and retrieval
+         * matches do not. */
+        uint32_t nb = 0;
+        for (uint32_t j = 0; j <= gs * S; j++) {
+            float *b = basis + (size_t)nb * D, *u = NULL;
+            double c = 0;
+            if (j == 0) {
+                memcpy(b, us, D * sizeof *b);
+            } else {
+                uint32_t hj = (j - 1) / S, k2 = (j - 1) % S;
+                if (!ret[hj]) continue;
+                u = ndir + ((size_t)hj * S + k2) * D;
+                c = sb[(size_t)hj * S + k2] + 0.5 * (p->needle_len - 1);
+                memcpy(b, u, D * sizeof *b);
+                rope(syn, b, c);
+            }
+            for (uint32_t m = 0; m < nb; m++) {
+                const float *o = basis + (size_t)m * D;
+                double d = 0;
+                for (uint32_t i = 0; i < D; i++) d += (double)b[i] * o[i];
+                for (uint32_t i = 0; i < D; i++) b[i] -= (float)d * o[i];
+            }
+            double n2 = 0;
+            for (uint32_t i = 0; i < D; i++) n2 += (double)b[i] * b[i];
+            if (n2 < 1e-6) continue;   /* more sites than structural dimensions: keep u as drawn */
+            for (uint32_t i = 0; i < D; i++) b[i] *= (float)(1.0 / sqrt(n2));
+            if (u) {
+                memcpy(u, b, D * sizeof *u);
+                rope(syn, u, -c);
+            }
+            nb++;
+        }
+        /* the projection removes nb of D noise dimensions; rescale to keep the bulk z-score spread */
+        const float noise_scale = nb < D ? sqrtf((float)D / (float)(D - nb)) : 1.0f;
         const float amp = KEY_AMP * sqd;
         /* keys and values, token by token (streams split per 4096-token chunk would also work; one
          * stream per head keeps it simple and thread-count independent) */
@@ -417,7 +459,10 @@ flx_status_t flx_synth_layer(const flx_synth_t *syn, uint32_t layer, flx_bf16_t 
         const float coh = p->needle_value_coherence, incoh = sqrtf(1.0f - coh * coh);
         for (uint32_t t = 0; t < T; t++) {
             fill_normal(&rk, x, D, 1.0f);
-            for (uint32_t i = 0; i < D; i++) x[i] += rec_amp * ur[i];
+            /* sink tokens carry no recency: the sink's score must not swing with the query's
+             * position (real sinks are stable), which the recency kernel at distance ~pos would do */
+            if (t >= p->n_sink_tokens)
+                for (uint32_t i = 0; i < D; i++) x[i] += rec_amp * ur[i];
             float sv = 1.0f;
             if (t < p->n_sink_tokens) {
                 float a = amp * (t == 0 ? 1.0f : p->sink_tail);
@@ -459,8 +504,17 @@ flx_status_t flx_synth_layer(const flx_synth_t *syn, uint32_t layer, flx_bf16_t 
                 double pos = (double)p->prompt_len + step;
                 float *qr = q + ((size_t)h * R + row) * D;
                 fill_normal(&rq, qr, D, p->noise);
-                for (uint32_t i = 0; i < D; i++) qr[i] += p->recent_strength * jr / KEY_AMP * ur[i];
                 rope(syn, qr, pos);
+                for (uint32_t m = 0; m < nb; m++) {
+                    const float *c = basis + (size_t)m * D;
+                    double d = 0;
+                    for (uint32_t i = 0; i < D; i++) d += (double)qr[i] * c[i];
+                    for (uint32_t i = 0; i < D; i++) qr[i] -= (float)d * c[i];
+                }
+                for (uint32_t i = 0; i < D; i++) qr[i] *= noise_scale;
+                for (uint32_t i = 0; i < D; i++) x[i] = p->recent_strength * jr / KEY_AMP * ur[i];
+                rope(syn, x, pos);
+                for (uint32_t i = 0; i < D; i++) qr[i] += x[i];
                 for (uint32_t i = 0; i < D; i++) qr[i] += p->sink_strength * js / KEY_AMP * us[i];
                 if (!ret[j] || !S || !p->needles_active) continue;
                 uint32_t idx[1024];
