@@ -1,5 +1,5 @@
 # flx_predictor: MLP inference (AVX-512/AVX2/scalar, OpenMP), weights and dataset files, selector.
-add_library(flx_predictor STATIC src/selector.c src/predictor.c src/dataset.c)
+add_library(flx_predictor STATIC src/selector.c src/predictor.c src/dataset.c src/calibrate.c)
 target_include_directories(flx_predictor PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include
                            ${CMAKE_CURRENT_SOURCE_DIR}/../kvstore/include)
 # The micro-kernels keep register-blocked accumulator arrays: -O3 unrolls them fully (no fast-math).

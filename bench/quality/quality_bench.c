@@ -11,7 +11,8 @@
  *                read with) holding a ground-truth needle token that the head selected
  *   bytes        host bytes read (Quest metadata + distinct K/V blocks) per (layer, step, sequence)
  * Fluxion = features -> predictor -> selector -> host part of retrieval groups (streaming groups
- * read nothing) merged with the window partial the features computed.
+ * read nothing) merged with the window partial the features computed; "fluxion" at the weights'
+ * calibrated operating point, "fluxion_paper" at the paper's plain rule.
  * Appends one CSV row per configuration; with --time-batch B also times one Fluxion attention
  * step of B sequences per layer and reports the predictor's share of it.
  */
@@ -29,10 +30,13 @@
 #include "flx/util.h"
 #include "replay.h"
 
-enum { N_CFG = 6 };
-static const char *CFG_NAME[N_CFG] = {"full", "fixed_16_005", "fixed_16_002", "fixed_32_005", "fixed_32_002", "fluxion"};
-static const uint32_t CFG_BLK[N_CFG] = {0, 16, 16, 32, 32, 0};
-static const float CFG_BGT[N_CFG] = {1.0f, 0.05f, 0.02f, 0.05f, 0.02f, 0.0f};
+/* "fluxion" runs the selector at the operating point the weights carry (calibrated by
+ * fluxion-train --calib), "fluxion_paper" at the paper's plain rule (s >= 0.5, budgets as predicted). */
+enum { N_CFG = 7, CFG_FLUXION = 5, CFG_FLUXION_PAPER = 6 };
+static const char *CFG_NAME[N_CFG] = {"full", "fixed_16_005", "fixed_16_002", "fixed_32_005", "fixed_32_002", "fluxion",
+                                      "fluxion_paper"};
+static const uint32_t CFG_BLK[N_CFG] = {0, 16, 16, 32, 32, 0, 0};
+static const float CFG_BGT[N_CFG] = {1.0f, 0.05f, 0.02f, 0.05f, 0.02f, 0.0f, 0.0f};
 
 typedef struct acc {
     double heads, within, rel, recall_num, recall_den, bytes, steps, blk_sum, groups_run, groups;
@@ -112,6 +116,9 @@ int main(int argc, char **argv)
     if (flx_replay_create(src, tau, &r)) die("replay");
     flx_predictor_h pred;
     if (flx_predictor_load(weights, &pred)) die(weights);
+    const flx_select_params_t sel_cal = flx_predictor_select_params(pred), sel_paper = flx_select_params_paper();
+    printf("operating point of %s: stream_threshold %g budget_scale %g min_blocks %u\n", weights,
+           (double)sel_cal.stream_threshold, (double)sel_cal.budget_scale, sel_cal.min_blocks);
 
     /* Layers: an explicit list, or n_layers_pick spread evenly over the model (first and last in). */
     uint32_t layer_list[4096], n_lay = 0;
@@ -172,9 +179,10 @@ int main(int argc, char **argv)
                     flx_attn_timing_t tm = {0};
                     flx_status_t st = FLX_OK;
                     sel_blk[g] = CFG_BLK[c];
-                    if (c == N_CFG - 1) {
+                    if (c >= CFG_FLUXION) {
                         flx_selection_t s;
-                        st = flx_select_group(hp + (size_t)g * G, G, l_cpu, budgets + (size_t)g * G, &s);
+                        st = flx_select_group(hp + (size_t)g * G, G, l_cpu, c == CFG_FLUXION ? &sel_cal : &sel_paper,
+                                              budgets + (size_t)g * G, &s);
                         sel_blk[g] = s.skip ? 16 : s.blk;
                         if (!st && s.skip) {
                             memcpy(og, o_win + (size_t)g * G * D, (size_t)G * D * sizeof(float));
@@ -255,7 +263,7 @@ int main(int argc, char **argv)
                     flx_attn_ws_t *w = &ws[omp_get_thread_num()];
                     size_t base = (size_t)b * Hq + (size_t)g * G;
                     flx_selection_t s;
-                    flx_status_t st = flx_select_group(pb + base, G, l_cpu, bb + base, &s);
+                    flx_status_t st = flx_select_group(pb + base, G, l_cpu, &sel_cal, bb + base, &s);
                     if (!st && !s.skip) {
                         flx_attn_cfg_t cfg = {.mode = FLX_ATTN_SPARSE, .blk = s.blk, .budgets = bb + base};
                         st = flx_attn_host_run(w, &r->views[g], r->q_step + (size_t)g * G * D, &cfg, ob + base * D,

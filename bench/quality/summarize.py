@@ -7,7 +7,7 @@ import sys
 from collections import defaultdict
 
 rows = list(csv.DictReader(open(sys.argv[1])))
-cfgs = ["full", "fixed_16_005", "fixed_16_002", "fixed_32_005", "fixed_32_002", "fluxion"]
+cfgs = ["full", "fixed_16_005", "fixed_16_002", "fixed_32_005", "fixed_32_002", "fluxion", "fluxion_paper"]
 
 
 def agg(label):

@@ -95,6 +95,7 @@ struct flx_engine {
     flx_head_pred_t *pred;       /* (max_batch, Hq) */
     float *budgets;              /* (max_batch, Hq) */
     flx_selection_t *sel;        /* (max_batch, Hkv) */
+    flx_select_params_t select;  /* the selector's operating point (params.select or the predictor's) */
     uint32_t *tasks;             /* (max_batch, Hkv) retrieval tasks, highest V first */
     const flx_bf16_t **win_ptr;  /* (max_batch, 2, Hkv) window row pointers for the features */
     void *pred_scratch;
@@ -187,6 +188,7 @@ static flx_status_t check_params(const flx_engine_params_t *p)
     case FLX_ENGINE_ATTN_FLUXION:
         if (!p->predictor)
             return flx_error_set(FLX_ERR_INVALID, "attention mode fluxion needs a predictor (params.predictor)");
+        if (p->select && flx_select_params_check(p->select)) return FLX_ERR_INVALID;
         break;
     default:
         return flx_error_set(FLX_ERR_INVALID, "attention mode %d unknown", (int)p->mode);
@@ -275,6 +277,8 @@ flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, c
         e->sel = malloc((size_t)B * e->Hkv * sizeof *e->sel);
         e->tasks = malloc((size_t)B * e->Hkv * sizeof *e->tasks);
         e->win_ptr = malloc((size_t)B * 2 * e->Hkv * sizeof *e->win_ptr);
+        e->select = params->select ? *params->select : flx_predictor_select_params(params->predictor);
+        e->p.select = NULL;          /* copied: the caller's struct need not outlive create */
         e->pred_scratch_bytes = flx_predictor_scratch_bytes((uint32_t)rows);
         e->pred_scratch = flx_aligned_alloc(FLX_CACHELINE, FLX_ALIGN_UP(e->pred_scratch_bytes + 1, FLX_CACHELINE));
         if (!e->feat || !e->o_win || !e->lse_win || !e->pred || !e->budgets || !e->sel || !e->tasks || !e->win_ptr ||
@@ -558,7 +562,7 @@ static flx_status_t fluxion_plan(struct flx_engine *e, uint32_t layer, uint32_t 
         flx_kv_head_view_t view;
         if ((st = flx_kv_head_view(e->bseq[b]->sess, layer, g, &view)))
             return st;
-        if ((st = flx_select_group(e->pred + r0, G, view.l_cpu, e->budgets + r0, &e->sel[id])))
+        if ((st = flx_select_group(e->pred + r0, G, view.l_cpu, &e->select, e->budgets + r0, &e->sel[id])))
             return st;
         if (e->sel[id].skip) {
             memcpy(o + r0 * D, e->o_win + r0 * D, (size_t)G * D * sizeof(float));

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "flx/safetensors.h"
+#include "flx/util.h"
 
 #define DS_FORMAT "fluxion-dataset"
 
@@ -46,6 +47,13 @@ flx_status_t flx_dataset_save(const flx_dataset_t *d, const char *path)
     if (!st) st = flx_st_writer_set_metadata(w, "tau", tau);
     if (!st) st = flx_st_writer_set_metadata(w, "criterion", d->criterion);
     if (!st) st = flx_st_writer_set_metadata(w, "source", d->source);
+    if (d->n_q_heads && d->n_kv_heads) {
+        char hq[16], hkv[16];
+        snprintf(hq, sizeof hq, "%u", d->n_q_heads);
+        snprintf(hkv, sizeof hkv, "%u", d->n_kv_heads);
+        if (!st) st = flx_st_writer_set_metadata(w, "n_q_heads", hq);
+        if (!st) st = flx_st_writer_set_metadata(w, "n_kv_heads", hkv);
+    }
     if (!st) st = flx_st_writer_save(w, path);
     flx_st_writer_destroy(w);
     return st;
@@ -94,6 +102,15 @@ flx_status_t flx_dataset_load_append(flx_dataset_t *d, const char *path)
     }
     if (strlen(crit) >= sizeof d->criterion) {
         st = flx_error_set(FLX_ERR_FORMAT, "%s: metadata \"criterion\" longer than %zu", path, sizeof d->criterion - 1);
+        goto out;
+    }
+    /* optional shape: both or neither, n_q_heads a multiple of n_kv_heads */
+    uint64_t hq = 0, hkv = 0;
+    const char *hq_s = flx_st_metadata(r, "n_q_heads"), *hkv_s = flx_st_metadata(r, "n_kv_heads");
+    if ((hq_s != NULL) != (hkv_s != NULL) ||
+        (hq_s && (flx_parse_u64(hq_s, 1, 4096, &hq) || flx_parse_u64(hkv_s, 1, 4096, &hkv) || hq % hkv))) {
+        st = flx_error_set(FLX_ERR_FORMAT, "%s: metadata n_q_heads \"%s\" / n_kv_heads \"%s\": want both, positive, "
+                           "n_q_heads a multiple of n_kv_heads", path, hq_s ? hq_s : "(absent)", hkv_s ? hkv_s : "(absent)");
         goto out;
     }
     if (d->n && (tau != d->tau || strcmp(crit, d->criterion) != 0)) {
@@ -172,6 +189,11 @@ flx_status_t flx_dataset_load_append(flx_dataset_t *d, const char *path)
     memcpy(d->labels + (size_t)d->n * 3, fl, tl->nbytes);
     memcpy(d->bgt + (size_t)d->n * 5, fb, tb->nbytes);
     memcpy(d->where + (size_t)d->n * 3, iw, tw->nbytes);
+    if (d->n == 0) {
+        d->n_q_heads = (uint32_t)hq, d->n_kv_heads = (uint32_t)hkv;
+    } else if (d->n_q_heads != hq || d->n_kv_heads != hkv) {
+        d->n_q_heads = d->n_kv_heads = 0;   /* mixed shapes: no group structure to estimate with */
+    }
     if (d->n == 0) {
         d->tau = tau;
         snprintf(d->criterion, sizeof d->criterion, "%s", crit);

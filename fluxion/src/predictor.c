@@ -24,6 +24,7 @@
 #include "flx/predictor.h"
 
 #include <immintrin.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,6 +80,7 @@ flx_status_t flx_mlp_alloc(flx_mlp_t *m)
     }
     for (int i = 0; i < FLX_PRED_IN; i++) m->feature_std[i] = 1.0f;
     m->target_std[0] = m->target_std[1] = 1.0f;
+    m->select = flx_select_params_paper();
     return FLX_OK;
 }
 
@@ -127,6 +129,8 @@ flx_status_t flx_mlp_save(const flx_mlp_t *m, const char *path, const char *sour
                           float tau)
 {
     if (!m || !m->w1 || !path) return flx_error_set(FLX_ERR_INVALID, "mlp save: NULL argument");
+    flx_status_t bad = flx_select_params_check(&m->select);
+    if (bad) return bad;
     flx_st_writer_h w = NULL;
     flx_status_t st = flx_st_writer_create(&w);
     if (st) return st;
@@ -143,6 +147,13 @@ flx_status_t flx_mlp_save(const flx_mlp_t *m, const char *path, const char *sour
     if (!st && criterion) st = flx_st_writer_set_metadata(w, "criterion", criterion);
     if (!st && source) st = flx_st_writer_set_metadata(w, "source", source);
     if (!st) st = flx_st_writer_set_metadata(w, "trained_by", "fluxion flx_train");
+    char thr_s[32], scale_s[32], minb_s[16];
+    snprintf(thr_s, sizeof thr_s, "%.9g", (double)m->select.stream_threshold);
+    snprintf(scale_s, sizeof scale_s, "%.9g", (double)m->select.budget_scale);
+    snprintf(minb_s, sizeof minb_s, "%u", m->select.min_blocks);
+    if (!st) st = flx_st_writer_set_metadata(w, "stream_threshold", thr_s);
+    if (!st) st = flx_st_writer_set_metadata(w, "budget_scale", scale_s);
+    if (!st) st = flx_st_writer_set_metadata(w, "min_blocks", minb_s);
     if (!st) st = flx_st_writer_save(w, path);
     flx_st_writer_destroy(w);
     return st;
@@ -154,6 +165,20 @@ static flx_status_t expect_meta(flx_st_reader_h r, const char *path, const char 
     if (!v) return flx_error_set(FLX_ERR_FORMAT, "%s: metadata \"%s\" missing (want \"%s\")", path, key, want);
     if (strcmp(v, want) != 0)
         return flx_error_set(FLX_ERR_FORMAT, "%s: metadata \"%s\" is \"%s\", want \"%s\"", path, key, v, want);
+    return FLX_OK;
+}
+
+/* Optional numeric metadata: absent leaves *v; present must parse whole and be finite. */
+static flx_status_t meta_number(flx_st_reader_h r, const char *path, const char *key, double *v)
+{
+    const char *s = flx_st_metadata(r, key);
+    if (!s) return FLX_OK;
+    char *end;
+    errno = 0;
+    double x = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(x))
+        return flx_error_set(FLX_ERR_FORMAT, "%s: metadata \"%s\" is \"%s\", not a number", path, key, s);
+    *v = x;
     return FLX_OK;
 }
 
@@ -208,6 +233,21 @@ flx_status_t flx_mlp_load(const char *path, flx_mlp_t *m)
             }
         }
     }
+    double thr = t.select.stream_threshold, scale = t.select.budget_scale, minb = t.select.min_blocks;
+    if ((st = meta_number(r, path, "stream_threshold", &thr)) || (st = meta_number(r, path, "budget_scale", &scale)) ||
+        (st = meta_number(r, path, "min_blocks", &minb)))
+        goto out;
+    if (minb != floor(minb) || minb < 0 || minb > 64) {
+        st = flx_error_set(FLX_ERR_FORMAT, "%s: metadata \"min_blocks\" %g is not an integer in [0, 64]", path, minb);
+        goto out;
+    }
+    t.select.stream_threshold = (float)thr, t.select.budget_scale = (float)scale, t.select.min_blocks = (uint32_t)minb;
+    if ((st = flx_select_params_check(&t.select))) {
+        char msg[FLX_ERROR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", flx_error_msg());
+        st = flx_error_set(FLX_ERR_FORMAT, "%s: %s", path, msg);
+        goto out;
+    }
     *m = t;
     have = 0;
 out:
@@ -252,6 +292,7 @@ flx_status_t flx_mlp_forward_ref(const flx_mlp_t *m, const float *feat, uint32_t
 /* ---------------- prepared predictor ---------------- */
 
 struct flx_predictor {
+    flx_select_params_t select;
     float mean[IN_PAD], inv_std[IN_PAD];
     float target_mean[2], target_std[2];
     float *wp[N_LAYERS];   /* (n_panels, K, NP) k-major panels, zero-padded columns */
@@ -273,6 +314,13 @@ flx_status_t flx_predictor_create(const flx_mlp_t *m, flx_predictor_h *p_out)
         p->mean[i] = m->feature_mean[i];
         p->inv_std[i] = 1.0f / m->feature_std[i];
     }
+    if (flx_select_params_check(&m->select)) {
+        char msg[FLX_ERROR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", flx_error_msg());
+        flx_aligned_free(p);
+        return flx_error_set(FLX_ERR_INVALID, "predictor create: %s", msg);
+    }
+    p->select = m->select;
     memcpy(p->target_mean, m->target_mean, sizeof p->target_mean);
     memcpy(p->target_std, m->target_std, sizeof p->target_std);
     for (int l = 0; l < N_LAYERS; l++) {
@@ -306,6 +354,8 @@ flx_status_t flx_predictor_load(const char *path, flx_predictor_h *p)
     flx_mlp_free(&m);
     return st;
 }
+
+flx_select_params_t flx_predictor_select_params(flx_predictor_h p) { return p->select; }
 
 void flx_predictor_destroy(flx_predictor_h p)
 {

@@ -13,26 +13,52 @@ static float clamp01(float x)
     return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : x);
 }
 
-/* Budget of one head at blk; -1 marks a streaming head (no host tokens). */
-static float head_budget(const flx_head_pred_t *p, uint32_t blk)
+flx_select_params_t flx_select_params_paper(void)
+{
+    flx_select_params_t sp = {.stream_threshold = 0.5f, .budget_scale = 1.0f, .min_blocks = 0};
+    return sp;
+}
+
+flx_status_t flx_select_params_check(const flx_select_params_t *sp)
+{
+    if (!sp) return flx_error_set(FLX_ERR_INVALID, "select params: NULL");
+    if (!(sp->stream_threshold >= 0.5f && sp->stream_threshold <= 1.0f))
+        return flx_error_set(FLX_ERR_INVALID, "select params: stream_threshold %g not in [0.5, 1]",
+                             (double)sp->stream_threshold);
+    if (!(sp->budget_scale >= 1.0f && sp->budget_scale <= 64.0f))
+        return flx_error_set(FLX_ERR_INVALID, "select params: budget_scale %g not in [1, 64]", (double)sp->budget_scale);
+    if (sp->min_blocks > 64)
+        return flx_error_set(FLX_ERR_INVALID, "select params: min_blocks %u above 64", sp->min_blocks);
+    return FLX_OK;
+}
+
+static int head_streaming(const flx_head_pred_t *p, const flx_select_params_t *sp)
+{
+    return isfinite(p->bgt0) && isfinite(p->k) && isfinite(p->p_streaming) && p->p_streaming >= sp->stream_threshold;
+}
+
+/* Budget of one head at blk (0 for a streaming head). Non-finite predictions read everything. */
+static float head_budget(const flx_head_pred_t *p, const flx_select_params_t *sp, uint32_t blk, uint32_t l_cpu)
 {
     if (!isfinite(p->bgt0) || !isfinite(p->k) || !isfinite(p->p_streaming)) return 1.0f;
-    if (p->p_streaming >= 0.5f) return 0.0f;
-    return clamp01(p->bgt0 + p->k * log2f((float)blk));
+    if (head_streaming(p, sp)) return 0.0f;
+    float b = sp->budget_scale * (p->bgt0 + p->k * log2f((float)blk));
+    if (sp->min_blocks) {
+        float floor_b = (float)(((double)sp->min_blocks * blk - 0.5) / l_cpu);
+        b = b > floor_b ? b : floor_b;
+    }
+    return clamp01(b);
 }
 
-static int head_streaming(const flx_head_pred_t *p)
-{
-    return isfinite(p->bgt0) && isfinite(p->k) && isfinite(p->p_streaming) && p->p_streaming >= 0.5f;
-}
-
-flx_status_t flx_select_group(const flx_head_pred_t *pred, uint32_t G, uint32_t l_cpu, float *budgets,
-                              flx_selection_t *sel)
+flx_status_t flx_select_group(const flx_head_pred_t *pred, uint32_t G, uint32_t l_cpu, const flx_select_params_t *sp,
+                              float *budgets, flx_selection_t *sel)
 {
     if (!pred || !budgets || !sel) return flx_error_set(FLX_ERR_INVALID, "select: NULL argument");
     if (G == 0 || G > 64) return flx_error_set(FLX_ERR_INVALID, "select: group size %u outside [1, 64]", G);
+    const flx_select_params_t paper = flx_select_params_paper();
+    if (!sp) sp = &paper;
     memset(sel, 0, sizeof *sel);
-    for (uint32_t h = 0; h < G; h++) sel->n_retrieval += !head_streaming(&pred[h]);
+    for (uint32_t h = 0; h < G; h++) sel->n_retrieval += !head_streaming(&pred[h], sp);
     if (sel->n_retrieval == 0 || l_cpu == 0) {
         sel->skip = 1;
         for (uint32_t h = 0; h < G; h++) budgets[h] = 0.0f;
@@ -41,13 +67,13 @@ flx_status_t flx_select_group(const flx_head_pred_t *pred, uint32_t G, uint32_t 
     int best = 0;
     for (int j = 0; j < 4; j++) {
         double sum = 0.0;
-        for (uint32_t h = 0; h < G; h++) sum += head_budget(&pred[h], SEL_BLKS[j]);
+        for (uint32_t h = 0; h < G; h++) sum += head_budget(&pred[h], sp, SEL_BLKS[j], l_cpu);
         double v = 2.0 * (double)l_cpu / SEL_BLKS[j] + 2.0 * (double)l_cpu * sum;
         sel->v_blk[j] = (float)v;
         if (v < sel->v_blk[best]) best = j;   /* strict: ties keep the smaller blk */
     }
     sel->blk = SEL_BLKS[best];
     sel->v = sel->v_blk[best];
-    for (uint32_t h = 0; h < G; h++) budgets[h] = head_budget(&pred[h], sel->blk);
+    for (uint32_t h = 0; h < G; h++) budgets[h] = head_budget(&pred[h], sp, sel->blk, l_cpu);
     return FLX_OK;
 }

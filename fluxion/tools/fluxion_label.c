@@ -126,6 +126,7 @@ int main(int argc, char **argv)
         goto done;
     }
     ds.tau = tau;
+    ds.n_q_heads = sh.n_q_heads, ds.n_kv_heads = sh.n_kv_heads;
     snprintf(ds.criterion, sizeof ds.criterion, "%s", flx_crit_name(crit));
     snprintf(ds.source, sizeof ds.source, "%s", flx_kvsrc_describe(src));
     uint64_t t_start = flx_now_ns();

@@ -2,13 +2,17 @@
  * fluxion-train / fluxion-predict - train the head-property predictor on label datasets, and
  * evaluate shipped weights on held-out data (one source file, two programs: FLX_PREDICT_TOOL).
  *
- * usage: fluxion-train --data FILE [--data FILE ...] --out WEIGHTS [--epochs N] [--batch N] [--lr X]
- *                      [--seed N] [--test-frac X] [--bce-weight X] [--weight-decay X] [--source TEXT]
- *                      [--verbose]
+ * usage: fluxion-train --data FILE [--data FILE ...] --out WEIGHTS [--calib FILE ...] [--epochs N]
+ *                      [--batch N] [--lr X] [--seed N] [--test-frac X] [--bce-weight X]
+ *                      [--weight-decay X] [--source TEXT] [--verbose]
  *        fluxion-predict --weights WEIGHTS --data FILE [--data FILE ...]
  * Datasets are concatenated (same tau and criterion required). fluxion-train prints its report, one
  * "key value" line per metric, and writes WEIGHTS with the datasets' tau and criterion; MAEs are over
- * the retrieval rows of the held-out split. fluxion-predict prints the same metrics over every row.
+ * the retrieval rows of the held-out split. With --calib (label files never trained on, of one model
+ * shape) it also calibrates the selector's operating point (flx_select_calibrate) and stores it in
+ * WEIGHTS; without, WEIGHTS carry the paper's rule. fluxion-predict prints the same metrics over
+ * every row and, when the files carry their shape, the selector estimate at the weights' operating
+ * point and at the paper's rule.
  * Deterministic for a seed and OPENBLAS_NUM_THREADS.
  * Exit status: 0 ok, 2 bad arguments or input files, 1 other failures.
  */
@@ -54,21 +58,54 @@ static int status_exit(flx_status_t st)
                : 1;
 }
 
+#ifndef FLX_PREDICT_TOOL
+/* Calibrates m->select on the label files calib (labelled like the training rows), prints the
+ * outcome and the paper's rule on the same rows. */
+static flx_status_t calibrate(flx_mlp_t *m, const flx_dataset_t *train, const char *const *calib, int n_calib)
+{
+    flx_dataset_t c;
+    memset(&c, 0, sizeof c);
+    flx_predictor_h p = NULL;
+    flx_status_t st = FLX_OK;
+    for (int i = 0; i < n_calib && !st; i++) st = flx_dataset_load_append(&c, calib[i]);
+    if (!st && (c.tau != train->tau || strcmp(c.criterion, train->criterion) != 0))
+        st = flx_error_set(FLX_ERR_INVALID, "--calib rows were labelled with tau %g criterion \"%s\", the training rows "
+                           "with tau %g \"%s\"", (double)c.tau, c.criterion, (double)train->tau, train->criterion);
+    if (!st) st = flx_predictor_create(m, &p);
+    flx_select_params_t sp;
+    flx_select_estimate_t e, e0;
+    const flx_select_params_t paper = flx_select_params_paper();
+    if (!st) st = flx_select_calibrate(p, &c, &sp, &e);
+    if (!st) st = flx_select_estimate(p, &c, &paper, &e0);
+    if (!st) {
+        m->select = sp;
+        printf("calib_rows %u\ncalib_stream_threshold %g\ncalib_budget_scale %g\ncalib_min_blocks %u\n", c.n,
+               (double)sp.stream_threshold, (double)sp.budget_scale, sp.min_blocks);
+        printf("calib_within %.6g\ncalib_within_baseline %.6g\ncalib_bytes_ratio %.6g\n", (double)e.within,
+               (double)e.within_baseline, (double)e.bytes_ratio);
+        printf("calib_paper_within %.6g\ncalib_paper_bytes_ratio %.6g\n", (double)e0.within, (double)e0.bytes_ratio);
+    }
+    flx_predictor_destroy(p);
+    flx_dataset_free(&c);
+    return st;
+}
+#endif
+
 static void usage(void)
 {
 #ifdef FLX_PREDICT_TOOL
     fprintf(stderr, "usage: fluxion-predict --weights WEIGHTS --data FILE [--data FILE ...]\n");
 #else
-    fprintf(stderr, "usage: fluxion-train --data FILE [--data FILE ...] --out WEIGHTS [--epochs N] [--batch N] "
-                    "[--lr X] [--seed N] [--test-frac X] [--bce-weight X] [--weight-decay X] [--source TEXT] "
-                    "[--verbose]\n");
+    fprintf(stderr, "usage: fluxion-train --data FILE [--data FILE ...] --out WEIGHTS [--calib FILE ...] [--epochs N] "
+                    "[--batch N] [--lr X] [--seed N] [--test-frac X] [--bce-weight X] [--weight-decay X] "
+                    "[--source TEXT] [--verbose]\n");
 #endif
 }
 
 int main(int argc, char **argv)
 {
-    const char *data[MAX_DATA], *out = NULL, *weights = NULL, *source = NULL;
-    int n_data = 0;
+    const char *data[MAX_DATA], *calib[MAX_DATA], *out = NULL, *weights = NULL, *source = NULL;
+    int n_data = 0, n_calib = 0;
     flx_train_params_t tp;
     flx_train_defaults(&tp);
     for (int i = 1; i < argc; i++) {
@@ -87,6 +124,9 @@ int main(int argc, char **argv)
 #else
         } else if (!strcmp(a, "--out")) {
             ok = (out = v) != NULL;
+        } else if (!strcmp(a, "--calib")) {
+            if (!v || n_calib == MAX_DATA) ok = 0;
+            else calib[n_calib++] = v;
         } else if (!strcmp(a, "--source")) {
             ok = (source = v) != NULL;
         } else if (!strcmp(a, "--epochs")) {
@@ -122,7 +162,7 @@ int main(int argc, char **argv)
         usage();
         return 2;
     }
-    (void)out, (void)weights, (void)source;
+    (void)out, (void)weights, (void)source, (void)calib, (void)n_calib;
 
     flx_dataset_t d;
     memset(&d, 0, sizeof d);
@@ -147,6 +187,18 @@ int main(int argc, char **argv)
                (double)ev.mae_bgt16);
         printf("stream_precision %.6g\nstream_recall %.6g\n", (double)ev.stream_precision, (double)ev.stream_recall);
     }
+    if (!st && d.n_q_heads) {
+        const flx_select_params_t sp[2] = {flx_predictor_select_params(p), flx_select_params_paper()};
+        const char *name[2] = {"select", "select_paper"};
+        for (int i = 0; i < 2 && !st; i++) {
+            flx_select_estimate_t e;
+            if (!(st = flx_select_estimate(p, &d, &sp[i], &e)))
+                printf("%s_stream_threshold %g\n%s_budget_scale %g\n%s_min_blocks %u\n%s_within %.6g\n"
+                       "%s_within_baseline %.6g\n%s_bytes_ratio %.6g\n", name[i], (double)sp[i].stream_threshold,
+                       name[i], (double)sp[i].budget_scale, name[i], sp[i].min_blocks, name[i], (double)e.within,
+                       name[i], (double)e.within_baseline, name[i], (double)e.bytes_ratio);
+        }
+    }
     free(rows);
     flx_predictor_destroy(p);
 #else
@@ -154,6 +206,7 @@ int main(int argc, char **argv)
     flx_train_report_t rep;
     st = flx_mlp_alloc(&m);
     if (!st) st = flx_train(&d, &tp, &m, &rep);
+    if (!st && n_calib) st = calibrate(&m, &d, calib, n_calib);
     if (!st) st = flx_mlp_save(&m, out, source ? source : d.source, d.criterion, d.tau);
     if (!st) {
         printf("n_train %u\nn_test %u\ntrain_loss %.6g\n", rep.n_train, rep.n_test, (double)rep.train_loss);

@@ -68,13 +68,16 @@ static void refuse(const flx_dataset_t *d, const char *tname, flx_dtype_t dt, in
     }
     const char *keys[5] = {"format", "version", "tau", "criterion", "source"};
     const char *vals[5] = {"fluxion-dataset", "1", "0.05", "fluxion", "x"};
+    int known = 0;
     for (int i = 0; i < 5; i++) {
         if (mkey && strcmp(mkey, keys[i]) == 0) {
+            known = 1;
             if (mval) CHECK_OK(flx_st_writer_set_metadata(w, keys[i], mval));
         } else {
             CHECK_OK(flx_st_writer_set_metadata(w, keys[i], vals[i]));
         }
     }
+    if (mkey && !known) CHECK_OK(flx_st_writer_set_metadata(w, mkey, mval));   /* an extra key */
     char path[128];
     file(path, "bad.safetensors");
     CHECK_OK(flx_st_writer_save(w, path));
@@ -132,6 +135,22 @@ int main(void)
     CHECK(strstr(flx_error_msg(), "criterion") != NULL && l.n == 42);
     flx_dataset_free(&l);
 
+    /* the source's shape travels with the rows; files of different shapes leave it unknown */
+    a.n_q_heads = 8, a.n_kv_heads = 2, b.n_q_heads = 8, b.n_kv_heads = 2;
+    CHECK_OK(flx_dataset_save(&a, pa));
+    CHECK_OK(flx_dataset_save(&b, pb));
+    memset(&l, 0, sizeof l);
+    CHECK_OK(flx_dataset_load_append(&l, pa));
+    CHECK(l.n_q_heads == 8 && l.n_kv_heads == 2);
+    CHECK_OK(flx_dataset_load_append(&l, pb));
+    CHECK(l.n_q_heads == 8 && l.n_kv_heads == 2 && l.n == 42);
+    b.n_q_heads = 9, b.n_kv_heads = 3;
+    CHECK_OK(flx_dataset_save(&b, pb));
+    CHECK_OK(flx_dataset_load_append(&l, pb));
+    CHECK(l.n_q_heads == 0 && l.n_kv_heads == 0 && l.n == 47);
+    flx_dataset_free(&l);
+    a.n_q_heads = a.n_kv_heads = 0;
+
     /* an empty dataset round-trips */
     flx_dataset_t e = {0};
     snprintf(e.criterion, sizeof e.criterion, "fluxion");
@@ -147,6 +166,8 @@ int main(void)
     refuse(&a, NULL, 0, 0, 0, NULL, "version", "2", "\"version\"");
     refuse(&a, NULL, 0, 0, 0, NULL, "tau", "abc", "\"tau\"");
     refuse(&a, NULL, 0, 0, 0, NULL, "criterion", NULL, "\"criterion\" missing");
+    refuse(&a, NULL, 0, 0, 0, NULL, "n_q_heads", "8", "n_kv_heads \"(absent)\"");
+    refuse(&a, NULL, 0, 0, 0, NULL, "n_kv_heads", "x", "n_q_heads \"(absent)\"");
     refuse(&a, "labels", 0, 0, 0, NULL, NULL, NULL, "labels");
     refuse(&a, "bgt", FLX_DT_F32, 36, 5, a.bgt, NULL, NULL, "bgt");
     refuse(&a, "features", FLX_DT_F32, 37, 40, a.features, NULL, NULL, "features");

@@ -73,7 +73,8 @@ static void path_of(char *buf, size_t cap, const char *name)
 
 /* Writes the tensors of m as the loader expects, with one change, and checks the refusal names
  * `want`. mode: 0 drop tensor `name`, 1 add extra tensor, 2 write `name` as F16, 3 wrong shape of
- * `name`, 4 metadata format wrong. */
+ * `name`, 4 metadata format wrong, 5 metadata `name` set to meta_value. */
+static const char *meta_value;
 static void check_refusal(const flx_mlp_t *m, int mode, const char *name, const char *want)
 {
     static const char *names[12] = {"feature_mean", "feature_std", "target_mean", "target_std",
@@ -106,6 +107,7 @@ static void check_refusal(const flx_mlp_t *m, int mode, const char *name, const 
     CHECK_OK(flx_st_writer_set_metadata(w, "format", mode == 4 ? "fluxion-dataset" : "fluxion-predictor"));
     CHECK_OK(flx_st_writer_set_metadata(w, "version", "1"));
     CHECK_OK(flx_st_writer_set_metadata(w, "features", "appendix-a-41"));
+    if (mode == 5) CHECK_OK(flx_st_writer_set_metadata(w, name, meta_value));
     char path[300];
     path_of(path, sizeof path, "bad.safetensors");
     CHECK_OK(flx_st_writer_save(w, path));
@@ -205,10 +207,27 @@ int main(void)
     size_t nw = flx_mlp_param_count();
     CHECK(memcmp(m.w1, m2.w1, nw * sizeof(float)) == 0);
     CHECK(memcmp(m.b4, m2.b4, 3 * sizeof(float)) == 0);
+    flx_select_params_t paper = flx_select_params_paper();   /* random_mlp leaves the paper's rule */
+    CHECK(memcmp(&m2.select, &paper, sizeof paper) == 0);
     flx_mlp_free(&m2);
     flx_predictor_h p2;
     CHECK_OK(flx_predictor_load(path, &p2));
+    flx_select_params_t got = flx_predictor_select_params(p2);
+    CHECK(memcmp(&got, &paper, sizeof paper) == 0);
     flx_predictor_destroy(p2);
+
+    /* the operating point travels with the weights */
+    m.select = (flx_select_params_t){.stream_threshold = 0.95f, .budget_scale = 2.5f, .min_blocks = 4};
+    CHECK_OK(flx_mlp_save(&m, path, "unit test", "fluxion", 0.05f));
+    CHECK_OK(flx_predictor_load(path, &p2));
+    got = flx_predictor_select_params(p2);
+    CHECK(got.stream_threshold == 0.95f && got.budget_scale == 2.5f && got.min_blocks == 4);
+    flx_predictor_destroy(p2);
+    m.select.budget_scale = 0.5f;   /* out of range: not written */
+    CHECK_ST(flx_mlp_save(&m, path, "unit test", "fluxion", 0.05f), FLX_ERR_INVALID);
+    CHECK_ST(flx_predictor_create(&m, &p2), FLX_ERR_INVALID);
+    CHECK(strstr(flx_error_msg(), "budget_scale") != NULL);
+    m.select = paper;
 
     /* refusals */
     check_refusal(&m, 0, "backbone.1.bias", "\"backbone.1.bias\" missing");
@@ -216,6 +235,14 @@ int main(void)
     check_refusal(&m, 2, "head.weight", "head.weight");
     check_refusal(&m, 3, "backbone.2.weight", "backbone.2.weight");
     check_refusal(&m, 4, NULL, "\"format\"");
+    meta_value = "0.3";
+    check_refusal(&m, 5, "stream_threshold", "stream_threshold 0.3 not in [0.5, 1]");
+    meta_value = "two";
+    check_refusal(&m, 5, "budget_scale", "\"budget_scale\" is \"two\", not a number");
+    meta_value = "1.5";
+    check_refusal(&m, 5, "min_blocks", "\"min_blocks\" 1.5 is not an integer");
+    meta_value = "nan";
+    check_refusal(&m, 5, "stream_threshold", "not a number");
     check_bad_value(&m, &m.w2[1000], NAN, "\"backbone.1.weight\" element 1000 is not finite");
     check_bad_value(&m, &m.b4[2], INFINITY, "\"head.bias\" element 2 is not finite");
     check_bad_value(&m, &m.feature_std[5], 0.0f, "\"feature_std\" element 5");

@@ -51,11 +51,14 @@ int main(int argc, char **argv)
         d.labels[r * 3 + 1] = 0.02f + 0.01f * f[1];
         d.labels[r * 3 + 2] = f[2] > 1.0f;
         for (int j = 0; j < 5; j++) d.bgt[r * 5 + j] = d.labels[r * 3] + (j ? j + 3 : 0) * d.labels[r * 3 + 1];
+        d.where[r * 3] = r / 4, d.where[r * 3 + 1] = r % 4;   /* blocks of 4 heads, 2 kv groups */
+        f[FLX_F_L_CPU] = 4096.0f;
     }
+    d.n_q_heads = 4, d.n_kv_heads = 2;
     d.tau = 0.05f;
     snprintf(d.criterion, sizeof d.criterion, "fluxion");
     snprintf(d.source, sizeof d.source, "tools test");
-    char ds[512], w[512], out[512], cmd[2048];
+    char ds[512], w[512], out[512], cmd[4096];
     snprintf(ds, sizeof ds, "%s/tools_ds.safetensors", dir);
     snprintf(w, sizeof w, "%s/tools_w.safetensors", dir);
     snprintf(out, sizeof out, "%s/tools_out.txt", dir);
@@ -76,6 +79,34 @@ int main(int argc, char **argv)
     CHECK(run(cmd) == 0);
     CHECK(value_of(out, "rows") == 2000);
     CHECK(isfinite(value_of(out, "mae_bgt0")) && value_of(out, "mae_bgt0") < 0.1);
+    /* without --calib the weights carry the paper's rule; both estimates are printed */
+    CHECK(value_of(out, "select_stream_threshold") == 0.5 && value_of(out, "select_budget_scale") == 1.0);
+    CHECK(value_of(out, "select_within") == value_of(out, "select_paper_within"));
+    CHECK(isfinite(value_of(out, "select_bytes_ratio")) && value_of(out, "select_within_baseline") > 0.0);
+
+    /* --calib: the operating point is calibrated, printed, stored, and fluxion-predict reports it;
+     * its within share reaches the baseline's or it is the fallback that does best */
+    snprintf(cmd, sizeof cmd, "%s --data %s --calib %s --out %s --epochs 5 --batch 64 --seed 7 > %s", tr, ds, ds, w, out);
+    CHECK(run(cmd) == 0);
+    double thr = value_of(out, "calib_stream_threshold"), scale = value_of(out, "calib_budget_scale");
+    double minb = value_of(out, "calib_min_blocks"), cw = value_of(out, "calib_within");
+    CHECK(thr >= 0.5 && thr <= 1.0 && scale >= 1.0 && minb >= 0 && isfinite(cw));
+    CHECK(cw >= value_of(out, "calib_paper_within"));
+    flx_predictor_h p;
+    CHECK_OK(flx_predictor_load(w, &p));
+    flx_select_params_t sp = flx_predictor_select_params(p);
+    CHECK(sp.stream_threshold == (float)thr && sp.budget_scale == (float)scale && sp.min_blocks == (uint32_t)minb);
+    flx_predictor_destroy(p);
+    snprintf(cmd, sizeof cmd, "%s --weights %s --data %s > %s", pr, w, ds, out);
+    CHECK(run(cmd) == 0);
+    CHECK(fabs(value_of(out, "select_within") - cw) < 1e-5);
+    /* calibration rows labelled under another tau are refused */
+    d.tau = 0.1f;
+    char ds2[600];
+    snprintf(ds2, sizeof ds2, "%s/tools_ds_tau.safetensors", dir);
+    CHECK_OK(flx_dataset_save(&d, ds2));
+    snprintf(cmd, sizeof cmd, "%s --data %s --calib %s --out %s --epochs 1 2>/dev/null >/dev/null", tr, ds, ds2, w);
+    CHECK(run(cmd) == 2);
 
     /* bad flags and files */
     const char *bad[] = {"--data %s --out %s --epochs 0", "--data %s --out %s --lr -1", "--data %s --out %s --lr x",

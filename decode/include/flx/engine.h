@@ -53,7 +53,8 @@
  * layer, the 41 features of every (sequence, query head) from the window and the session's
  * prefill statistics (flx/features.h; they also give each head's window partial), the predictor
  * over all of them at once (flx/predictor.h), the selector per group (flx/selector.h: blk, per-head
- * budgets, priority V; streaming-only groups read nothing on the host and keep the window
+ * budgets, priority V, at the operating point params.select or the predictor's calibrated one;
+ * streaming-only groups read nothing on the host and keep the window
  * partial), then the host parts of the remaining groups, highest V first, pulled by the CPU
  * workers one at a time, each merged with its window partial. Sessions must carry prefill
  * statistics (flx_engine_prefill_into_store with a tau, or a prefill node that sends them).
@@ -107,10 +108,12 @@ typedef struct flx_engine_params {
     int bind_numa;           /* 1: bind the OpenMP pool (n_threads, the calling thread included) to the
                                 store's NUMA node at create, so attention reads host KV locally */
     flx_predictor_h predictor; /* FLUXION: borrowed, must outlive the engine; NULL otherwise */
+    const flx_select_params_t *select; /* FLUXION: the selector's operating point (copied at create);
+                                          NULL = the one the predictor's weights carry */
 } flx_engine_params_t;
 
 /* max_batch 8, max_seqs 0, n_threads 0, max_l_cpu 0, FULL, blk 16, bgt 0.05, close_sessions 1,
- * bind_numa 0. */
+ * bind_numa 0, predictor NULL, select NULL. */
 flx_engine_params_t flx_engine_params_default(void);
 
 /* Checks params (ranges, mode; FLUXION needs a predictor) and that the store's shape (layers,

@@ -21,7 +21,9 @@
  *   backbone.2.weight (128, 256)  backbone.2.bias (128)
  *   head.weight (3, 128)          head.bias (3)
  *   metadata: "format" = "fluxion-predictor", "version" = "1", "features" = "appendix-a-41",
- *             optional "tau", "criterion", "source", "trained_by" (free text)
+ *             optional "tau", "criterion", "source", "trained_by" (free text), and the
+ *             selector's operating point "stream_threshold", "budget_scale", "min_blocks"
+ *             (decimal strings; each absent one takes the paper's value 0.5, 1, 0)
  * In PyTorch: nn.Sequential of Linear/ReLU named backbone.{0,1,2} + a Linear named head, inputs
  * standardized with feature_mean/std (std entries > 0), regression outputs de-standardized with
  * target_mean/std. The loader refuses missing or extra tensors, other dtypes or shapes, non-finite
@@ -32,7 +34,9 @@
  *   bgt F32 (N, 5)            least budgets at blk 1, 16, 32, 64, 128 (flx/budget.h)
  *   where I32 (N, 3)          layer, query head, decode step of the row (>= 0; I32 because the
  *                             project's safetensors reader has no U32 dtype)
- *   metadata: "format" = "fluxion-dataset", "version" = "1", "tau", "criterion", "source"
+ *   metadata: "format" = "fluxion-dataset", "version" = "1", "tau", "criterion", "source",
+ *             optional "n_q_heads", "n_kv_heads" (the source's shape; fluxion-label writes them)
+ *   Rows come as fluxion-label writes them: per (layer, step), the n_q_heads heads in order.
  *
  * THREAD MODE: a loaded predictor is immutable; flx_predictor_run may be called from many threads
  * at once, each with its own scratch.
@@ -56,14 +60,33 @@ extern "C" {
 #define FLX_PRED_H3 128
 #define FLX_PRED_OUT 3
 
+/*
+ * The selector's operating point (flx/selector.h): how predictions become host reads. The paper
+ * gives only the plain rule {0.5, 1, 0}: s >= 0.5 is streaming, budgets are Eq. 1 as predicted.
+ * A regression predicts a head's least budget give or take its error, and a head given less than
+ * its least budget misses Eq. 2, so the point is calibrated for each weights file on held-out
+ * labels (flx_select_calibrate, fluxion-train --calib) and stored with the weights.
+ */
+typedef struct flx_select_params {
+    float stream_threshold;  /* a head is streaming when p_streaming >= this; in [0.5, 1] */
+    float budget_scale;      /* Eq. 1's line is multiplied by this before the clamp; in [1, 64] */
+    uint32_t min_blocks;     /* a retrieval head reads at least this many logical blocks; <= 64 */
+} flx_select_params_t;
+
+/* {0.5, 1, 0}: the paper's rule. */
+flx_select_params_t flx_select_params_paper(void);
+/* FLX_ERR_INVALID naming the field outside its range (NaN included). */
+flx_status_t flx_select_params_check(const flx_select_params_t *sp);
+
 /* The parameters, plain arrays (owned by whoever made the struct). */
 typedef struct flx_mlp {
     float feature_mean[FLX_PRED_IN], feature_std[FLX_PRED_IN];
     float target_mean[2], target_std[2];
     float *w1, *b1, *w2, *b2, *w3, *b3, *w4, *b4;   /* shapes as above */
+    flx_select_params_t select;                      /* the calibrated operating point */
 } flx_mlp_t;
 
-/* Allocates the weight arrays of m (zeroed; stds 1) / frees them. */
+/* Allocates the weight arrays of m (zeroed; stds 1; the paper's select params) / frees them. */
 flx_status_t flx_mlp_alloc(flx_mlp_t *m);
 void flx_mlp_free(flx_mlp_t *m);
 size_t flx_mlp_param_count(void);   /* 109827 */
@@ -83,6 +106,8 @@ typedef struct flx_predictor *flx_predictor_h;
 flx_status_t flx_predictor_create(const flx_mlp_t *m, flx_predictor_h *p);
 flx_status_t flx_predictor_load(const char *path, flx_predictor_h *p);   /* flx_mlp_load + create */
 void flx_predictor_destroy(flx_predictor_h p);
+/* The operating point the weights carry (the paper's when they carry none). */
+flx_select_params_t flx_predictor_select_params(flx_predictor_h p);
 
 /* Scratch bytes for up to max_rows rows per call. */
 size_t flx_predictor_scratch_bytes(uint32_t max_rows);
@@ -100,6 +125,8 @@ flx_status_t flx_mlp_forward_ref(const flx_mlp_t *m, const float *feat, uint32_t
 
 typedef struct flx_dataset {
     uint32_t n;
+    uint32_t n_q_heads, n_kv_heads; /* the source's shape; 0 when unknown or when files of different
+                                       shapes were appended (the selector estimate needs it) */
     float *features;   /* (n, 41) */
     float *labels;     /* (n, 3) */
     float *bgt;        /* (n, 5) */
@@ -125,6 +152,36 @@ typedef struct flx_eval {
 /* rows (n_rows indices into d) -> ev. Runs p single-threaded in chunks. */
 flx_status_t flx_predictor_evaluate(flx_predictor_h p, const flx_dataset_t *d, const uint32_t *rows, uint32_t n_rows,
                                     flx_eval_t *ev);
+
+/*
+ * Estimated outcome of a selector operating point on labelled rows (a validation dataset with its
+ * shape): every (layer, step, kv group) of n_q_heads / n_kv_heads heads runs flx_select_group on
+ * the predictions; a head counts as within the criterion when its label says streaming, or when it
+ * was not treated as streaming and its budget at the chosen blk is at least its least budget there
+ * (bgt, as labelled). The volume is Eq. 3 (V of the chosen blk, 0 for a skipped group). The
+ * baseline is fixed (16, 0.05): within when streaming or bgt(16) <= 0.05; its volume
+ * 2 l_cpu / 16 + 2 l_cpu min(1, G 0.05), the same sum-of-budgets bound.
+ */
+typedef struct flx_select_estimate {
+    uint32_t n_heads, n_groups;
+    float within, within_baseline;   /* shares of heads */
+    float bytes_ratio;               /* sum of V / sum of the baseline's V */
+} flx_select_estimate_t;
+
+flx_status_t flx_select_estimate(flx_predictor_h p, const flx_dataset_t *d, const flx_select_params_t *sp,
+                                 flx_select_estimate_t *est);
+
+/*
+ * Calibration of the operating point on validation rows: over a grid of stream_threshold
+ * {0.5 .. 0.99}, budget_scale {1 .. 6} and min_blocks {0, 1, 2, 4}, the point with the least
+ * estimated volume whose within share reaches the baseline's; when none does, the point with the
+ * highest within share whose volume stays at or below the baseline's (the paper's rule when even
+ * that is empty). Ties go to the earlier grid point (lower threshold, scale, min_blocks). *out is
+ * the point, *est its estimate. FLX_ERR_INVALID when d has no shape or its rows are not in blocks
+ * of n_q_heads heads of one (layer, step).
+ */
+flx_status_t flx_select_calibrate(flx_predictor_h p, const flx_dataset_t *d, flx_select_params_t *out,
+                                  flx_select_estimate_t *est);
 
 /* ---- training (flx_fluxion_train, links a BLAS) ---- */
 

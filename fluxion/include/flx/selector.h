@@ -2,13 +2,18 @@
  * flx/selector.h - the granularity-budget selector (paper §6.3, Eq. 1 and Eq. 3).
  *
  * For one GQA group of G query heads sharing a kv head with l_cpu host tokens, given each head's
- * predicted (bgt0, k, p_streaming):
- *   streaming head    p_streaming >= 0.5: reads no host token (budget 0, window only)
+ * predicted (bgt0, k, p_streaming) and the operating point sp (flx/predictor.h; the paper's rule
+ * is thr = 0.5, alpha = 1, m = 0):
+ *   streaming head    p_streaming >= thr: reads no host token (budget 0, window only)
  *   group skip        every head streaming: the group reads nothing on the host, no task (V = 0)
- *   bgt_h(blk)        clamp(bgt0_h + k_h log2(blk), 0, 1) for a retrieval head, 0 for a streaming
- *                     one. THE CLAMP: a fitted line can leave [0, 1] (a negative intercept at
- *                     small blk, above 1 at large blk); budgets are fractions of l_cpu, so they
- *                     are clamped into [0, 1] before V is computed and before they are used.
+ *   bgt_h(blk)        for a retrieval head clamp(max(alpha (bgt0_h + k_h log2(blk)), m blocks), 0, 1),
+ *                     where m blocks is the budget of m logical blocks of blk ((m blk - 1/2) / l_cpu,
+ *                     which flx_attn_budget_blocks maps to exactly m); 0 for a streaming one.
+ *                     THE CLAMP: a fitted line can leave [0, 1] (a negative intercept at small
+ *                     blk, above 1 at large blk); budgets are fractions of l_cpu, so they are
+ *                     clamped into [0, 1] before V is computed and before they are used. The
+ *                     floor of m blocks keeps a head the predictor calls retrieval from reading
+ *                     nothing because its line dipped below 0.
  *   V(blk)            2 l_cpu / blk + 2 l_cpu sum_h bgt_h(blk)          (Eq. 3, in token rows:
  *                     multiply by D * sizeof(bf16) for bytes)
  *   blk*              argmin V over {16, 32, 64, 128}; ties go to the smaller blk
@@ -34,9 +39,10 @@ typedef struct flx_selection {
     uint32_t n_retrieval;
 } flx_selection_t;
 
-/* pred (G) -> budgets (G) at blk* and the selection. G in [1, 64]. */
-flx_status_t flx_select_group(const flx_head_pred_t *pred, uint32_t G, uint32_t l_cpu, float *budgets,
-                              flx_selection_t *sel);
+/* pred (G) -> budgets (G) at blk* and the selection. G in [1, 64]; sp NULL means the paper's rule
+ * (sp is not range-checked here: flx_select_params_check it once where it is set). */
+flx_status_t flx_select_group(const flx_head_pred_t *pred, uint32_t G, uint32_t l_cpu, const flx_select_params_t *sp,
+                              float *budgets, flx_selection_t *sel);
 
 #ifdef __cplusplus
 }
