@@ -10,6 +10,10 @@
 #                                       and of the Debian Reference (debref-*): distinct documents,
 #                                       boundaries kept, for training / held-out use; never used as
 #                                       the benchmark prompt
+#   $FLX_CACHE/texts/train/code-ucx.txt   C code: UCX's public UCP headers (libucx-dev, a build dependency),
+#                                       comments and declarations as written; predictor training only
+#   $FLX_CACHE/texts/train/manual-vim.txt a user manual in plain prose: Vim's usr_*.txt (vim-runtime),
+#                                       predictor training only
 #   $FLX_CACHE/texts/MANIFEST.tsv       name, role, package, version, source path(s), bytes, words, sha256
 # If apt cannot install them (no network, no root), bench.txt falls back to
 # /usr/share/common-licenses/GPL-3 + GPL-2 (always present, ~ 10.9K tokens) and the MANIFEST says so.
@@ -20,8 +24,8 @@
 set -euo pipefail
 cache="${FLX_CACHE:-$HOME/.cache/fluxion}"
 out="$cache/texts"
-pkgs=(developers-reference debian-policy debian-reference-en)
-mkdir -p "$out/docs"
+pkgs=(developers-reference debian-policy debian-reference-en vim-runtime libucx-dev)
+mkdir -p "$out/docs" "$out/train"
 
 missing=()
 for p in "${pkgs[@]}"; do
@@ -165,6 +169,17 @@ for f in sorted(glob.glob("/usr/share/debian-reference/*.en.html")):
     if stem == "index":
         continue
     emit("docs/debref-" + stem + ".txt", "document", html_to_text(f), "debian-reference-en", [f])
+
+# train/: training texts of other kinds than documentation (code, a prose manual); never held out
+def plain(paths):
+    return "\n".join(unicodedata.normalize("NFC", open(f, encoding="utf-8", errors="replace").read())
+                     for f in paths)
+ucp = [f for f in ("/usr/include/ucp/api/ucp_def.h", "/usr/include/ucp/api/ucp.h") if os.path.exists(f)]
+if ucp:
+    emit("train/code-ucx.txt", "training text (C code)", plain(ucp), "libucx-dev", ucp)
+vim = sorted(glob.glob("/usr/share/vim/vim*/doc/usr_[0-9]*.txt"))
+if vim:
+    emit("train/manual-vim.txt", "training text (prose manual)", plain(vim), "vim-runtime", vim)
 
 # drop documents a previous run wrote that are no longer produced
 keep = {m[0] for m in manifest}

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Reproduces the predictor weights shipped in fluxion/weights/ (paper §6.2):
-#   scripts/train_predictor.sh real        SmolLM2-135M-Instruct, from KV dumps of Debian Policy text
+#   scripts/train_predictor.sh real        SmolLM2-135M-Instruct, from KV dumps of documentation, code and prose
 #   scripts/train_predictor.sh synthetic   the default synthetic profile, Llama-3.1-8B-like shape
 #   scripts/train_predictor.sh all
 # Steps: KV dumps (real) or synthetic sources -> fluxion-label (features + labels, dataset files) ->
-# fluxion-train (OpenBLAS, single-threaded so the weights are bit-reproducible for the seed).
+# fluxion-train (OpenBLAS, single-threaded so the weights are bit-reproducible for the seed), which
+# also calibrates the selector's operating point on label files it never trained on (--calib).
 # Training texts never overlap the quality benchmark's held-out texts (Debian Reference chapters).
 # Env: FLX_CACHE (model, texts, dumps, datasets), FLX_BUILD (build tree, default build-bench).
 set -euo pipefail
@@ -25,21 +26,45 @@ train="$build/fluxion/tools/fluxion-train"
 
 if [ "$what" = real ] || [ "$what" = all ]; then
   model="$cache/SmolLM2-135M-Instruct.Q4_1.gguf"
-  text="$work/policy.txt"
-  cat "$cache"/texts/docs/policy-*.txt > "$text"
+  texts="$cache/texts"
+  [ -s "$texts/train/manual-vim.txt" ] && [ -s "$texts/train/code-ucx.txt" ] || ./scripts/fetch_texts.sh >/dev/null
+  cat "$texts"/docs/policy-*.txt > "$work/policy.txt"
   data=()
-  # (prompt_len, offset in tokens): lengths 2K-8K from different places of the text; 64 decode steps.
-  for spec in 8000:0 8000:16000 8000:32000 4000:48000 4000:56000 2000:62000 2000:66000; do
-    L=${spec%%:*}; off=${spec##*:}
-    dump="$work/dump-policy-$L-$off.safetensors"
-    [ -s "$dump" ] || "$build/decode/tools/flx-kv-dump" --model "$model" --text "$text" --prompt-len "$L" \
+  # Three kinds of text (documentation, C code, a prose manual), prompts of 2K-8K tokens from
+  # different places of each, 64 teacher-forced steps each, every 2nd step labelled.
+  # name:file:prompt_len:offset (offsets in tokens)
+  for spec in policy:$work/policy.txt:8000:0 policy:$work/policy.txt:8000:16000 \
+              policy:$work/policy.txt:8000:32000 policy:$work/policy.txt:6000:48000 \
+              policy:$work/policy.txt:4000:56000 policy:$work/policy.txt:2000:62000 \
+              policy:$work/policy.txt:2000:66000 \
+              code:$texts/train/code-ucx.txt:8000:0 code:$texts/train/code-ucx.txt:8000:16000 \
+              code:$texts/train/code-ucx.txt:4000:32000 code:$texts/train/code-ucx.txt:2000:40000 \
+              vim:$texts/train/manual-vim.txt:8000:0 vim:$texts/train/manual-vim.txt:8000:30000 \
+              vim:$texts/train/manual-vim.txt:8000:60000 vim:$texts/train/manual-vim.txt:6000:90000 \
+              vim:$texts/train/manual-vim.txt:4000:100000 vim:$texts/train/manual-vim.txt:2000:110000; do
+    IFS=: read -r name file L off <<< "$spec"
+    dump="$work/dump-$name-$L-$off.safetensors"
+    [ -s "$dump" ] || "$build/decode/tools/flx-kv-dump" --model "$model" --text "$file" --prompt-len "$L" \
         --steps 64 --offset "$off" --out "$dump"
-    ds="$work/ds-policy-$L-$off.safetensors"
-    [ -s "$ds" ] || "$label" --source "dump:$dump" --step-every 4 --out "$ds"
+    ds="$work/ds-$name-$L-$off.safetensors"
+    [ -s "$ds" ] || "$label" --source "dump:$dump" --step-every 2 --out "$ds"
     data+=(--data "$ds")
   done
-  "$train" "${data[@]}" --seed 1 --out fluxion/weights/predictor-smollm2-135m-instruct.safetensors \
-      --source "SmolLM2-135M-Instruct Q4_1, Debian Policy 4.6.2 text, prompts 2K-8K, 64 teacher-forced steps"
+  # Calibration of the selector's operating point (fluxion-train --calib): other windows of the same
+  # training texts, never trained on.
+  calib=()
+  for spec in policy:$work/policy.txt:8000:42000 code:$texts/train/code-ucx.txt:6000:44000 \
+              vim:$texts/train/manual-vim.txt:8000:118000; do
+    IFS=: read -r name file L off <<< "$spec"
+    dump="$work/dump-$name-$L-$off.safetensors"
+    [ -s "$dump" ] || "$build/decode/tools/flx-kv-dump" --model "$model" --text "$file" --prompt-len "$L" \
+        --steps 64 --offset "$off" --out "$dump"
+    ds="$work/calib-$name-$L-$off.safetensors"
+    [ -s "$ds" ] || "$label" --source "dump:$dump" --step-every 2 --out "$ds"
+    calib+=(--calib "$ds")
+  done
+  "$train" "${data[@]}" "${calib[@]}" --seed 1 --out fluxion/weights/predictor-smollm2-135m-instruct.safetensors \
+      --source "SmolLM2-135M-Instruct Q4_1; Debian Policy, UCX headers, Vim user manual; prompts 2K-8K, 64 teacher-forced steps"
 fi
 
 if [ "$what" = synthetic ] || [ "$what" = all ]; then
@@ -51,11 +76,20 @@ if [ "$what" = synthetic ] || [ "$what" = all ]; then
     for share in 0.25 0.5 0.75; do
       ds="$work/ds-synth-$L-$share-$seed.safetensors"
       [ -s "$ds" ] || "$label" --source "synth:32,32,8,128,$L,32,$seed,$share" \
-          --layers 0,3,6,9,12,15,18,21,24,27,30,31 --step-every 4 --out "$ds"
+          --layers 0,3,6,9,12,15,18,21,24,27,30,31 --step-every 2 --out "$ds"
       data+=(--data "$ds")
       seed=$((seed + 1))
     done
   done
-  "$train" "${data[@]}" --seed 1 --out fluxion/weights/predictor-synthetic-llama8b.safetensors \
+  # calibration: seeds 10..12, other layers, never trained on
+  calib=()
+  for spec in 8192:0.5:10 16384:0.25:11 32768:0.75:12; do
+    IFS=: read -r L share seed <<< "$spec"
+    ds="$work/calib-synth-$L-$share-$seed.safetensors"
+    [ -s "$ds" ] || "$label" --source "synth:32,32,8,128,$L,32,$seed,$share" \
+        --layers 1,7,13,19,25,29 --step-every 2 --out "$ds"
+    calib+=(--calib "$ds")
+  done
+  "$train" "${data[@]}" "${calib[@]}" --seed 1 --out fluxion/weights/predictor-synthetic-llama8b.safetensors \
       --source "synthetic default profile, 32x32x8x128, prompts 8K-32K, retrieval share 0.25/0.5/0.75"
 fi
