@@ -311,7 +311,7 @@ int main(int argc, char **argv)
         printf("%-14s %8.0f %10.4f %10.4f %8.4f %14.0f %8.1f %8.3f\n", CFG_NAME[c], a->heads, a->within / a->heads,
                a->rel / a->heads, recall, bytes, mblk, tshare);
         if (f)
-            fprintf(f, "%s,%s,%u,%s,%.0f,%.6f,%.6f,%.6f,%.1f,%.2f,%.4f,%.2f\n", label, flx_kvsrc_describe(src),
+            fprintf(f, "%s,\"%s\",%u,%s,%.0f,%.6f,%.6f,%.6f,%.1f,%.2f,%.4f,%.2f\n", label, flx_kvsrc_describe(src),
                     sh.prompt_len, CFG_NAME[c], a->heads, a->within / a->heads, a->rel / a->heads, recall, bytes,
                     mblk, tshare, share);
     }
@@ -319,7 +319,7 @@ int main(int argc, char **argv)
         printf("timed Fluxion attention step, batch %llu, %u threads: %.3f ms per layer, predictor %.3f ms = %.2f%%\n",
                (unsigned long long)time_batch, nt, t_step / n_timed * 1e-6, t_pred / n_timed * 1e-6,
                100.0 * t_pred / t_step);
-        if (f) fprintf(f, "%s,%s,%u,predictor_share_b%llu,0,%.6f,0,0,0,0,0,%.2f\n", label, flx_kvsrc_describe(src),
+        if (f) fprintf(f, "%s,\"%s\",%u,predictor_share_b%llu,0,%.6f,0,0,0,0,0,%.2f\n", label, flx_kvsrc_describe(src),
                        sh.prompt_len, (unsigned long long)time_batch, t_pred / t_step, share);
     }
     if (f) fclose(f);

@@ -68,11 +68,12 @@ try:
                     pts.append((float(d[c]["bytes_per_layer_step"]) / float(d["fixed_16_005"]["bytes_per_layer_step"]),
                                 float(d[c]["within_tau"]), L))
             if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-" if c == "fluxion" else "s--", label=c)
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], "o" if c.startswith("fluxion") else "s",
+                        ms=8 if c == "fluxion" else 6, label=c)
                 for p in pts:
                     ax.annotate(f"{p[2] // 1024 if p[2] >= 8192 else p[2]}{'K' if p[2] >= 8192 else ''}",
                                 (p[0], p[1]), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        ax.set_xlabel("host bytes per step / fixed (16, 0.05)")
+        ax.set_xlabel("host bytes per step / fixed (16, 0.05) at the same length (labels: prompt length)")
         ax.set_ylabel("share of heads within tau = 0.1 (Eq. 2)")
         ax.set_title(title)
         ax.grid(alpha=0.3)
