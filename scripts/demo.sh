@@ -2,9 +2,9 @@
 # The README's first command: installs what is missing, builds, and runs the main job.
 #   1. the decode node's model runtime on the real model (SmolLM2-135M-Instruct): a long real
 #      prompt (the GPL-3 text every Debian machine has, ~2K tokens, plus a question) is prefilled
-#      into the NUMA-aware host KV store and decoded by the engine, once with full attention and
-#      once with the paper's fixed (16, 0.05) sparse baseline: text, TPOT, attention share and
-#      host bytes read per step;
+#      into the NUMA-aware host KV store and decoded by the engine with full attention, the
+#      paper's fixed (16, 0.05) sparse baseline and Fluxion (shipped predictor, calibrated
+#      selector): text, TPOT, attention share, host bytes read per step, predictor time;
 #   2. the attention core at Llama-3.1-8B layer shapes over a 32K-token prompt (fluxion-demo).
 # The loopback cluster (prefill stub -> decode node over UCX + gRPC) replaces this as it lands.
 set -euo pipefail
@@ -18,7 +18,7 @@ prompt=$(mktemp)
 trap 'rm -f "$prompt"' EXIT
 head -c 9000 /usr/share/common-licenses/GPL-3 > "$prompt"
 printf '\n\nQuestion: according to this license, may I sell copies of a GPL program? Answer briefly.' >> "$prompt"
-for mode in "--mode full" "--mode fixed --blk 16 --bgt 0.05"; do
+for mode in "--mode full" "--mode fixed --blk 16 --bgt 0.05" "--mode fluxion"; do
   echo
   echo "=== flx-generate $mode (real model, GPL-3 prompt)"
   ./build/decode/tools/flx-generate --model "$model" --prompt-file "$prompt" --chat --max-new 64 $mode
