@@ -9,7 +9,7 @@
  * entry point that would touch a device answers FLX_ERR_NO_DEVICE (the plan still works: sizes are
  * arithmetic). The kernels live in forward_gpu.cu.
  *
- * Weights: one device allocation, parts 256-byte aligned. Per layer W_qkv = [wq; wk; wv] rows
+ * Weights: one device allocation, pieces 256-byte aligned. Per layer W_qkv = [wq; wk; wv] rows
  * (Hq D + 2 Hkv D, hidden) and W_gu = [w_gate; w_up] (2 ffn, hidden), so a decode step makes five
  * products per layer (qkv, o, gate|up, down) plus the LM head. cuBLAS is column-major: a row-major
  * W (out, in) is a column-major (in, out) matrix, so y (n, out) row-major = op_T(W) x with x the
@@ -88,7 +88,7 @@ typedef struct dims {
     size_t H, D, half, qd, kvd, W, F, V;
     size_t P, B, C, R;   /* max prompt, max batch, chunk, LM-head rows per pass */
     size_t NX;           /* rows of the residual stream: max(P, B) */
-    size_t M;            /* rows of a product's input (before pairing): max(C, R) */
+    size_t M;            /* rows of a product's input (before splitting): max(C, R, B) */
     size_t KMAX, WMAX;   /* widest product input, widest non-head product output */
 } dims_t;
 
@@ -121,9 +121,9 @@ struct flx_gpu_fwd_ws {
     flx_bf16_t *kb, *vb;        /* (Hkv, n, D) prefill K, V of the current layer (n = its tokens) */
     float *qkv;                 /* (B, Hq D + 2 Hkv D) decode q | k | v, each batch-major */
     float *o;                   /* (max(C, B), Hq D) attention output */
-    flx_bf16_t *ab;             /* pair (2M, KMAX): the products' input */
-    float *y;                   /* pair (2M, WMAX): the products' output */
-    float *yl;                  /* pair (2R, vocab): the LM head's output */
+    flx_bf16_t *ab;             /* split (S M, KMAX): the products' input (S = FLX_GPU_SPLIT) */
+    float *y;                   /* split (S M, WMAX): the products' output */
+    float *yl;                  /* split (S R, vocab): the LM head's output */
     float *lg;                  /* (R, vocab) logits */
     float *cs, *sn;             /* (NX, D / 2) RoPE table of the call's positions */
     int32_t *tok;               /* (NX) */
@@ -151,9 +151,9 @@ static void ws_carve(const dims_t *d, carve_t *dv, carve_t *hs, struct flx_gpu_f
     t.vb = carve(dv, d->P * d->kvd * 2);
     t.qkv = carve(dv, d->B * d->W * 4);
     t.o = carve(dv, FLX_MAX(d->C, d->B) * d->qd * 4);
-    t.ab = carve(dv, 2 * d->M * d->KMAX * 2);
-    t.y = carve(dv, 2 * d->M * d->WMAX * 4);
-    t.yl = carve(dv, 2 * d->R * d->V * 4);
+    t.ab = carve(dv, FLX_GPU_SPLIT * d->M * d->KMAX * 2);
+    t.y = carve(dv, FLX_GPU_SPLIT * d->M * d->WMAX * 4);
+    t.yl = carve(dv, FLX_GPU_SPLIT * d->R * d->V * 4);
     t.lg = carve(dv, d->R * d->V * 4);
     t.cs = carve(dv, d->NX * d->half * 4);
     t.sn = carve(dv, d->NX * d->half * 4);
@@ -490,7 +490,8 @@ void flx_gpu_fwd_ws_destroy(flx_gpu_fwd_ws_h ws)
 
 /* ---- the pieces of a pass ---- */
 
-/* y (pair (n2, rows)) = W (rows, cols) applied to each of the n2 rows of x (cols). */
+/* y (n2, rows) = W (rows, cols) applied to each of the n2 rows of x (n2, cols); n2 = S n rows of
+ * a split activation. */
 static flx_status_t gemm(flx_gpu_fwd_ws_h ws, const char *name, const flx_bf16_t *w, size_t rows, size_t cols,
                          const flx_bf16_t *x, size_t n2, float *y)
 {
@@ -522,11 +523,11 @@ static flx_status_t layer_tail(flx_gpu_fwd_ws_h ws, const gpu_layer_t *L, float 
     const float eps = ws->gm->cfg.rms_eps;
     flx_status_t st;
     if ((st = flx_gk_split(ws->o, n, (uint32_t)d->qd, ws->ab, stream)) ||
-        (st = gemm(ws, "W_o", L->wo, d->H, d->qd, ws->ab, 2 * (size_t)n, ws->y)) ||
+        (st = gemm(ws, "W_o", L->wo, d->H, d->qd, ws->ab, FLX_GPU_SPLIT * (size_t)n, ws->y)) ||
         (st = flx_gk_add_norm_split(x, ws->y, n, (uint32_t)d->H, L->ffn_norm, eps, ws->ab, stream)) ||
-        (st = gemm(ws, "W_gate|W_up", L->wgu, 2 * d->F, d->H, ws->ab, 2 * (size_t)n, ws->y)) ||
+        (st = gemm(ws, "W_gate|W_up", L->wgu, 2 * d->F, d->H, ws->ab, FLX_GPU_SPLIT * (size_t)n, ws->y)) ||
         (st = flx_gk_silu_mul_split(ws->y, n, (uint32_t)d->F, ws->ab, stream)) ||
-        (st = gemm(ws, "W_down", L->wdown, d->H, d->F, ws->ab, 2 * (size_t)n, ws->y)) ||
+        (st = gemm(ws, "W_down", L->wdown, d->H, d->F, ws->ab, FLX_GPU_SPLIT * (size_t)n, ws->y)) ||
         (st = flx_gk_add_norm_split(x, ws->y, n, (uint32_t)d->H, next_gain, eps, ws->ab, stream)))
         return st;
     return FLX_OK;
@@ -540,8 +541,8 @@ static flx_status_t lm_head(flx_gpu_fwd_ws_h ws, float *x, uint32_t n, cudaStrea
     flx_status_t st;
     if ((st = flx_gk_add_norm_split(x, NULL, n, (uint32_t)d->H, gm->out_norm, gm->cfg.rms_eps, ws->ab,
                                     stream)) ||
-        (st = gemm(ws, "LM head", gm->lm_head, d->V, d->H, ws->ab, 2 * (size_t)n, ws->yl)) ||
-        (st = flx_gk_sum_halves(ws->yl, n, (uint32_t)d->V, ws->lg, stream)))
+        (st = gemm(ws, "LM head", gm->lm_head, d->V, d->H, ws->ab, FLX_GPU_SPLIT * (size_t)n, ws->yl)) ||
+        (st = flx_gk_sum_parts(ws->yl, n, (uint32_t)d->V, ws->lg, stream)))
         return st;
     return FLX_OK;
 }
@@ -585,7 +586,7 @@ flx_status_t flx_gpu_model_decode(flx_gpu_model_h gm, flx_gpu_fwd_ws_h ws, flx_c
         flx_gk_qkv_args_t qa = {.y = ws->y, .n = B, .bias = L->bqkv, .cs = ws->cs, .sn = ws->sn,
                                 .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim,
                                 .q_out = dq, .q_stride = (uint32_t)qd, .k_f32 = dk, .v_f32 = dv};
-        if ((st = gemm(ws, "W_qkv", L->wqkv, d->W, H, ws->ab, 2 * (size_t)B, ws->y)) ||
+        if ((st = gemm(ws, "W_qkv", L->wqkv, d->W, H, ws->ab, FLX_GPU_SPLIT * (size_t)B, ws->y)) ||
             (st = flx_gk_qkv_finish(&qa, stream)) ||
             (st = FLX_CUDA_CALL(cudaMemcpyAsync(ws->hqkv, ws->qkv, (size_t)B * d->W * sizeof(float),
                                                 cudaMemcpyDeviceToHost, stream))) ||
@@ -604,8 +605,8 @@ flx_status_t flx_gpu_model_decode(flx_gpu_model_h gm, flx_gpu_fwd_ws_h ws, flx_c
             goto fail;
     }
     /* layer_tail of the last layer left split(rmsnorm(x, out_norm)) in ab */
-    if ((st = gemm(ws, "LM head", gm->lm_head, d->V, H, ws->ab, 2 * (size_t)B, ws->yl)) ||
-        (st = flx_gk_sum_halves(ws->yl, B, (uint32_t)d->V, ws->lg, stream)) ||
+    if ((st = gemm(ws, "LM head", gm->lm_head, d->V, H, ws->ab, FLX_GPU_SPLIT * (size_t)B, ws->yl)) ||
+        (st = flx_gk_sum_parts(ws->yl, B, (uint32_t)d->V, ws->lg, stream)) ||
         (st = FLX_CUDA_CALL(cudaMemcpyAsync(ws->hlg, ws->lg, (size_t)B * d->V * sizeof(float), cudaMemcpyDeviceToHost,
                                             stream))) ||
         (st = FLX_CUDA_CALL(cudaStreamSynchronize(stream))))
@@ -655,7 +656,7 @@ flx_status_t flx_gpu_model_prefill(flx_gpu_model_h gm, flx_gpu_fwd_ws_h ws, flx_
                                     .vb = ws->vb, .kv_stride = n, .tok0 = t0};
             if ((st = flx_gk_add_norm_split(ws->x + (size_t)t0 * H, NULL, cn, H, L->attn_norm, c->rms_eps, ws->ab,
                                             stream)) ||
-                (st = gemm(ws, "W_qkv", L->wqkv, d->W, H, ws->ab, 2 * (size_t)cn, ws->y)) ||
+                (st = gemm(ws, "W_qkv", L->wqkv, d->W, H, ws->ab, FLX_GPU_SPLIT * (size_t)cn, ws->y)) ||
                 (st = flx_gk_qkv_finish(&qa, stream)))
                 goto fail;
         }

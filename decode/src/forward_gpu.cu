@@ -13,9 +13,9 @@
  * DESIGN
  * Row kernels (norm, q|k|v finish, embedding) take one block per token row; elementwise ones use
  * grid-stride loops. Each writes its result in the layout the next product or the host wants, so
- * no kernel exists only to move data: the hi/lo split of an activation (see
+ * no kernel exists only to move data: the split of an activation into bf16 parts (see
  * forward_gpu_internal.h) is fused into the kernel that produces it, and the sum of a product's
- * two halves into the kernel that consumes it.
+ * parts into the kernel that consumes it.
  */
 #include <cuda_runtime.h>
 
@@ -36,12 +36,26 @@ __device__ __forceinline__ uint16_t f2bf(float f)
     return (uint16_t)(u >> 16);
 }
 
-/* hi = bf16(v), lo = bf16(v - hi): hi + lo equals v to ~2^-17 relative. */
-__device__ __forceinline__ void split_store(float v, uint16_t *hi, uint16_t *lo)
+/* The FLX_GPU_SPLIT bf16 parts of v at out, out + ps, out + 2 ps: b0 = bf16(v), b1 = bf16(v - b0),
+ * ...; each remainder is exact in fp32 (it has at most 16 significant bits left), so the parts sum
+ * to v within 2^-9 of the last remainder. */
+__device__ __forceinline__ void split_store(float v, uint16_t *out, size_t ps)
 {
-    const uint16_t h = f2bf(v);
-    *hi = h;
-    *lo = f2bf(v - bf2f(h));
+#pragma unroll
+    for (int p = 0; p < FLX_GPU_SPLIT; p++) {
+        const uint16_t b = f2bf(v);
+        out[p * ps] = b;
+        v -= bf2f(b);
+    }
+}
+
+/* Sum of the parts y[0], y[ps], y[2 ps], ...: smallest first. */
+__device__ __forceinline__ float sum_parts(const float *y, size_t ps)
+{
+    float acc = y[(FLX_GPU_SPLIT - 1) * ps];
+#pragma unroll
+    for (int p = FLX_GPU_SPLIT - 2; p >= 0; p--) acc = y[p * ps] + acc;
+    return acc;
 }
 
 unsigned grid_for(size_t total)
@@ -92,12 +106,13 @@ __global__ void __launch_bounds__(kThreads)
                           const float *__restrict__ gain, float eps, uint16_t *__restrict__ out)
 {
     const uint32_t t = blockIdx.x;
+    const size_t ps = (size_t)n * H;   /* elements between parts */
     float *xr = x + (size_t)t * H;
     double ss = 0.0;
     for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) {
         float v = xr[i];
         if (y) {
-            v += y[(size_t)t * H + i] + y[(size_t)(n + t) * H + i];
+            v += sum_parts(y + (size_t)t * H + i, ps);
             xr[i] = v;
         }
         ss += (double)v * v;
@@ -106,28 +121,28 @@ __global__ void __launch_bounds__(kThreads)
     ss = block_sum(ss);
     const float r = (float)(1.0 / sqrt(ss / H + (double)eps));
     /* each thread reads back only the x elements it wrote itself above */
-    for (uint32_t i = threadIdx.x; i < H; i += blockDim.x)
-        split_store(xr[i] * r * gain[i], out + (size_t)t * H + i, out + (size_t)(n + t) * H + i);
+    for (uint32_t i = threadIdx.x; i < H; i += blockDim.x) split_store(xr[i] * r * gain[i], out + (size_t)t * H + i, ps);
 }
 
 __global__ void split_kernel(const float *__restrict__ in, size_t total, uint16_t *__restrict__ out)
 {
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += (size_t)gridDim.x * blockDim.x)
-        split_store(in[idx], out + idx, out + total + idx);
+        split_store(in[idx], out + idx, total);
 }
 
 __global__ void qkv_finish_kernel(flx_gk_qkv_args_t a)
 {
     const uint32_t i = blockIdx.x, D = a.head_dim, half = D / 2;
     const uint32_t qd = a.n_heads * D, kvd = a.n_kv_heads * D, W = qd + 2 * kvd;
-    const float *y0 = a.y + (size_t)i * W, *y1 = a.y + (size_t)(a.n + i) * W;
+    const float *y0 = a.y + (size_t)i * W;
+    const size_t ps = (size_t)a.n * W;
     const float *c = a.cs + (size_t)i * half, *s = a.sn + (size_t)i * half;
     uint16_t *kb = reinterpret_cast<uint16_t *>(a.kb), *vb = reinterpret_cast<uint16_t *>(a.vb);
     /* rotation pairs of the q heads then the k heads: column h * D + j (k heads follow q's qd columns) */
     const uint32_t pairs = (a.n_heads + a.n_kv_heads) * half;
     for (uint32_t p = threadIdx.x; p < pairs; p += blockDim.x) {
         const uint32_t h = p / half, j = p % half, ca = h * D + j, cb = ca + half;
-        float xa = y0[ca] + y1[ca], xb = y0[cb] + y1[cb];
+        float xa = sum_parts(y0 + ca, ps), xb = sum_parts(y0 + cb, ps);
         if (a.bias) {
             xa += a.bias[ca];
             xb += a.bias[cb];
@@ -150,7 +165,7 @@ __global__ void qkv_finish_kernel(flx_gk_qkv_args_t a)
     }
     for (uint32_t e = threadIdx.x; e < kvd; e += blockDim.x) {
         const uint32_t col = qd + kvd + e;
-        float x = y0[col] + y1[col];
+        float x = sum_parts(y0 + col, ps);
         if (a.bias) x += a.bias[col];
         if (a.v_f32)
             a.v_f32[(size_t)i * kvd + e] = x;
@@ -161,19 +176,19 @@ __global__ void qkv_finish_kernel(flx_gk_qkv_args_t a)
 
 __global__ void silu_mul_split_kernel(const float *__restrict__ y, uint32_t n, uint32_t F, uint16_t *__restrict__ out)
 {
-    const size_t total = (size_t)n * F, W = 2 * (size_t)F;
+    const size_t total = (size_t)n * F, W = 2 * (size_t)F, ps = (size_t)n * W;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += (size_t)gridDim.x * blockDim.x) {
         const size_t i = idx / F, j = idx % F;
-        const float g = y[i * W + j] + y[(n + i) * W + j];
-        const float u = y[i * W + F + j] + y[(n + i) * W + F + j];
-        split_store(g / (1.0f + expf(-g)) * u, out + idx, out + total + idx);
+        const float g = sum_parts(y + i * W + j, ps);
+        const float u = sum_parts(y + i * W + F + j, ps);
+        split_store(g / (1.0f + expf(-g)) * u, out + idx, total);
     }
 }
 
-__global__ void sum_halves_kernel(const float *__restrict__ y, size_t total, float *__restrict__ out)
+__global__ void sum_parts_kernel(const float *__restrict__ y, size_t total, float *__restrict__ out)
 {
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total; idx += (size_t)gridDim.x * blockDim.x)
-        out[idx] = y[idx] + y[total + idx];
+        out[idx] = sum_parts(y + idx, total);
 }
 
 }  // namespace
@@ -220,10 +235,10 @@ flx_status_t flx_gk_silu_mul_split(const float *y, uint32_t n, uint32_t F, flx_b
     return FLX_CUDA_CALL(cudaGetLastError());
 }
 
-flx_status_t flx_gk_sum_halves(const float *y, uint32_t n, uint32_t W, float *out, flx_cuda_stream_t stream)
+flx_status_t flx_gk_sum_parts(const float *y, uint32_t n, uint32_t W, float *out, flx_cuda_stream_t stream)
 {
     const size_t total = (size_t)n * W;
-    sum_halves_kernel<<<grid_for(total), kThreads, 0, stream>>>(y, total, out);
+    sum_parts_kernel<<<grid_for(total), kThreads, 0, stream>>>(y, total, out);
     return FLX_CUDA_CALL(cudaGetLastError());
 }
 

@@ -25,11 +25,13 @@
  * NUMERICS. Weights bf16, activations fp32, every product accumulated in fp32 by cuBLAS
  * (cublasGemmEx, bf16 inputs, CUBLAS_COMPUTE_32F). cuBLAS takes no fp32 x bf16 product, and
  * rounding activations to bf16 would cost ~1e-3 relative per projection; so each activation enters
- * as a bf16 pair hi + lo (hi = bf16(x), lo = bf16(x - hi), |x - hi - lo| <= 2^-17 |x|) stacked as
- * 2N columns of one product, and the consumer adds the two halves. A decode step reads each
- * weight once (the product is memory-bound at these widths), a prefill does twice the arithmetic.
- * The result agrees with the CPU forward (flx/forward.h) to ~1e-5 relative per projection; K and
- * V are rounded to bf16 exactly as there. RoPE angles pos * inv_freq[i] are taken in double on the
+ * as three bf16 parts (b0 = bf16(x), b1 = bf16(x - b0), b2 = bf16(x - b0 - b1): they sum to x
+ * within fp32's own rounding) stacked as 3N columns of one product, and the consumer adds the
+ * parts. A decode step still reads each weight once (the product is memory-bound at these
+ * widths); a prefill does three times the arithmetic of a bf16 product. Two parts (~2^-17) were
+ * not enough: against the CPU forward they flipped the bf16 rounding of one K / V value in a few
+ * hundred, moving logits by ~1e-3 of their RMS. With three, the GPU forward differs from the CPU
+ * one (flx/forward.h) by fp32 summation order only; K and V are rounded to bf16 exactly as there. RoPE angles pos * inv_freq[i] are taken in double on the
  * device (flx_rope_inv_freq's frequencies, llama3 scaling included).
  *
  * SHAPES (D = head_dim, Hq = n_heads, Hkv = n_kv_heads), as flx/forward.h:
