@@ -8,20 +8,22 @@
  *     (b) FULL, FIXED (16, 0) (the window alone: the device partial merged with an empty host
  *         part), FIXED (128, 1), FLUXION (a constant predictor, every head retrieval at budget 1;
  *         statistics pushed by the GPU prefill), and FIXED (16, 0.05): the GPU engine's tokens
- *         equal the CPU engine's and its step logits are within 1e-3 RMS + 1e-3 relative;
+ *         equal the CPU engine's and its step logits are within 5e-3 RMS + 1e-3 relative;
  *     (c) continuous batching on the GPU path (FULL): three sequences, max_batch 2, joining at
  *         different steps, each gets the tokens the CPU path gives it;
  *     (d) the GPU engine reports its window time, host tasks and host bytes.
  *   test_engine_gpu model    the same comparison (a, b without FLUXION) on SmolLM2-135M-Instruct from
  *                            the setup cache (labels gpu and model; 77 when the file is absent).
  *
- * Tokens: greedy decoding on both paths; the two differ by fp32 summation order only, so a token
- * may differ only where the CPU logits' top two are closer than the tolerance; such a step is
- * reported and the comparison of that sequence stops there (its later tokens follow other inputs).
- * FIXED (16, 0.05) selects blocks by their Quest scores of q, and the two paths' q differ by ~1e-6
- * relative: where two blocks' scores are that close at the top-k boundary, the paths may read a
- * different block, both correctly; so that mode is held to 3e-2 RMS (a misplaced or missing
- * window, merge or host part moves logits by O(0.1 .. 1) RMS), the selection-free modes to 1e-3.
+ * Tolerances: the two paths differ by fp32 summation order, and by the few K/V values within fp32
+ * rounding of a bf16 midpoint that each side rounds its own way (test_forward_gpu holds the GPU
+ * forward to a reference that takes its choices; here the CPU path is the reference): logits
+ * within 5e-3 RMS + 1e-3 relative. A token may differ only where the CPU logits' top two are
+ * closer than that; such a step is reported and the comparison of that sequence stops there (its
+ * later tokens follow other inputs). FIXED (16, 0.05) selects blocks by their Quest scores of q,
+ * and the two paths' q differ by ~1e-6 relative: where two blocks' scores are that close at the
+ * top-k boundary, the paths may read a different block, both correctly; so that mode is held to
+ * 3e-2 RMS. A misplaced or missing window, merge or host part moves logits by O(0.1 .. 1) RMS.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -38,6 +40,7 @@
 #include "flx_test.h"
 
 enum { NGEN = 8, MAXP = 1100 };
+#define TOL 5e-3   /* x RMS(logits): GPU path vs CPU path, selection-free modes */
 
 static flx_rng_t rng;
 
@@ -215,7 +218,7 @@ static void check_prefill(side_t *sd, const int32_t *prompt, uint32_t n)
     CHECK_OK(flx_kv_session_info(sc, a, &ia));
     CHECK_OK(flx_kv_session_info(sg, b, &ib));
     CHECK(ia.state == FLX_KV_READY && ib.state == FLX_KV_READY && ib.device_bytes > 0 && ia.l_cpu == ib.l_cpu);
-    CHECK_CLOSE("gpu prefill into store: first logits", lg, lc, V, 1e-3 * rms(lc, V), 1e-3);
+    CHECK_CLOSE("gpu prefill into store: first logits", lg, lc, V, TOL * rms(lc, V), 1e-3);
     free(lc), free(lg);
     flx_kv_store_destroy(sc);
     flx_kv_store_destroy(sg);
@@ -246,8 +249,8 @@ static void test_random(const flx_model_config_t *c)
     }
     flx_predictor_h all = constant_predictor(1.0f, 0.0f, -20.0f);
     struct { flx_engine_attn_mode_t mode; uint32_t blk; float bgt; double tol; } modes[] = {
-        {FLX_ENGINE_ATTN_FULL, 16, 1.0f, 1e-3},    {FLX_ENGINE_ATTN_FIXED, 16, 0.0f, 1e-3},
-        {FLX_ENGINE_ATTN_FIXED, 128, 1.0f, 1e-3},  {FLX_ENGINE_ATTN_FLUXION, 16, 1.0f, 1e-3},
+        {FLX_ENGINE_ATTN_FULL, 16, 1.0f, TOL},    {FLX_ENGINE_ATTN_FIXED, 16, 0.0f, TOL},
+        {FLX_ENGINE_ATTN_FIXED, 128, 1.0f, TOL},  {FLX_ENGINE_ATTN_FLUXION, 16, 1.0f, TOL},
         {FLX_ENGINE_ATTN_FIXED, 16, 0.05f, 3e-2},
     };
     const uint32_t join0[1] = {0};
@@ -287,7 +290,7 @@ static void test_random(const flx_model_config_t *c)
         for (int s = 0; s < 3; s++) {
             char label[160];
             snprintf(label, sizeof label, "%s batching sequence %d", c->name, s);
-            compare(label, &rg[s], &rc[s], V, 1e-3);
+            compare(label, &rg[s], &rc[s], V, TOL);
         }
         flx_kv_store_destroy(sc);
         flx_kv_store_destroy(sg);
@@ -333,7 +336,7 @@ static int test_real_model(void)
     rg.logits = malloc((size_t)(NGEN - 1) * V * sizeof(float));
     rc.first = malloc(V * sizeof(float));
     rg.first = malloc(V * sizeof(float));
-    struct { flx_engine_attn_mode_t mode; float bgt; double tol; } modes[] = {{FLX_ENGINE_ATTN_FULL, 1.0f, 1e-3},
+    struct { flx_engine_attn_mode_t mode; float bgt; double tol; } modes[] = {{FLX_ENGINE_ATTN_FULL, 1.0f, TOL},
                                                                               {FLX_ENGINE_ATTN_FIXED, 0.05f, 3e-2}};
     const uint32_t join0[1] = {0};
     const int32_t *pp[1] = {ids};

@@ -10,8 +10,9 @@
  *      double-precision softmax over keys 0..t; K, V have NaN in the token slots past the prompt
  *      (kv_stride > n) and o a row stride larger than Hq D; D 192 and 256 take the launcher's
  *      path that opts in to more than 48 KiB of shared memory.
- * Tolerance: fp32 accumulation (online softmax, expf) against double: o within 1e-5 + 1e-4 |ref|,
- * lse within 1e-5 + 1e-5 |ref|; a wrong mask, row, head or rescale moves them by O(0.1).
+ * Tolerance: fp32 accumulation (online softmax, expf) against double, the bounds test_attn_kernels
+ * holds the CPU fast kernels to: o within 3e-5 + 2e-4 |ref|, lse within 1e-4 + 1e-5 |ref|; a wrong
+ * mask, row, head or rescale moves them by O(0.1).
  */
 #include <math.h>
 #include <string.h>
@@ -19,6 +20,11 @@
 #include "attn_testutil.h"
 #include "flx/attn_gpu.h"
 #include "flx/cuda_rt.h"
+
+#define O_ATOL 3e-5
+#define O_RTOL 2e-4
+#define L_ATOL 1e-4
+#define L_RTOL 1e-5
 
 static flx_rng_t rng;
 static flx_cuda_stream_t g_stream;
@@ -82,9 +88,9 @@ static void test_window(uint32_t D, uint32_t G, const uint32_t *n_win, uint32_t 
         }
         CHECK_OK(flx_attn_window_ref(&t[i].view, G, q + (size_t)i * G * D, o_ref, lse_ref));
         snprintf(label, sizeof label, "window D %u G %u item %u n_win %u: o", D, G, i, n_win[i]);
-        CHECK_CLOSE(label, oi, o_ref, (size_t)G * D, 1e-5, 1e-4);
+        CHECK_CLOSE(label, oi, o_ref, (size_t)G * D, O_ATOL, O_RTOL);
         snprintf(label, sizeof label, "window D %u G %u item %u n_win %u: lse", D, G, i, n_win[i]);
-        CHECK_CLOSE(label, li, lse_ref, G, 1e-5, 1e-5);
+        CHECK_CLOSE(label, li, lse_ref, G, L_ATOL, L_RTOL);
     }
     for (uint32_t i = 0; i < n_items; i++) {
         CHECK_OK(flx_cuda_free(0, dk[i]));
@@ -159,7 +165,7 @@ static void test_causal(uint32_t Hq, uint32_t Hkv, uint32_t D, uint32_t n, uint3
                 causal_ref(q, qd, kf, vf, kv_stride, t0 + i, h, G, D, p, ref);
                 const float *got = o + (size_t)i * o_stride + (size_t)h * D;
                 for (uint32_t d = 0; d < D; d++) {
-                    const double err = fabs((double)got[d] - ref[d]) / (1e-5 + 1e-4 * fabs(ref[d]));
+                    const double err = fabs((double)got[d] - ref[d]) / (O_ATOL + O_RTOL * fabs(ref[d]));
                     if (!(err <= 1.0) || !isfinite(got[d])) {
                         fprintf(stderr, "causal Hq %u Hkv %u D %u n %u chunk %u: token %u head %u dim %u: got %.8g "
                                 "ref %.8g\n", Hq, Hkv, D, n, chunk, t0 + i, h, d, (double)got[d], (double)ref[d]);
