@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "flx/log.h"
 
@@ -37,10 +38,15 @@ const char *flx_status_name(flx_status_t st)
 
 void flx_error_record(flx_status_t st, const char *fmt, ...)
 {
+    /* Formatted aside first: callers add context to the previous message with
+     * flx_error_set(st, "layer %u: %s", l, flx_error_msg()), and vsnprintf into the buffer it is
+     * reading from is undefined (glibc garbles it). */
+    char buf[FLX_ERROR_MSG_MAX];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(tl_msg, sizeof tl_msg, fmt, ap);
+    vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    memcpy(tl_msg, buf, sizeof tl_msg);
     flx_log_debug("error", "%s: %s", flx_status_name(st), tl_msg);
 }
 

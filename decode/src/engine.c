@@ -25,6 +25,16 @@
  * descending priority V on the CPU workers (OpenMP dynamic schedule over the sorted task list: a
  * free worker takes the next-highest task), each merged with its window partial. The GPU worker
  * joins that queue with the scheduler stage.
+ *
+ * GPU PATH (use_gpu): the step runs flx_gpu_model_decode with attn_layer_gpu as its callback. In
+ * FULL and FIXED, the window launch (one per layer, all (sequence, group) items) and the copy of
+ * its partials to page-locked host memory are queued first, then the CPU threads run the host
+ * parts into o (the forward's page-locked output) and lse_c, then the engine waits for the stream
+ * and merges. The wait comes after the CPU work, never before, so the device window and the host
+ * parts overlap; it is also taken when a host task failed, so no copy is still in flight into
+ * engine memory when the step returns. FLUXION runs attn_layer unchanged (its features compute the
+ * window partials on the CPU anyway). The engine owns its stream, the device model unless the
+ * caller lends one, and the device / page-locked workspaces, all made at create.
  */
 #include "flx/engine.h"
 
@@ -35,6 +45,8 @@
 #include <string.h>
 
 #include "flx/attn.h"
+#include "flx/attn_gpu.h"
+#include "flx/cuda_rt.h"
 #include "flx/features.h"
 #include "flx/selector.h"
 #include "flx/bf16.h"
@@ -100,6 +112,19 @@ struct flx_engine {
     const flx_bf16_t **win_ptr;  /* (max_batch, 2, Hkv) window row pointers for the features */
     void *pred_scratch;
     size_t pred_scratch_bytes;
+    /* GPU path only (use_gpu; NULL otherwise) */
+    int gpu;
+    flx_gpu_model_h gm;
+    int gm_owned;                /* the engine uploaded gm and destroys it */
+    flx_cuda_stream_t stream;
+    void *gfwd_dev, *gfwd_host;  /* the forward workspace's device / page-locked memory */
+    flx_gpu_fwd_ws_h gws;
+    void *gwin_dev, *gwin_host;  /* window workspace + partials: device / page-locked */
+    flx_attn_gpu_ws_t wws;
+    flx_attn_gpu_item_t *items;  /* (max_batch, Hkv) one window item per (sequence, group) */
+    float *ow_dev, *lw_dev;      /* device (max_batch, Hq, D), (max_batch, Hq) window partials */
+    float *ow_host, *lw_host;    /* page-locked copies of them */
+    float *lse_c;                /* (max_batch, Hq) lse of the host parts */
 
     seq_t *seqs;                 /* (max_seqs) */
     uint32_t *order;             /* (max_seqs) live slots, oldest first */
@@ -161,7 +186,8 @@ const char *flx_engine_finish_name(flx_engine_finish_t why)
 flx_engine_params_t flx_engine_params_default(void)
 {
     flx_engine_params_t p = {.max_batch = 8, .max_seqs = 0, .n_threads = 0, .max_l_cpu = 0,
-                             .mode = FLX_ENGINE_ATTN_FULL, .blk = 16, .bgt = 0.05f, .close_sessions = 1};
+                             .mode = FLX_ENGINE_ATTN_FULL, .blk = 16, .bgt = 0.05f, .close_sessions = 1,
+                             .use_gpu = 0, .cuda_device = 0, .gpu_model = NULL};
     return p;
 }
 
@@ -193,7 +219,106 @@ static flx_status_t check_params(const flx_engine_params_t *p)
     default:
         return flx_error_set(FLX_ERR_INVALID, "attention mode %d unknown", (int)p->mode);
     }
+    if (p->use_gpu != 0 && p->use_gpu != 1)
+        return flx_error_set(FLX_ERR_INVALID, "use_gpu %d must be 0 or 1", p->use_gpu);
+    if (p->use_gpu && p->cuda_device < 0)
+        return flx_error_set(FLX_ERR_INVALID, "cuda_device %d must be >= 0", p->cuda_device);
+    if (!p->use_gpu && p->gpu_model)
+        return flx_error_set(FLX_ERR_INVALID, "gpu_model given but use_gpu is 0");
     return FLX_OK;
+}
+
+/* use_gpu: the device exists, the store keeps its windows on it, a lent model matches. */
+static flx_status_t check_gpu(const flx_model_t *model, const flx_kv_store_info_t *si, const flx_engine_params_t *p)
+{
+    const int n_dev = flx_cuda_device_count();
+    if (n_dev == 0)
+        return flx_error_set(FLX_ERR_NO_DEVICE,
+                             "engine: use_gpu asks for CUDA device %d but there is none (no GPU, no driver, or a "
+                             "build without CUDA); create the engine with use_gpu 0 to decode on the CPU",
+                             p->cuda_device);
+    if (p->cuda_device >= n_dev)
+        return flx_error_set(FLX_ERR_INVALID, "engine: cuda_device %d out of range (%d devices)", p->cuda_device,
+                             n_dev);
+    if (!si->window_on_device)
+        return flx_error_set(FLX_ERR_INVALID,
+                             "engine: use_gpu needs a kvstore with device windows on device %d "
+                             "(FLX_KV_STORE_WINDOW_DEVICE); this store keeps its windows in host memory only",
+                             p->cuda_device);
+    if (si->cuda_device != p->cuda_device)
+        return flx_error_set(FLX_ERR_INVALID, "engine: the kvstore keeps its device windows on device %d, not on %d",
+                             si->cuda_device, p->cuda_device);
+    if (p->gpu_model) {
+        flx_gpu_model_info_t gi;
+        flx_gpu_model_info(p->gpu_model, &gi);
+        const flx_model_config_t *a = &model->cfg, *b = gi.cfg;
+        if (gi.device != p->cuda_device)
+            return flx_error_set(FLX_ERR_INVALID, "engine: gpu_model is on device %d, cuda_device is %d", gi.device,
+                                 p->cuda_device);
+        if (a->n_layers != b->n_layers || a->hidden != b->hidden || a->n_heads != b->n_heads ||
+            a->n_kv_heads != b->n_kv_heads || a->head_dim != b->head_dim || a->ffn != b->ffn || a->vocab != b->vocab)
+            return flx_error_set(FLX_ERR_INVALID, "engine: gpu_model (%s) is not of the model's shape (%s)", b->name,
+                                 a->name);
+    }
+    return FLX_OK;
+}
+
+/* use_gpu: the device model (unless lent), the stream, the forward workspace, the window workspace
+ * and the partials' buffers. On failure the caller's destroy releases whatever was made. */
+static flx_status_t create_gpu(struct flx_engine *e)
+{
+    const int dev = e->p.cuda_device;
+    const uint32_t B = e->p.max_batch, items = B * e->Hkv;
+    const size_t rows = (size_t)B * e->Hq;
+    flx_status_t st;
+    e->gpu = 1;
+    if (e->p.gpu_model) {
+        e->gm = e->p.gpu_model;
+    } else {
+        if ((st = flx_gpu_model_create(e->m, dev, &e->gm))) return st;
+        e->gm_owned = 1;
+    }
+    if ((st = flx_cuda_stream_create(dev, &e->stream))) return st;
+    flx_gpu_fwd_shape_t gs = {.max_prompt = 0, .max_batch = B};
+    size_t fdev, fhost;
+    if ((st = flx_gpu_fwd_plan(e->m, &gs, &fdev, &fhost)) || (st = flx_cuda_malloc(dev, fdev, &e->gfwd_dev)) ||
+        (st = flx_cuda_host_alloc(fhost, &e->gfwd_host)) ||
+        (st = flx_gpu_fwd_ws_create(e->gm, &gs, e->gfwd_dev, fdev, e->gfwd_host, fhost, &e->gws)))
+        return st;
+    flx_attn_gpu_shape_t ws = {.group = e->G, .head_dim = e->D, .max_items = items};
+    size_t wdev, whost;
+    if ((st = flx_attn_window_gpu_plan(&ws, &wdev, &whost))) return st;
+    /* one block on each side: [window workspace | o_w (rows, D) | lse_w (rows)] */
+    const size_t part_o = FLX_ALIGN_UP(wdev, 256), part_l = part_o + FLX_ALIGN_UP(rows * e->D * sizeof(float), 256);
+    const size_t hpart_o = FLX_ALIGN_UP(whost, 256);
+    const size_t hpart_l = hpart_o + FLX_ALIGN_UP(rows * e->D * sizeof(float), 256);
+    if ((st = flx_cuda_malloc(dev, part_l + rows * sizeof(float), &e->gwin_dev)) ||
+        (st = flx_cuda_host_alloc(hpart_l + rows * sizeof(float), &e->gwin_host)) ||
+        (st = flx_attn_window_gpu_ws_init(&e->wws, &ws, e->gwin_dev, wdev, e->gwin_host, whost)))
+        return st;
+    e->ow_dev = (float *)((uint8_t *)e->gwin_dev + part_o);
+    e->lw_dev = (float *)((uint8_t *)e->gwin_dev + part_l);
+    e->ow_host = (float *)((uint8_t *)e->gwin_host + hpart_o);
+    e->lw_host = (float *)((uint8_t *)e->gwin_host + hpart_l);
+    e->items = calloc(items, sizeof *e->items);
+    e->lse_c = malloc(rows * sizeof *e->lse_c);
+    if (!e->items || !e->lse_c)
+        return flx_error_set(FLX_ERR_NOMEM, "engine create: gpu window tables for %u items", items);
+    return FLX_OK;
+}
+
+static void destroy_gpu(struct flx_engine *e)
+{
+    const int dev = e->p.cuda_device;
+    flx_cuda_stream_destroy(dev, e->stream);   /* waits for anything still queued */
+    flx_gpu_fwd_ws_destroy(e->gws);
+    (void)flx_cuda_free(dev, e->gfwd_dev);
+    (void)flx_cuda_free(dev, e->gwin_dev);
+    flx_cuda_host_free(e->gfwd_host);
+    flx_cuda_host_free(e->gwin_host);
+    if (e->gm_owned) flx_gpu_model_destroy(e->gm);
+    free(e->items);
+    free(e->lse_c);
 }
 
 /* ---- create / destroy ---- */
@@ -218,6 +343,8 @@ flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, c
                              "(%u, %u, %u, %u)",
                              si.n_layers, si.n_kv_heads, si.n_q_heads, si.head_dim, c->n_layers, c->n_kv_heads,
                              c->n_heads, c->head_dim);
+    if (params->use_gpu && (st = check_gpu(model, &si, params)))
+        return st;
 
     struct flx_engine *e = calloc(1, sizeof *e);
     if (!e)
@@ -300,6 +427,8 @@ flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, c
         if ((st = flx_attn_ws_init(&e->aws[t], &as, (uint8_t *)e->attn_mem + (size_t)t * e->attn_ws_bytes,
                                    e->attn_ws_bytes)))
             goto fail;
+    if (e->p.use_gpu && (st = create_gpu(e)))
+        goto fail;
     if (e->p.bind_numa && (st = flx_attn_bind_threads(si.numa_node, T)))
         goto fail;
     *engine_p = e;
@@ -314,6 +443,7 @@ void flx_engine_destroy(flx_engine_h e)
     if (!e)
         return;
     while (e->n_live) seq_retire(e, e->order[0]);
+    if (e->gpu) destroy_gpu(e);
     flx_aligned_free(e->fwd_mem);
     flx_aligned_free(e->attn_mem);
     free(e->aws);
@@ -582,17 +712,11 @@ static flx_status_t fluxion_plan(struct flx_engine *e, uint32_t layer, uint32_t 
     return FLX_OK;
 }
 
-/* flx_attn_layer_fn: q (B, Hq, D), k, v (B, Hkv, D) fp32 -> o (B, Hq, D). */
-static flx_status_t attn_layer(void *ctx, uint32_t layer, uint32_t B, const float *q, const float *k, const float *v,
-                               float *o)
+/* Rounds the batch's new k, v (B, Hkv, D) to bf16 and appends them to each session's window (the
+ * kvstore mirrors the rows into device windows). */
+static flx_status_t append_kv(struct flx_engine *e, uint32_t layer, uint32_t B, const float *k, const float *v)
 {
-    struct flx_engine *e = ctx;
-    if (FLX_NEVER(B != e->batch))
-        return flx_error_set(FLX_ERR_INTERNAL, "attention called with batch %u, step has %u", B, e->batch);
-    const uint32_t Hq = e->Hq, Hkv = e->Hkv, G = e->G, D = e->D;
-    const size_t kvn = (size_t)Hkv * D;
-    const int fluxion = e->p.mode == FLX_ENGINE_ATTN_FLUXION;
-    uint64_t t0 = flx_now_ns();
+    const size_t kvn = (size_t)e->Hkv * e->D;
     flx_bf16_t *kb = e->kv_bf16, *vb = e->kv_bf16 + kvn;
     for (uint32_t b = 0; b < B; b++) {
         flx_f32_to_bf16_row(k + b * kvn, kb, kvn);
@@ -601,15 +725,19 @@ static flx_status_t attn_layer(void *ctx, uint32_t layer, uint32_t B, const floa
         if (st)
             return st;
     }
-    uint64_t t1 = flx_now_ns();
+    return FLX_OK;
+}
 
-    uint32_t n_tasks = B * Hkv;
+/* The (sequence, kv group) tasks of a layer on the OpenMP threads, each into o (B, Hq, D):
+ *   FLUXION   host part of e->tasks[0, n_tasks) merged with its window partial (e->o_win);
+ *   GPU path  host part only, its lse into e->lse_c (the window partial comes from the device);
+ *   CPU path  window + host part + merge (flx_attn_group_run).
+ * Sums the threads' timings into e->cur; returns the first task error. */
+static flx_status_t tasks_run(struct flx_engine *e, uint32_t layer, const float *q, float *o, uint32_t n_tasks)
+{
+    const uint32_t Hq = e->Hq, Hkv = e->Hkv, G = e->G, D = e->D;
+    const int fluxion = e->p.mode == FLX_ENGINE_ATTN_FLUXION;
     const uint32_t T = e->p.n_threads;
-    if (fluxion) {
-        flx_status_t st = fluxion_plan(e, layer, B, q, o, &n_tasks);
-        if (st)
-            return st;
-    }
     for (uint32_t t = 0; t < T; t++) {
         memset(&e->thr[t].t, 0, sizeof e->thr[t].t);
         e->thr[t].n_tasks = 0;
@@ -628,14 +756,15 @@ static flx_status_t attn_layer(void *ctx, uint32_t layer, uint32_t B, const floa
             flx_kv_head_view_t view;
             flx_attn_timing_t tim = {0};
             flx_status_t st = flx_kv_head_view(e->bseq[b]->sess, layer, g, &view);
-            const size_t off = ((size_t)b * Hq + (size_t)g * G) * D;
+            const size_t r0 = (size_t)b * Hq + (size_t)g * G, off = r0 * D;
             if (!st && fluxion) {
-                const size_t r0 = (size_t)b * Hq + (size_t)g * G;
                 flx_attn_cfg_t cfg = {.mode = FLX_ATTN_SPARSE, .blk = e->sel[id].blk, .budgets = e->budgets + r0};
                 float *lg = e->lse + (size_t)tid * G;
                 st = flx_attn_host_run(&e->aws[tid], &view, q + off, &cfg, o + off, lg, &tim);
                 if (!st)
                     flx_attn_merge(G, D, e->o_win + off, e->lse_win + r0, o + off, lg, o + off, lg);
+            } else if (!st && e->gpu) {
+                st = flx_attn_host_run(&e->aws[tid], &view, q + off, &e->cfg, o + off, e->lse_c + r0, &tim);
             } else if (!st) {
                 st = flx_attn_group_run(&e->aws[tid], &view, q + off, &e->cfg, o + off, e->lse + (size_t)tid * G,
                                         &tim);
@@ -663,10 +792,87 @@ static flx_status_t attn_layer(void *ctx, uint32_t layer, uint32_t B, const floa
         e->cur.host_bytes += x->score_bytes + x->attn_bytes;
         e->cur.n_tasks += e->thr[t].n_tasks;
     }
+    return st;
+}
+
+/* flx_attn_layer_fn: q (B, Hq, D), k, v (B, Hkv, D) fp32 -> o (B, Hq, D). */
+static flx_status_t attn_layer(void *ctx, uint32_t layer, uint32_t B, const float *q, const float *k, const float *v,
+                               float *o)
+{
+    struct flx_engine *e = ctx;
+    if (FLX_NEVER(B != e->batch))
+        return flx_error_set(FLX_ERR_INTERNAL, "attention called with batch %u, step has %u", B, e->batch);
+    uint64_t t0 = flx_now_ns();
+    flx_status_t st = append_kv(e, layer, B, k, v);
+    if (st)
+        return st;
+    uint64_t t1 = flx_now_ns();
+    uint32_t n_tasks = B * e->Hkv;
+    if (e->p.mode == FLX_ENGINE_ATTN_FLUXION && (st = fluxion_plan(e, layer, B, q, o, &n_tasks)))
+        return st;
+    st = tasks_run(e, layer, q, o, n_tasks);
     uint64_t t2 = flx_now_ns();
     e->cur.append_ns += t1 - t0;
     e->cur.attn_ns += t2 - t0;
     return st;
+}
+
+/* flx_gpu_attn_fn of the GPU path. FULL / FIXED: window attention of every (sequence, group) on
+ * the device, queued first, while the CPU threads run the host parts; then the wait and the LSE
+ * merge. FLUXION: attn_layer on the host arrays (its features give the window partials). */
+static flx_status_t attn_layer_gpu(void *ctx, const flx_gpu_attn_args_t *a)
+{
+    struct flx_engine *e = ctx;
+    if (e->p.mode == FLX_ENGINE_ATTN_FLUXION)
+        return attn_layer(e, a->layer, a->batch, a->q, a->k, a->v, a->o);
+    const uint32_t B = a->batch, layer = a->layer, Hq = e->Hq, Hkv = e->Hkv, G = e->G, D = e->D;
+    const int dev = e->p.cuda_device;
+    if (FLX_NEVER(B != e->batch))
+        return flx_error_set(FLX_ERR_INTERNAL, "attention called with batch %u, step has %u", B, e->batch);
+    const uint64_t t0 = flx_now_ns();
+    flx_status_t st = append_kv(e, layer, B, a->k, a->v);
+    if (st)
+        return st;
+    const uint64_t t1 = flx_now_ns();
+    for (uint32_t id = 0; id < B * Hkv; id++) {
+        const uint32_t b = id / Hkv, g = id % Hkv;
+        const size_t r0 = (size_t)b * Hq + (size_t)g * G;
+        flx_kv_head_view_t view;
+        if ((st = flx_kv_head_view(e->bseq[b]->sess, layer, g, &view)))
+            return st;
+        if (!view.win_k_dev || view.win_device != dev)
+            return flx_error_set(FLX_ERR_STATE, "layer %u sequence %llu: its session has no device window on device %d",
+                                 layer, (unsigned long long)e->bseq[b]->id, dev);
+        flx_attn_gpu_item_t it = {.k = view.win_k_dev, .v = view.win_v_dev, .n_win = view.n_win,
+                                  .q = a->q_dev + r0 * D, .o = e->ow_dev + r0 * D, .lse = e->lw_dev + r0};
+        e->items[id] = it;
+    }
+    const size_t rows = (size_t)B * Hq;
+    if ((st = flx_attn_window_gpu(&e->wws, e->items, B * Hkv, a->stream)) ||
+        (st = flx_cuda_copy_dtoh_async(dev, e->ow_host, e->ow_dev, rows * D * sizeof(float), a->stream)) ||
+        (st = flx_cuda_copy_dtoh_async(dev, e->lw_host, e->lw_dev, rows * sizeof(float), a->stream))) {
+        (void)flx_cuda_stream_sync(dev, a->stream);
+        return st;
+    }
+    st = tasks_run(e, layer, a->q, a->o, B * Hkv);
+    /* waited for even when a host task failed: nothing may still be copying into ow_host / lw_host */
+    flx_status_t st_dev = flx_cuda_stream_sync(dev, a->stream);
+    const uint64_t t3 = flx_now_ns();
+    if (st)
+        return st;
+    if (st_dev)
+        return flx_error_set(st_dev, "layer %u: window attention on device %d: %s", layer, dev, flx_error_msg());
+    for (uint32_t id = 0; id < B * Hkv; id++) {
+        const size_t r0 = ((size_t)(id / Hkv) * Hq + (size_t)(id % Hkv) * G);
+        flx_attn_merge(G, D, e->ow_host + r0 * D, e->lw_host + r0, a->o + r0 * D, e->lse_c + r0, a->o + r0 * D,
+                       e->lse_c + r0);
+    }
+    const uint64_t t4 = flx_now_ns();
+    e->cur.append_ns += t1 - t0;
+    e->cur.window_ns += t3 - t1;   /* launch to partials on the host, overlapping the host parts */
+    e->cur.merge_ns += t4 - t3;
+    e->cur.attn_ns += t4 - t0;
+    return FLX_OK;
 }
 
 /* ---- the step ---- */
@@ -728,9 +934,16 @@ flx_status_t flx_engine_step(flx_engine_h e)
         e->bpos[b] = s->prompt_len + s->n_fed;
     }
     e->batch = B;
-    flx_decode_args_t da = {.batch = B, .tokens = e->btok, .pos = e->bpos, .attn = attn_layer, .ctx = e,
-                            .logits = e->logits};
-    flx_status_t st = flx_model_decode(e->m, e->fwd, &da);
+    flx_status_t st;
+    if (e->gpu) {
+        flx_gpu_decode_args_t ga = {.batch = B, .tokens = e->btok, .pos = e->bpos, .attn = attn_layer_gpu, .ctx = e,
+                                    .logits = e->logits};
+        st = flx_gpu_model_decode(e->gm, e->gws, e->stream, &ga);
+    } else {
+        flx_decode_args_t da = {.batch = B, .tokens = e->btok, .pos = e->bpos, .attn = attn_layer, .ctx = e,
+                                .logits = e->logits};
+        st = flx_model_decode(e->m, e->fwd, &da);
+    }
     e->batch = 0;
     if (st) {
         flx_log_error("engine", "decode step of %u sequences failed: %s", B, flx_error_msg());
@@ -760,7 +973,10 @@ flx_status_t flx_engine_step(flx_engine_h e)
     uint64_t t2 = flx_now_ns();
 
     flx_fwd_timing_t ft;
-    flx_fwd_timing_get(e->fwd, &ft);
+    if (e->gpu)
+        flx_gpu_fwd_timing_get(e->gws, &ft);
+    else
+        flx_fwd_timing_get(e->fwd, &ft);
     e->cur.n_steps = 1;
     e->cur.n_tokens = B;
     e->cur.step_ns = t2 - t0;
@@ -806,11 +1022,20 @@ static flx_status_t prefill_on_layer(void *ctx, uint32_t layer, uint32_t n, cons
     return flx_kv_stats_write(pc->store, pc->sid, layer, pc->stats, pc->mean_k, pc->q_anchor);
 }
 
-static flx_status_t prefill(const flx_model_t *m, flx_fwd_ws_t *ws, flx_kv_store_h store, const int32_t *tokens,
-                            uint32_t n, uint32_t max_new_tokens, float tau, flx_kv_session_id_t *sid_p,
-                            float *first_logits)
+/* Which forward pass a prefill runs: the CPU one (m, ws) or the GPU one (gm, gws, stream). */
+typedef struct prefill_runner {
+    const flx_model_config_t *cfg;
+    const flx_model_t *m;
+    flx_fwd_ws_t *ws;
+    flx_gpu_model_h gm;
+    flx_gpu_fwd_ws_h gws;
+    flx_cuda_stream_t stream;
+} prefill_runner_t;
+
+static flx_status_t prefill(const prefill_runner_t *r, flx_kv_store_h store, const int32_t *tokens, uint32_t n,
+                            uint32_t max_new_tokens, float tau, flx_kv_session_id_t *sid_p, float *first_logits)
 {
-    if (!m || !ws || !store || !tokens || !sid_p || !first_logits)
+    if (!r->cfg || !store || !tokens || !sid_p || !first_logits)
         return flx_error_set(FLX_ERR_INVALID, "prefill into store: NULL argument");
     if (n == 0)
         return flx_error_set(FLX_ERR_INVALID, "prefill into store: empty prompt");
@@ -818,8 +1043,8 @@ static flx_status_t prefill(const flx_model_t *m, flx_fwd_ws_t *ws, flx_kv_store
         return flx_error_set(FLX_ERR_INVALID, "prefill into store: tau %g not in (0, 1)", (double)tau);
     flx_kv_session_params_t sp = {.prompt_len = n, .max_new_tokens = max_new_tokens,
                                   .flags = tau < 0.0f ? FLX_KV_SESSION_NO_STATS : 0};
-    const uint32_t Hq = m->cfg.n_heads, D = m->cfg.head_dim;
-    prefill_ctx_t pc = {.store = store, .n_q_heads = Hq, .n_kv_heads = m->cfg.n_kv_heads, .head_dim = D, .tau = tau};
+    const uint32_t Hq = r->cfg->n_heads, D = r->cfg->head_dim;
+    prefill_ctx_t pc = {.store = store, .n_q_heads = Hq, .n_kv_heads = r->cfg->n_kv_heads, .head_dim = D, .tau = tau};
     flx_kv_store_info(store, &pc.info);
     if (tau >= 0.0f) {
         pc.stats = malloc(Hq * sizeof *pc.stats);
@@ -839,7 +1064,7 @@ static flx_status_t prefill(const flx_model_t *m, flx_fwd_ws_t *ws, flx_kv_store
     pc.sid = sid;
     flx_prefill_args_t pa = {.tokens = tokens, .n_tokens = n, .on_layer = prefill_on_layer, .ctx = &pc,
                              .logits_last = first_logits};
-    if ((st = flx_model_prefill(m, ws, &pa)))
+    if ((st = r->gm ? flx_gpu_model_prefill(r->gm, r->gws, r->stream, &pa) : flx_model_prefill(r->m, r->ws, &pa)))
         goto fail;
     flx_kv_session_info_t info;
     if ((st = flx_kv_session_info(store, sid, &info)))
@@ -871,7 +1096,10 @@ flx_status_t flx_engine_prefill_into_store(const flx_model_t *m, flx_fwd_ws_t *w
                                            const int32_t *tokens, uint32_t n, uint32_t max_new_tokens,
                                            flx_kv_session_id_t *sid_p, float *first_logits)
 {
-    return prefill(m, ws, store, tokens, n, max_new_tokens, -1.0f, sid_p, first_logits);
+    if (!m || !ws)
+        return flx_error_set(FLX_ERR_INVALID, "prefill into store: NULL argument");
+    prefill_runner_t r = {.cfg = &m->cfg, .m = m, .ws = ws};
+    return prefill(&r, store, tokens, n, max_new_tokens, -1.0f, sid_p, first_logits);
 }
 
 flx_status_t flx_engine_prefill_with_stats(const flx_model_t *m, flx_fwd_ws_t *ws, flx_kv_store_h store,
@@ -880,5 +1108,22 @@ flx_status_t flx_engine_prefill_with_stats(const flx_model_t *m, flx_fwd_ws_t *w
 {
     if (!(tau > 0.0f && tau < 1.0f))
         return flx_error_set(FLX_ERR_INVALID, "prefill with statistics: tau %g not in (0, 1)", (double)tau);
-    return prefill(m, ws, store, tokens, n, max_new_tokens, tau, sid_p, first_logits);
+    if (!m || !ws)
+        return flx_error_set(FLX_ERR_INVALID, "prefill into store: NULL argument");
+    prefill_runner_t r = {.cfg = &m->cfg, .m = m, .ws = ws};
+    return prefill(&r, store, tokens, n, max_new_tokens, tau, sid_p, first_logits);
+}
+
+flx_status_t flx_engine_prefill_gpu(flx_gpu_model_h gm, flx_gpu_fwd_ws_h ws, flx_cuda_stream_t stream,
+                                    flx_kv_store_h store, const int32_t *tokens, uint32_t n, uint32_t max_new_tokens,
+                                    float tau, flx_kv_session_id_t *sid_p, float *first_logits)
+{
+    if (!gm || !ws)
+        return flx_error_set(FLX_ERR_INVALID, "gpu prefill into store: NULL model or workspace");
+    if (isnan(tau))   /* prefill() takes tau < 0 as "no statistics" and checks (0, 1) otherwise */
+        return flx_error_set(FLX_ERR_INVALID, "gpu prefill into store: tau is NaN");
+    flx_gpu_model_info_t gi;
+    flx_gpu_model_info(gm, &gi);
+    prefill_runner_t r = {.cfg = gi.cfg, .gm = gm, .gws = ws, .stream = stream};
+    return prefill(&r, store, tokens, n, max_new_tokens, tau, sid_p, first_logits);
 }

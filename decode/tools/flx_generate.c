@@ -7,6 +7,11 @@
  *
  * The first token is sampled from the prefill logits with --seed, the rest by the engine with a
  * sampler seeded from --seed too (one stream of draws per sequence, as the engine does).
+ *
+ * --gpu [DEVICE] runs the prefill and the dense part of decoding on a CUDA device (the weights are
+ * uploaded once and shared by both), keeps the kvstore's windows on that device too and runs
+ * window attention there (flx/engine.h, GPU PATH). Without a usable device it stops with the
+ * FLX_ERR_NO_DEVICE message and exit code 1: asking for a GPU never silently decodes on the CPU.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -15,8 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "flx/cuda_rt.h"
 #include "flx/engine.h"
 #include "flx/forward.h"
+#include "flx/forward_gpu.h"
 #include "flx/kvstore.h"
 #include "flx/model.h"
 #include "flx/model_load.h"
@@ -32,6 +39,7 @@ static void usage(FILE *f)
             "usage: " PROG " --model PATH --prompt-file FILE [--chat] [--mode full|fixed|fluxion] [--blk 16] [--bgt 0.05]\n"
             "                    [--predictor WEIGHTS] [--tau 0.1]\n"
             "                    [--max-new 64] [--temp 0] [--top-k 0] [--top-p 1] [--seed S] [--threads N]\n"
+            "                    [--gpu [DEVICE]]\n"
             "  --model        a .gguf file or a Hugging Face folder (config.json, *.safetensors, tokenizer.json)\n"
             "  --prompt-file  the prompt text (UTF-8); '-' reads stdin\n"
             "  --chat         wrap the prompt as one user message with the model's chat template\n"
@@ -46,7 +54,9 @@ static void usage(FILE *f)
             "  --max-new      tokens to generate, 1..1000000 (the first one included)\n"
             "  --temp         sampling temperature >= 0 (0 = greedy); --top-k >= 0 (0 = off); --top-p in (0, 1]\n"
             "  --seed         sampling seed (default 1)\n"
-            "  --threads      attention and forward threads, 1..1024 (default: OpenMP's)\n");
+            "  --threads      attention and forward threads, 1..1024 (default: OpenMP's)\n"
+            "  --gpu          prefill and the dense part of decoding on CUDA device DEVICE (default 0), window\n"
+            "                 attention on its device windows; host-resident attention stays on the CPU threads\n");
 }
 
 static int parse_u64(const char *flag, const char *s, unsigned long long lo, unsigned long long hi,
@@ -174,7 +184,7 @@ static int cmp_u64(const void *a, const void *b)
 int main(int argc, char **argv)
 {
     enum { O_MODEL = 1, O_PROMPT, O_CHAT, O_MODE, O_BLK, O_BGT, O_MAXNEW, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_THREADS,
-           O_PREDICTOR, O_TAU, O_HELP };
+           O_PREDICTOR, O_TAU, O_GPU, O_HELP };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},   {"prompt-file", required_argument, 0, O_PROMPT},
         {"chat", no_argument, 0, O_CHAT},           {"mode", required_argument, 0, O_MODE},
@@ -183,6 +193,7 @@ int main(int argc, char **argv)
         {"top-k", required_argument, 0, O_TOPK},    {"top-p", required_argument, 0, O_TOPP},
         {"seed", required_argument, 0, O_SEED},     {"threads", required_argument, 0, O_THREADS},
         {"predictor", required_argument, 0, O_PREDICTOR}, {"tau", required_argument, 0, O_TAU},
+        {"gpu", optional_argument, 0, O_GPU},
         {"help", no_argument, 0, O_HELP},           {0, 0, 0, 0},
     };
     const char *model_path = NULL, *prompt_path = NULL, *pred_path = getenv("FLX_PREDICTOR");
@@ -193,7 +204,7 @@ int main(int argc, char **argv)
     flx_sampling_params_t sp = flx_sampling_greedy();
     sp.seed = 1;
     unsigned long long v, max_new = 64, threads = 0;
-    int c;
+    int c, use_gpu = 0, gpu_dev = 0;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         const char *a = optarg;
@@ -224,6 +235,15 @@ int main(int argc, char **argv)
         case O_THREADS: if (parse_u64("threads", a, 1, 1024, &threads)) return 2; break;
         case O_PREDICTOR: pred_path = a; break;
         case O_TAU: if (parse_f("tau", a, 0.0, 1, 0.999999, &tau)) return 2; break;
+        case O_GPU:
+            /* "--gpu", "--gpu=N" or "--gpu N": a following all-digit word is the device */
+            if (!a && optind < argc && argv[optind][0] >= '0' && argv[optind][0] <= '9') a = argv[optind++];
+            if (a) {
+                if (parse_u64("gpu", a, 0, 1023, &v)) return 2;
+                gpu_dev = (int)v;
+            }
+            use_gpu = 1;
+            break;
         case O_HELP: usage(stdout); return 0;
         default:
             fprintf(stderr, PROG ": unknown option or missing value: %s\n", argv[optind - 1]);
@@ -259,7 +279,10 @@ int main(int argc, char **argv)
     flx_engine_h eng = NULL;
     char *text = NULL, *chat_text = NULL;
     int32_t *ids = NULL;
-    void *pmem = NULL, *scratch = NULL;
+    void *pmem = NULL, *scratch = NULL, *gdev_mem = NULL, *ghost_mem = NULL;
+    flx_gpu_model_h gm = NULL;
+    flx_gpu_fwd_ws_h gws = NULL;
+    flx_cuda_stream_t gstream = NULL;
     float *logits = NULL;
     uint64_t *tpot = NULL;
     flx_status_t st;
@@ -270,6 +293,10 @@ int main(int argc, char **argv)
         goto out;
     }
     const flx_model_config_t *cfg = &m->cfg;
+    if (use_gpu && (st = flx_gpu_model_create(m, gpu_dev, &gm))) {
+        fprintf(stderr, PROG ": --gpu %d: %s\n", gpu_dev, flx_error_msg());
+        goto out;
+    }
     t_load = flx_now_ns() - t_load;
     if (flx_tok_vocab_size(tok) > cfg->vocab) {
         fprintf(stderr, PROG ": tokenizer has %u tokens, the model's vocabulary only %u\n", flx_tok_vocab_size(tok),
@@ -331,12 +358,20 @@ int main(int argc, char **argv)
                                     .capacity_bytes = cap, .n_layers = cfg->n_layers,
                                     .n_kv_heads = cfg->n_kv_heads, .n_q_heads = cfg->n_heads,
                                     .head_dim = cfg->head_dim};
+        if (use_gpu) {   /* windows mirrored on the device, where window attention reads them */
+            kp.field_mask |= FLX_KV_STORE_FIELD_FLAGS | FLX_KV_STORE_FIELD_CUDA_DEVICE;
+            kp.flags = FLX_KV_STORE_HUGEPAGES | FLX_KV_STORE_WINDOW_DEVICE;
+            kp.cuda_device = gpu_dev;
+        }
         if ((st = flx_kv_store_create(&kp, &store))) {
             fprintf(stderr, PROG ": kvstore: %s\n", flx_error_msg());
             goto out;
         }
     }
     ep.max_l_cpu = n;
+    ep.use_gpu = use_gpu;
+    ep.cuda_device = gpu_dev;
+    ep.gpu_model = gm;
     if ((st = flx_engine_create(m, store, &ep, &eng))) {
         fprintf(stderr, PROG ": engine: %s\n", flx_error_msg());
         goto out;
@@ -346,8 +381,17 @@ int main(int argc, char **argv)
     flx_fwd_shape_t fs = {.max_prompt = n, .max_batch = 1, .n_threads = (uint32_t)threads};
     size_t pbytes = 0;
     flx_fwd_ws_t *pws = NULL;
-    if ((st = flx_fwd_plan(m, &fs, &pbytes)) || !(pmem = flx_aligned_alloc(64, pbytes ? pbytes : 64)) ||
-        (st = flx_fwd_ws_init(m, &fs, pmem, pbytes, &pws))) {
+    if (use_gpu) {
+        flx_gpu_fwd_shape_t gs = {.max_prompt = n, .max_batch = 1};
+        size_t gdev_b = 0, ghost_b = 0;
+        if ((st = flx_gpu_fwd_plan(m, &gs, &gdev_b, &ghost_b)) || (st = flx_cuda_malloc(gpu_dev, gdev_b, &gdev_mem)) ||
+            (st = flx_cuda_host_alloc(ghost_b, &ghost_mem)) || (st = flx_cuda_stream_create(gpu_dev, &gstream)) ||
+            (st = flx_gpu_fwd_ws_create(gm, &gs, gdev_mem, gdev_b, ghost_mem, ghost_b, &gws))) {
+            fprintf(stderr, PROG ": gpu prefill workspace for %u tokens: %s\n", n, flx_error_msg());
+            goto out;
+        }
+    } else if ((st = flx_fwd_plan(m, &fs, &pbytes)) || !(pmem = flx_aligned_alloc(64, pbytes ? pbytes : 64)) ||
+               (st = flx_fwd_ws_init(m, &fs, pmem, pbytes, &pws))) {
         fprintf(stderr, PROG ": prefill workspace for %u tokens: %s\n", n, st ? flx_error_msg() : "out of memory");
         goto out;
     }
@@ -359,11 +403,14 @@ int main(int argc, char **argv)
     }
     flx_kv_session_id_t sid;
     uint64_t t_pre = flx_now_ns();
-    st = ep.mode == FLX_ENGINE_ATTN_FLUXION
-             ? flx_engine_prefill_with_stats(m, pws, store, ids, n, (uint32_t)FLX_MIN(max_new, 1u << 30), tau, &sid,
-                                             logits)
-             : flx_engine_prefill_into_store(m, pws, store, ids, n, (uint32_t)FLX_MIN(max_new, 1u << 30), &sid,
-                                             logits);
+    const uint32_t room = (uint32_t)FLX_MIN(max_new, 1u << 30);
+    if (use_gpu)
+        st = flx_engine_prefill_gpu(gm, gws, gstream, store, ids, n, room,
+                                    ep.mode == FLX_ENGINE_ATTN_FLUXION ? tau : -1.0f, &sid, logits);
+    else if (ep.mode == FLX_ENGINE_ATTN_FLUXION)
+        st = flx_engine_prefill_with_stats(m, pws, store, ids, n, room, tau, &sid, logits);
+    else
+        st = flx_engine_prefill_into_store(m, pws, store, ids, n, room, &sid, logits);
     if (st) {
         fprintf(stderr, PROG ": prefill: %s\n", flx_error_msg());
         goto out;
@@ -371,6 +418,14 @@ int main(int argc, char **argv)
     t_pre = flx_now_ns() - t_pre;
     flx_aligned_free(pmem);   /* the prompt's activations are not needed while decoding */
     pmem = NULL;
+    flx_gpu_fwd_ws_destroy(gws);
+    gws = NULL;
+    flx_cuda_stream_destroy(gpu_dev, gstream);
+    gstream = NULL;
+    if (gdev_mem) (void)flx_cuda_free(gpu_dev, gdev_mem);
+    gdev_mem = NULL;
+    flx_cuda_host_free(ghost_mem);
+    ghost_mem = NULL;
 
     flx_sampler_t first;
     int32_t tok0;
@@ -403,6 +458,7 @@ int main(int argc, char **argv)
             si.l_cpu, flx_engine_attn_mode_name(ep.mode));
     if (ep.mode == FLX_ENGINE_ATTN_FIXED) fprintf(stderr, " (blk %u, bgt %g)", ep.blk, (double)ep.bgt);
     if (ep.mode == FLX_ENGINE_ATTN_FLUXION) fprintf(stderr, " (predictor %s, tau %g)", pred_path, (double)tau);
+    if (use_gpu) fprintf(stderr, ", gpu %d", gpu_dev);
     fprintf(stderr, "\n");
     fflush(stderr);
 
@@ -461,6 +517,11 @@ int main(int argc, char **argv)
     rc = 0;
 out:
     flx_engine_destroy(eng);
+    flx_gpu_fwd_ws_destroy(gws);
+    flx_cuda_stream_destroy(gpu_dev, gstream);
+    if (gdev_mem) (void)flx_cuda_free(gpu_dev, gdev_mem);
+    flx_cuda_host_free(ghost_mem);
+    flx_gpu_model_destroy(gm);
     flx_predictor_destroy(pred);
     flx_kv_store_destroy(store);
     flx_aligned_free(pmem);

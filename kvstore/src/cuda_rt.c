@@ -1,5 +1,6 @@
 /*
- * cuda_rt.c - device discovery, pinning, device memory and synchronous copies (see flx/cuda_rt.h).
+ * cuda_rt.c - device discovery, pinning, page-locked buffers, device memory, streams and copies
+ * (see flx/cuda_rt.h).
  * Compiled with or without CUDA; without it every device call refuses with FLX_ERR_NO_DEVICE.
  */
 #include "flx/cuda_rt.h"
@@ -7,6 +8,7 @@
 #include <limits.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <string.h>
 
 #ifdef FLX_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -256,5 +258,137 @@ flx_status_t flx_cuda_copy_dtoh(int device, void *dst, const void *src_dev, size
     return FLX_OK;
 #else
     return device_check(device, "device-to-host copy");
+#endif
+}
+
+/* ---- call-site translation, streams, page-locked host memory ---- */
+
+flx_status_t flx_status_from_cuda_at(int cuda_err, const char *what, const char *file, int line)
+{
+    if (cuda_err == 0) return FLX_OK;
+    const char *base = strrchr(file, '/');
+    char site[192];
+    snprintf(site, sizeof site, "%s:%d: %s", base ? base + 1 : file, line, what);
+#ifdef FLX_HAVE_CUDA
+    (void)cudaGetLastError();
+#endif
+    return flx_status_from_cuda(cuda_err, site);
+}
+
+flx_status_t flx_cuda_stream_create(int device, flx_cuda_stream_t *stream_p)
+{
+    if (!stream_p) return flx_error_set(FLX_ERR_INVALID, "cuda stream create: NULL argument");
+#ifdef FLX_HAVE_CUDA
+    int prev = device; /* "no switch" until device_enter says otherwise */
+    flx_status_t st = device_enter(device, "cudaStreamCreateWithFlags", &prev);
+    if (st != FLX_OK) return st;
+    cudaStream_t s = NULL;
+    cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    device_leave(device, prev);
+    if (e != cudaSuccess) return cuda_fail(e, "cudaStreamCreateWithFlags");
+    *stream_p = s;
+    return FLX_OK;
+#else
+    return device_check(device, "cudaStreamCreateWithFlags");
+#endif
+}
+
+void flx_cuda_stream_destroy(int device, flx_cuda_stream_t stream)
+{
+    if (!stream) return;
+#ifdef FLX_HAVE_CUDA
+    int prev = device;
+    if (device_enter(device, "cudaStreamDestroy", &prev) != FLX_OK) return;
+    /* cudaStreamDestroy returns at once and releases the stream when its work is done; waiting
+     * first means no queued copy still writes into memory the caller frees next. */
+    (void)cudaStreamSynchronize(stream);
+    (void)cudaStreamDestroy(stream);
+    (void)cudaGetLastError();
+    device_leave(device, prev);
+#else
+    (void)device;
+#endif
+}
+
+flx_status_t flx_cuda_stream_sync(int device, flx_cuda_stream_t stream)
+{
+#ifdef FLX_HAVE_CUDA
+    int prev = device;
+    flx_status_t st = device_enter(device, "cudaStreamSynchronize", &prev);
+    if (st != FLX_OK) return st;
+    cudaError_t e = cudaStreamSynchronize(stream);
+    device_leave(device, prev);
+    return e == cudaSuccess ? FLX_OK : cuda_fail(e, "cudaStreamSynchronize");
+#else
+    (void)stream;
+    return device_check(device, "cudaStreamSynchronize");
+#endif
+}
+
+flx_status_t flx_cuda_copy_dtoh_async(int device, void *dst, const void *src_dev, size_t len,
+                                      flx_cuda_stream_t stream)
+{
+    if (len == 0) return FLX_OK;
+    if (!dst || !src_dev)
+        return flx_error_set(FLX_ERR_INVALID, "async device-to-host copy of %zu bytes: NULL pointer", len);
+#ifdef FLX_HAVE_CUDA
+    int prev = device;
+    flx_status_t st = device_enter(device, "async device-to-host copy", &prev);
+    if (st != FLX_OK) return st;
+    if ((st = injected_fault("async device-to-host copy")) != FLX_OK) {
+        device_leave(device, prev);
+        return st;
+    }
+    cudaError_t e = cudaMemcpyAsync(dst, src_dev, len, cudaMemcpyDeviceToHost, stream);
+    device_leave(device, prev);
+    return e == cudaSuccess ? FLX_OK : cuda_fail(e, "async device-to-host copy");
+#else
+    (void)stream;
+    return device_check(device, "async device-to-host copy");
+#endif
+}
+
+flx_status_t flx_cuda_host_alloc(size_t len, void **p_p)
+{
+    if (!p_p || len == 0)
+        return flx_error_set(FLX_ERR_INVALID, "page-locked allocation of %zu bytes: NULL or empty", len);
+    if (flx_cuda_device_count() == 0)
+        return flx_error_set(FLX_ERR_NO_DEVICE, "page-locked allocation of %zu bytes: no CUDA device", len);
+#ifdef FLX_HAVE_CUDA
+    void *p = NULL;
+    cudaError_t e = cudaHostAlloc(&p, len, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        char what[80];
+        snprintf(what, sizeof what, "cudaHostAlloc of %zu bytes", len);
+        return cuda_fail(e, what);
+    }
+    *p_p = p;
+    return FLX_OK;
+#else
+    return FLX_ERR_NO_DEVICE;
+#endif
+}
+
+void flx_cuda_host_free(void *p)
+{
+#ifdef FLX_HAVE_CUDA
+    if (p && cudaFreeHost(p) != cudaSuccess) (void)cudaGetLastError();
+#else
+    (void)p;
+#endif
+}
+
+int flx_cuda_host_is_pinned(const void *p)
+{
+    if (!p || flx_cuda_device_count() == 0) return 0;
+#ifdef FLX_HAVE_CUDA
+    struct cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return a.type == cudaMemoryTypeHost;
+#else
+    return 0;
 #endif
 }

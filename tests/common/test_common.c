@@ -149,6 +149,9 @@ static void test_rng_cpu_arena(void)
 
     CHECK(flx_error_set(FLX_ERR_CAPACITY, "pool full: %d", 7) == FLX_ERR_CAPACITY);
     CHECK(strcmp(flx_error_msg(), "pool full: 7") == 0);
+    /* context added to the previous message, which is an argument of the new one */
+    CHECK(flx_error_set(FLX_ERR_CAPACITY, "layer %u: %s", 3u, flx_error_msg()) == FLX_ERR_CAPACITY);
+    CHECK(strcmp(flx_error_msg(), "layer 3: pool full: 7") == 0);
     CHECK(strcmp(flx_status_name(FLX_ERR_CAPACITY), "capacity") == 0);
 }
 

@@ -4,7 +4,9 @@
  *                                       any model is loaded; a missing model file exits 1
  *   test_generate_cli TOOL DIR model    on the real model (77 when absent): a chat prompt in full and
  *                                       fixed mode exits 0, streams text to stdout and timings to
- *                                       stderr; greedy full and fixed(bgt 1) print the same text
+ *                                       stderr; greedy full and fixed(bgt 1) print the same text;
+ *                                       --gpu prints that text too where a CUDA device exists, and
+ *                                       exits 1 naming the missing device where none does
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "flx/cuda_rt.h"
 #include "flx_test.h"
 
 static const char *tool, *dir;
@@ -75,6 +78,9 @@ int main(int argc, char **argv)
             {"--model M --prompt-file P --frobnicate", "--frobnicate"},
             {"--model M --prompt-file P --blk", "--blk"},
             {"--model M --prompt-file P stray", "stray"},
+            {"--model M --prompt-file P --gpu=x", "--gpu"},
+            {"--model M --prompt-file P --gpu 1024", "--gpu"},
+            {"--model M --prompt-file P --gpu=2 7", "'7'"},
         };
         for (size_t i = 0; i < FLX_ARRAY_SIZE(bad); i++) {
             int rc = run(bad[i].args, out, err);
@@ -123,6 +129,17 @@ int main(int argc, char **argv)
              model, prompt);
     CHECK(run(args, out, err) == 0);
     fprintf(stderr, "sampled: \"%s\"\n", slurp(out));
+    snprintf(args, sizeof args, "--model %s --prompt-file %s --chat --max-new 12 --threads 2 --gpu", model, prompt);
+    const int rc_gpu = run(args, out, err);
+    e = slurp(err);
+    if (flx_cuda_device_count() == 0) {
+        fprintf(stderr, "--gpu without a device -> %d: %s", rc_gpu, e);
+        CHECK(rc_gpu == 1 && strstr(e, "--gpu 0") && strstr(e, "no CUDA device"));
+    } else {
+        fprintf(stderr, "--gpu: \"%s\"\n%s", slurp(out), e);
+        CHECK(rc_gpu == 0 && strstr(e, "gpu 0"));
+        CHECK(strcmp(slurp(out), text_full) == 0);
+    }
     fprintf(stderr, "test_generate_cli model: ok\n");
     return 0;
 }

@@ -59,6 +59,20 @@
  * workers one at a time, each merged with its window partial. Sessions must carry prefill
  * statistics (flx_engine_prefill_into_store with a tau, or a prefill node that sends them).
  *
+ * GPU PATH (params.use_gpu)
+ * The dense part of every step runs on a CUDA device (flx/forward_gpu.h: weights uploaded once,
+ * cuBLAS products, one stream the engine owns), and attention per layer becomes: the new k, v
+ * appended to each session's window (the kvstore mirrors the row into its device window); in FULL
+ * and FIXED, one launch of window attention for every (sequence, kv group) of the batch over the
+ * device windows (flx/attn_gpu.h) while the CPU threads run the host part of each group
+ * (flx_attn_host_run), then a wait for the device and the LSE merge of the two partials on the
+ * host (flx_attn_merge). FLUXION keeps its window on the CPU: its features need the window's
+ * segment attentions (sink and local apart), which yield the whole-window partial at no extra
+ * cost, so that mode uses the device for the dense part only. The store must keep device windows
+ * on cuda_device (FLX_KV_STORE_WINDOW_DEVICE) in every mode, so one store serves any mode.
+ * Tokens equal the CPU path's up to fp32 rounding order (the tests compare them). The GPU path is
+ * compiled in every build but has never run on a device yet (no GPU on the development machines).
+ *
  * THREAD MODE
  * An engine is driven by one thread at a time (add, step, cancel, stats); the step uses up to
  * n_threads OpenMP threads for attention and for the forward pass. Callbacks run on the
@@ -73,6 +87,7 @@
 #include <stdint.h>
 
 #include "flx/forward.h"
+#include "flx/forward_gpu.h"
 #include "flx/kvstore.h"
 #include "flx/model.h"
 #include "flx/predictor.h"
@@ -110,15 +125,23 @@ typedef struct flx_engine_params {
     flx_predictor_h predictor; /* FLUXION: borrowed, must outlive the engine; NULL otherwise */
     const flx_select_params_t *select; /* FLUXION: the selector's operating point (copied at create);
                                           NULL = the one the predictor's weights carry */
+    int use_gpu;             /* 1: the GPU path (GPU PATH above); 0: everything on CPU threads */
+    int cuda_device;         /* use_gpu: the device ordinal; must hold the store's device windows */
+    flx_gpu_model_h gpu_model; /* use_gpu: a device copy of the model on cuda_device (borrowed, must
+                                * outlive the engine), or NULL for the engine to upload its own */
 } flx_engine_params_t;
 
 /* max_batch 8, max_seqs 0, n_threads 0, max_l_cpu 0, FULL, blk 16, bgt 0.05, close_sessions 1,
- * bind_numa 0, predictor NULL, select NULL. */
+ * bind_numa 0, predictor NULL, select NULL, use_gpu 0, cuda_device 0, gpu_model NULL. */
 flx_engine_params_t flx_engine_params_default(void);
 
 /* Checks params (ranges, mode; FLUXION needs a predictor) and that the store's shape (layers,
  * kv heads, query heads, head_dim) is the model's. model and store are borrowed and must outlive
- * the engine. */
+ * the engine. With use_gpu: FLX_ERR_NO_DEVICE when the machine has no usable CUDA device (the
+ * engine does not fall back to the CPU: the caller asked for the device and decides what to do,
+ * typically create it again with use_gpu 0); FLX_ERR_INVALID when the store keeps its windows in
+ * host memory only or on another device, or when gpu_model is on another device or of another
+ * shape; device allocation failures as flx/forward_gpu.h reports them. */
 flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, const flx_engine_params_t *params,
                                flx_engine_h *engine_p);
 /* Retires every live sequence without callbacks (releasing views; closing sessions when
@@ -236,6 +259,13 @@ flx_status_t flx_engine_prefill_into_store(const flx_model_t *model, flx_fwd_ws_
 flx_status_t flx_engine_prefill_with_stats(const flx_model_t *model, flx_fwd_ws_t *ws, flx_kv_store_h store,
                                            const int32_t *tokens, uint32_t n, uint32_t max_new_tokens, float tau,
                                            flx_kv_session_id_t *sid_p, float *first_logits);
+/* The same on a CUDA device (flx_gpu_model_prefill with ws, planned for at least n prompt tokens,
+ * on stream): tau < 0 pushes no statistics (as flx_engine_prefill_into_store), tau in (0, 1) adds
+ * them (as flx_engine_prefill_with_stats). The sink runs on the calling thread while the device
+ * computes each layer's second half. */
+flx_status_t flx_engine_prefill_gpu(flx_gpu_model_h gm, flx_gpu_fwd_ws_h ws, flx_cuda_stream_t stream,
+                                    flx_kv_store_h store, const int32_t *tokens, uint32_t n, uint32_t max_new_tokens,
+                                    float tau, flx_kv_session_id_t *sid_p, float *first_logits);
 
 #ifdef __cplusplus
 }

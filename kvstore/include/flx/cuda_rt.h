@@ -1,7 +1,9 @@
 /*
- * flx/cuda_rt.h - the project's only contact with the CUDA runtime outside kernels: device
- * discovery, host-memory pinning for UVA, device memory and copies, and the one translation of
- * cudaError_t to flx_status_t.
+ * flx/cuda_rt.h - the CUDA runtime for code without CUDA headers: device discovery, host-memory
+ * pinning for UVA, page-locked host buffers, device memory, streams and copies, and the one
+ * translation of cudaError_t to flx_status_t (flx_status_from_cuda; FLX_CUDA_CALL names the file
+ * and line). The GPU modules (decode/src/forward_gpu*, fluxion/src/attn_*gpu*) call the runtime
+ * themselves for launches and stream-ordered work, and translate through the same function.
  *
  * Built without CUDA (FLX_HAVE_CUDA off) these report "no device" (0 devices, FLX_ERR_NO_DEVICE
  * with a message naming the call), which is the truth for that binary. Built with CUDA they link
@@ -16,8 +18,16 @@
  * returns once the bytes are on the device (cudaMemcpy followed by a synchronisation of the legacy
  * default stream, because a copy from pageable memory may return before its DMA has landed), so
  * a kernel launched afterwards on any stream reads them, and the host buffer may be reused at
- * once. A device-to-host copy returns once the host bytes are written. Asynchronous copies on the
- * decode loop's stream come with the GPU worker.
+ * once. A device-to-host copy returns once the host bytes are written. The kvstore's copies (window
+ * upload and appends) use these; the GPU decode path queues its own transfers on its stream
+ * (flx_cuda_copy_dtoh_async below, and the runtime calls of flx/forward_gpu.h).
+ *
+ * STREAMS
+ * flx_cuda_stream_t is cudaStream_t under another name, so C code without the CUDA headers can
+ * hold one; NULL is the legacy default stream. Streams made by flx_cuda_stream_create do not
+ * synchronise with the legacy default stream (cudaStreamNonBlocking): the synchronous copies above
+ * have completed when they return, so work queued afterwards on any stream sees their bytes, and a
+ * session uploaded from a receiver thread never waits for the decode loop's queue.
  *
  * THREAD MODE: all functions are thread-safe (the CUDA runtime is).
  */
@@ -53,6 +63,39 @@ flx_status_t flx_cuda_copy_dtoh(int device, void *dst, const void *src_dev, size
 /* height rows of width bytes: row r from src + r * src_pitch to dst_dev + r * dst_pitch. */
 flx_status_t flx_cuda_copy_htod_2d(int device, void *dst_dev, size_t dst_pitch, const void *src, size_t src_pitch,
                                    size_t width, size_t height);
+
+/* cudaStream_t without the CUDA headers (same type: struct CUstream_st is the runtime's). */
+typedef struct CUstream_st *flx_cuda_stream_t;
+
+/* A stream on device that does not synchronise with the legacy default stream. *stream_p written
+ * only on success; destroy with flx_cuda_stream_destroy. */
+flx_status_t flx_cuda_stream_create(int device, flx_cuda_stream_t *stream_p);
+/* Waits for the stream's work, then destroys it. Accepts NULL. */
+void flx_cuda_stream_destroy(int device, flx_cuda_stream_t stream);
+/* Blocks until every operation queued on stream has completed; returns the first error among them
+ * (an asynchronous kernel fault is reported here). */
+flx_status_t flx_cuda_stream_sync(int device, flx_cuda_stream_t stream);
+/* Queues a device-to-host copy of len bytes on stream and returns at once; dst must be page-locked
+ * (flx_cuda_host_alloc) for the copy to be asynchronous, and is written once the stream reaches it. */
+flx_status_t flx_cuda_copy_dtoh_async(int device, void *dst, const void *src_dev, size_t len,
+                                      flx_cuda_stream_t stream);
+
+/* len > 0 bytes of page-locked host memory usable by every device (cudaHostAllocPortable): the
+ * staging buffers of asynchronous copies. *p_p written only on success; FLX_ERR_NOMEM when the
+ * system refuses. Free with flx_cuda_host_free. */
+flx_status_t flx_cuda_host_alloc(size_t len, void **p_p);
+/* Accepts NULL. */
+void flx_cuda_host_free(void *p);
+/* 1 when p points into page-locked host memory (flx_cuda_host_alloc or flx_cuda_host_register), 0
+ * otherwise (pageable memory, device memory, NULL, or no device). */
+int flx_cuda_host_is_pinned(const void *p);
+
+/* flx_status_from_cuda with the call site in the message: "file:line: what: cuda error N (name)".
+ * Also clears the runtime's last (non-sticky) error, so it does not leak into a later launch check. */
+flx_status_t flx_status_from_cuda_at(int cuda_err, const char *what, const char *file, int line);
+/* Checks a CUDA runtime call where it is made: st = FLX_CUDA_CALL(cudaMemcpyAsync(...)); a kernel
+ * launch is checked with FLX_CUDA_CALL(cudaGetLastError()). */
+#define FLX_CUDA_CALL(call) flx_status_from_cuda_at((int)(call), #call, __FILE__, __LINE__)
 
 /* Test hook: the next n calls of flx_cuda_malloc and the copies fail with FLX_ERR_DEVICE (message
  * "injected fault") without reaching the runtime, so tests on a GPU machine can check what a
