@@ -27,6 +27,7 @@
 #include "flx/kvstore.h"
 #include "flx/model.h"
 #include "flx/model_load.h"
+#include "flx/predictor.h"
 #include "flx/sampling.h"
 #include "flx/tokenizer.h"
 #include "flx/util.h"
@@ -37,7 +38,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: " PROG " --model PATH --prompt-file FILE [--chat] [--mode full|fixed|fluxion] [--blk 16] [--bgt 0.05]\n"
-            "                    [--predictor WEIGHTS] [--tau 0.1]\n"
+            "                    [--predictor WEIGHTS] [--tau 0.1] [--stream-threshold P] [--budget-scale A]\n"
+            "                    [--min-blocks M]\n"
             "                    [--max-new 64] [--temp 0] [--top-k 0] [--top-p 1] [--seed S] [--threads N]\n"
             "                    [--gpu [DEVICE]]\n"
             "  --model        a .gguf file or a Hugging Face folder (config.json, *.safetensors, tokenizer.json)\n"
@@ -48,6 +50,10 @@ static void usage(FILE *f)
             "  --predictor    fluxion: predictor weights (default fluxion/weights/predictor-smollm2-135m-instruct\n"
             "                 .safetensors next to the build, or $FLX_PREDICTOR)\n"
             "  --tau          fluxion: Eq. 2 threshold of the prefill statistics (default 0.1)\n"
+            "  --stream-threshold, --budget-scale, --min-blocks\n"
+            "                 fluxion: override the selector's operating point the weights carry (a head is\n"
+            "                 streaming when p >= P in [0.5, 1]; Eq. 1 budgets scaled by A in [1, 64]; a\n"
+            "                 retrieval head reads at least M in [0, 64] blocks); 0.5 1 0 is the paper's rule\n"
             "  --blk          fixed: logical block size 16, 32, 64 or 128\n"
             "  --bgt          fixed: fraction in [0, 1] of the host-resident tokens each head reads besides\n"
             "                 its window (sink + local + generated tokens)\n"
@@ -184,7 +190,7 @@ static int cmp_u64(const void *a, const void *b)
 int main(int argc, char **argv)
 {
     enum { O_MODEL = 1, O_PROMPT, O_CHAT, O_MODE, O_BLK, O_BGT, O_MAXNEW, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_THREADS,
-           O_PREDICTOR, O_TAU, O_GPU, O_HELP };
+           O_PREDICTOR, O_TAU, O_GPU, O_THR, O_SCALE, O_MINB, O_HELP };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},   {"prompt-file", required_argument, 0, O_PROMPT},
         {"chat", no_argument, 0, O_CHAT},           {"mode", required_argument, 0, O_MODE},
@@ -194,6 +200,8 @@ int main(int argc, char **argv)
         {"seed", required_argument, 0, O_SEED},     {"threads", required_argument, 0, O_THREADS},
         {"predictor", required_argument, 0, O_PREDICTOR}, {"tau", required_argument, 0, O_TAU},
         {"gpu", optional_argument, 0, O_GPU},
+        {"stream-threshold", required_argument, 0, O_THR}, {"budget-scale", required_argument, 0, O_SCALE},
+        {"min-blocks", required_argument, 0, O_MINB},
         {"help", no_argument, 0, O_HELP},           {0, 0, 0, 0},
     };
     const char *model_path = NULL, *prompt_path = NULL, *pred_path = getenv("FLX_PREDICTOR");
@@ -205,6 +213,8 @@ int main(int argc, char **argv)
     sp.seed = 1;
     unsigned long long v, max_new = 64, threads = 0;
     int c, use_gpu = 0, gpu_dev = 0;
+    float sel_thr = NAN, sel_scale = NAN;   /* NaN / -1: keep the weights' operating point */
+    long long sel_minb = -1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         const char *a = optarg;
@@ -244,6 +254,9 @@ int main(int argc, char **argv)
             }
             use_gpu = 1;
             break;
+        case O_THR: if (parse_f("stream-threshold", a, 0.5, 0, 1.0, &sel_thr)) return 2; break;
+        case O_SCALE: if (parse_f("budget-scale", a, 1.0, 0, 64.0, &sel_scale)) return 2; break;
+        case O_MINB: if (parse_u64("min-blocks", a, 0, 64, &v)) return 2; sel_minb = (long long)v; break;
         case O_HELP: usage(stdout); return 0;
         default:
             fprintf(stderr, PROG ": unknown option or missing value: %s\n", argv[optind - 1]);
@@ -271,6 +284,11 @@ int main(int argc, char **argv)
         }
         ep.predictor = pred;
     }
+    flx_select_params_t sel = pred ? flx_predictor_select_params(pred) : flx_select_params_paper();
+    if (!isnan(sel_thr)) sel.stream_threshold = sel_thr;
+    if (!isnan(sel_scale)) sel.budget_scale = sel_scale;
+    if (sel_minb >= 0) sel.min_blocks = (uint32_t)sel_minb;
+    ep.select = pred ? &sel : NULL;
 
     int rc = 1;
     flx_model_t *m = NULL;
@@ -457,7 +475,9 @@ int main(int argc, char **argv)
             cfg->name, cfg->n_layers, cfg->n_heads, cfg->n_kv_heads, cfg->head_dim, n, si.n_sink, si.n_local,
             si.l_cpu, flx_engine_attn_mode_name(ep.mode));
     if (ep.mode == FLX_ENGINE_ATTN_FIXED) fprintf(stderr, " (blk %u, bgt %g)", ep.blk, (double)ep.bgt);
-    if (ep.mode == FLX_ENGINE_ATTN_FLUXION) fprintf(stderr, " (predictor %s, tau %g)", pred_path, (double)tau);
+    if (ep.mode == FLX_ENGINE_ATTN_FLUXION)
+        fprintf(stderr, " (predictor %s, tau %g; selector: stream threshold %g, budget scale %g, min blocks %u)",
+                pred_path, (double)tau, (double)sel.stream_threshold, (double)sel.budget_scale, sel.min_blocks);
     if (use_gpu) fprintf(stderr, ", gpu %d", gpu_dev);
     fprintf(stderr, "\n");
     fflush(stderr);

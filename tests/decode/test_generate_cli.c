@@ -62,6 +62,9 @@ int main(int argc, char **argv)
             {"--model M --prompt-file P --mode sparse", "sparse"},
             {"--model M --prompt-file P --mode fluxion --predictor /nonexistent.safetensors", "--predictor"},
             {"--model M --prompt-file P --tau 1.5", "--tau"},
+            {"--model M --prompt-file P --mode fluxion --stream-threshold 0.3", "--stream-threshold"},
+            {"--model M --prompt-file P --mode fluxion --budget-scale 0.5", "--budget-scale"},
+            {"--model M --prompt-file P --mode fluxion --min-blocks 65", "--min-blocks"},
             {"--model M --prompt-file P --blk 24", "--blk"},
             {"--model M --prompt-file P --blk 256", "--blk"},
             {"--model M --prompt-file P --bgt 1.5", "--bgt"},
@@ -124,6 +127,19 @@ int main(int argc, char **argv)
     CHECK(run(args, out, err) == 0);
     fprintf(stderr, "fixed(32, 1): \"%s\"\n", slurp(out));
     CHECK(strcmp(slurp(out), text_full) == 0);
+    /* fluxion with the shipped weights: their calibrated operating point, or the one asked for */
+    snprintf(args, sizeof args, "--model %s --prompt-file %s --chat --max-new 12 --threads 2 --mode fluxion", model,
+             prompt);
+    CHECK(run(args, out, err) == 0);
+    CHECK(strlen(slurp(out)) > 2);   /* slurp's buffer is reused: the text first, then the report */
+    e = slurp(err);
+    fprintf(stderr, "fluxion:\n%s", e);
+    CHECK(strstr(e, "mode fluxion") && strstr(e, "selector: stream threshold") && strstr(e, "fluxion per step"));
+    snprintf(args, sizeof args,
+             "--model %s --prompt-file %s --chat --max-new 4 --threads 2 --mode fluxion --stream-threshold 0.5 "
+             "--budget-scale 1 --min-blocks 0", model, prompt);
+    CHECK(run(args, out, err) == 0);
+    CHECK(strstr(slurp(err), "stream threshold 0.5, budget scale 1, min blocks 0"));
     snprintf(args, sizeof args,
              "--model %s --prompt-file %s --chat --max-new 12 --threads 2 --temp 0.8 --top-k 40 --top-p 0.9 --seed 7",
              model, prompt);
