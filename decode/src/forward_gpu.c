@@ -39,6 +39,8 @@
 #ifdef FLX_HAVE_CUDA
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <pthread.h>
 #endif
 
 #define GPU_ALIGN 256u                 /* every carved part starts on cudaMalloc's alignment */
@@ -261,6 +263,63 @@ static flx_status_t prefill_check(flx_gpu_model_h gm, flx_gpu_fwd_ws_h ws, const
 
 /* ================= CUDA build ================= */
 
+/* ---- cuBLAS, loaded at run time ----
+ * cuBLAS is dlopen'ed, not linked: CUDA 13 ships it only as a shared library, and a binary that
+ * needed libcublas.so.13 to start could not run on the CPU-only hosts a CUDA build promises to run
+ * on (the CUDA runtime is linked statically for the same reason). Symbols already in the process
+ * (a static cuBLAS, or scripts/gpusim's stand-in) are taken first. Without cuBLAS a workspace
+ * refuses with FLX_ERR_NO_DEVICE naming the library; nothing else of the GPU path needs it. */
+typedef struct blas_api {
+    cublasStatus_t (*create)(cublasHandle_t *);
+    cublasStatus_t (*destroy)(cublasHandle_t);
+    cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t);
+    cublasStatus_t (*set_workspace)(cublasHandle_t, void *, size_t);
+    cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void *,
+                              const void *, cudaDataType, int, const void *, cudaDataType, int, const void *, void *,
+                              cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+    const char *(*status_string)(cublasStatus_t);
+} blas_api_t;
+
+static blas_api_t g_blas;              /* written once under g_blas_once */
+static pthread_once_t g_blas_once = PTHREAD_ONCE_INIT;
+static char g_blas_err[256];           /* why loading failed ("" when it did not) */
+
+static void blas_load_once(void)
+{
+    static const char *const libs[] = {"libcublas.so.13", "libcublas.so"};
+    static const char *const names[6] = {"cublasCreate_v2",       "cublasDestroy_v2", "cublasSetStream_v2",
+                                         "cublasSetWorkspace_v2", "cublasGemmEx",     "cublasGetStatusString"};
+    void *h = dlopen(NULL, RTLD_NOW);   /* the process's global symbols */
+    if (!h || !dlsym(h, names[0])) {
+        h = NULL;
+        for (size_t i = 0; i < FLX_ARRAY_SIZE(libs) && !h; i++) h = dlopen(libs[i], RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            snprintf(g_blas_err, sizeof g_blas_err, "cuBLAS (libcublas.so.13) not loadable: %s", dlerror());
+            return;
+        }
+    }
+    void *fn[6];
+    for (int i = 0; i < 6; i++)
+        if (!(fn[i] = dlsym(h, names[i]))) {
+            snprintf(g_blas_err, sizeof g_blas_err, "cuBLAS has no %s", names[i]);
+            return;
+        }
+    /* POSIX: a data pointer from dlsym converts to a function pointer through memcpy */
+    memcpy(&g_blas.create, &fn[0], sizeof fn[0]);
+    memcpy(&g_blas.destroy, &fn[1], sizeof fn[1]);
+    memcpy(&g_blas.set_stream, &fn[2], sizeof fn[2]);
+    memcpy(&g_blas.set_workspace, &fn[3], sizeof fn[3]);
+    memcpy(&g_blas.gemm_ex, &fn[4], sizeof fn[4]);
+    memcpy(&g_blas.status_string, &fn[5], sizeof fn[5]);
+}
+
+static flx_status_t blas_load(void)
+{
+    pthread_once(&g_blas_once, blas_load_once);
+    if (g_blas_err[0]) return flx_error_set(FLX_ERR_NO_DEVICE, "gpu forward: %s", g_blas_err);
+    return FLX_OK;
+}
+
 /* cublasStatus_t -> status: the single translation point, naming the call site. */
 static flx_status_t status_from_cublas(cublasStatus_t s, const char *what, const char *file, int line)
 {
@@ -272,7 +331,7 @@ static flx_status_t status_from_cublas(cublasStatus_t s, const char *what, const
                                                                                           : FLX_ERR_DEVICE;
     (void)cudaGetLastError();
     return flx_error_set(st, "%s:%d: %s: cublas status %d (%s)", base ? base + 1 : file, line, what, (int)s,
-                         cublasGetStatusString(s));
+                         g_blas.status_string(s));
 }
 #define CUBLAS_CALL(call) status_from_cublas((call), #call, __FILE__, __LINE__)
 
@@ -463,13 +522,13 @@ flx_status_t flx_gpu_fwd_ws_create(flx_gpu_model_h gm, const flx_gpu_fwd_shape_t
         free(ws);
         return st;
     }
-    if ((st = CUBLAS_CALL(cublasCreate(&ws->blas)))) goto fail;
+    if ((st = blas_load()) || (st = CUBLAS_CALL(g_blas.create(&ws->blas)))) goto fail;
     if ((st = FLX_CUDA_CALL(cudaEventCreateWithFlags(&ws->kv_ready, cudaEventDisableTiming)))) goto fail;
     device_leave(gm->device, prev);
     *ws_p = ws;
     return FLX_OK;
 fail:
-    if (ws->blas) cublasDestroy(ws->blas);
+    if (ws->blas) g_blas.destroy(ws->blas);
     device_leave(gm->device, prev);
     free(ws);
     return st;
@@ -481,7 +540,7 @@ void flx_gpu_fwd_ws_destroy(flx_gpu_fwd_ws_h ws)
     int prev = ws->gm->device;
     if (device_enter(ws->gm->device, &prev) == FLX_OK) {
         if (ws->kv_ready) (void)cudaEventDestroy(ws->kv_ready);
-        if (ws->blas) (void)cublasDestroy(ws->blas);
+        if (ws->blas) (void)g_blas.destroy(ws->blas);
         (void)cudaGetLastError();
         device_leave(ws->gm->device, prev);
     }
@@ -496,7 +555,7 @@ static flx_status_t gemm(flx_gpu_fwd_ws_h ws, const char *name, const flx_bf16_t
                          const flx_bf16_t *x, size_t n2, float *y)
 {
     const float one = 1.0f, zero = 0.0f;
-    cublasStatus_t s = cublasGemmEx(ws->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n2, (int)cols, &one, w,
+    cublasStatus_t s = g_blas.gemm_ex(ws->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n2, (int)cols, &one, w,
                                     CUDA_R_16BF, (int)cols, x, CUDA_R_16BF, (int)cols, &zero, y, CUDA_R_32F, (int)rows,
                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (s == CUBLAS_STATUS_SUCCESS) return FLX_OK;
@@ -507,9 +566,9 @@ static flx_status_t gemm(flx_gpu_fwd_ws_h ws, const char *name, const flx_bf16_t
 
 static flx_status_t blas_bind(flx_gpu_fwd_ws_h ws, cudaStream_t stream)
 {
-    flx_status_t st = CUBLAS_CALL(cublasSetStream(ws->blas, stream));
+    flx_status_t st = CUBLAS_CALL(g_blas.set_stream(ws->blas, stream));
     /* after SetStream: it resets the workspace to cuBLAS's own pool */
-    if (!st) st = CUBLAS_CALL(cublasSetWorkspace(ws->blas, ws->blas_ws, GPU_BLAS_WS));
+    if (!st) st = CUBLAS_CALL(g_blas.set_workspace(ws->blas, ws->blas_ws, GPU_BLAS_WS));
     return st;
 }
 
