@@ -73,7 +73,7 @@ try:
                 for p in pts:
                     ax.annotate(f"{p[2] // 1024 if p[2] >= 8192 else p[2]}{'K' if p[2] >= 8192 else ''}",
                                 (p[0], p[1]), fontsize=7, xytext=(3, 3), textcoords="offset points")
-        ax.set_xlabel("host bytes per step / fixed (16, 0.05) at the same length (labels: prompt length)")
+        ax.set_xlabel("host bytes per step / fixed (16, 0.05), same prompt length (labelled)")
         ax.set_ylabel("share of heads within tau = 0.1 (Eq. 2)")
         ax.set_title(title)
         ax.grid(alpha=0.3)
