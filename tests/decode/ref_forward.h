@@ -1,8 +1,8 @@
 /*
- * ref_forward.h - the double-precision reference forward pass of a flx_model_t, for the GPU
- * forward's test (test_forward_gpu.c). The same definitions as test_forward.c's reference (kept
- * there unchanged): per token, in double, RMSNorm, projections with biases, rotate-half RoPE with
- * flx_rope_inv_freq, K and V rounded to bf16, dense causal softmax, SwiGLU, the LM head.
+ * ref_forward.h - the double-precision reference forward pass of a flx_model_t, the oracle of the
+ * CPU forward's test (test_forward.c) and the GPU forward's (test_forward_gpu.c): per token, in
+ * double, RMSNorm, projections with biases, rotate-half RoPE with flx_rope_inv_freq, K and V
+ * rounded to bf16, dense causal softmax, SwiGLU, the LM head.
  *
  * Rounding K and V to bf16 is where two correct forward passes may part: a value within fp32
  * rounding of the midpoint of two bf16 neighbours can go either way. The reference takes the
