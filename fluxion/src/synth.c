@@ -339,6 +339,17 @@ static void rope(const flx_synth_t *s, float *x, double pos)
     }
 }
 
+/* x -= its components along the nb orthonormal rows of basis (D each), one row after the other. */
+static void project_out(float *x, const float *basis, uint32_t nb, uint32_t D)
+{
+    for (uint32_t m = 0; m < nb; m++) {
+        const float *c = basis + (size_t)m * D;
+        double d = 0;
+        for (uint32_t i = 0; i < D; i++) d += (double)x[i] * c[i];
+        for (uint32_t i = 0; i < D; i++) x[i] -= (float)d * c[i];
+    }
+}
+
 static float jitter(const flx_synth_t *s, uint32_t layer, uint32_t h, uint32_t what)
 {
     flx_rng_t r;
@@ -431,12 +442,7 @@ flx_status_t flx_synth_layer(const flx_synth_t *syn, uint32_t layer, flx_bf16_t 
                 memcpy(b, u, D * sizeof *b);
                 rope(syn, b, c);
             }
-            for (uint32_t m = 0; m < nb; m++) {
-                const float *o = basis + (size_t)m * D;
-                double d = 0;
-                for (uint32_t i = 0; i < D; i++) d += (double)b[i] * o[i];
-                for (uint32_t i = 0; i < D; i++) b[i] -= (float)d * o[i];
-            }
+            project_out(b, basis, nb, D);
             double n2 = 0;
             for (uint32_t i = 0; i < D; i++) n2 += (double)b[i] * b[i];
             if (n2 < 1e-6) continue;   /* more sites than structural dimensions: keep u as drawn */
@@ -505,12 +511,7 @@ flx_status_t flx_synth_layer(const flx_synth_t *syn, uint32_t layer, flx_bf16_t 
                 float *qr = q + ((size_t)h * R + row) * D;
                 fill_normal(&rq, qr, D, p->noise);
                 rope(syn, qr, pos);
-                for (uint32_t m = 0; m < nb; m++) {
-                    const float *c = basis + (size_t)m * D;
-                    double d = 0;
-                    for (uint32_t i = 0; i < D; i++) d += (double)qr[i] * c[i];
-                    for (uint32_t i = 0; i < D; i++) qr[i] -= (float)d * c[i];
-                }
+                project_out(qr, basis, nb, D);
                 for (uint32_t i = 0; i < D; i++) qr[i] *= noise_scale;
                 for (uint32_t i = 0; i < D; i++) x[i] = p->recent_strength * jr / KEY_AMP * ur[i];
                 rope(syn, x, pos);
