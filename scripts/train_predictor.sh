@@ -29,40 +29,40 @@ if [ "$what" = real ] || [ "$what" = all ]; then
   texts="$cache/texts"
   [ -s "$texts/train/manual-vim.txt" ] && [ -s "$texts/train/code-ucx.txt" ] || ./scripts/fetch_texts.sh >/dev/null
   cat "$texts"/docs/policy-*.txt > "$work/policy.txt"
-  data=()
+  # dump_label KIND SPEC...: for each name:file:prompt_len:offset (offsets in tokens), a KV dump of 64
+  # teacher-forced steps (kept in the cache) and its labels of every 2nd step, KIND-name-L-off;
+  # appends the dataset paths to the array `out`.
+  dump_label() {
+    local kind=$1 spec name file L off dump ds; shift
+    for spec in "$@"; do
+      IFS=: read -r name file L off <<< "$spec"
+      dump="$work/dump-$name-$L-$off.safetensors"
+      [ -s "$dump" ] || "$build/decode/tools/flx-kv-dump" --model "$model" --text "$file" --prompt-len "$L" \
+          --steps 64 --offset "$off" --out "$dump"
+      ds="$work/$kind-$name-$L-$off.safetensors"
+      [ -s "$ds" ] || "$label" --source "dump:$dump" --step-every 2 --out "$ds"
+      out+=("$ds")
+    done
+  }
   # Three kinds of text (documentation, C code, a prose manual), prompts of 2K-8K tokens from
-  # different places of each, 64 teacher-forced steps each, every 2nd step labelled.
-  # name:file:prompt_len:offset (offsets in tokens)
-  for spec in policy:$work/policy.txt:8000:0 policy:$work/policy.txt:8000:16000 \
-              policy:$work/policy.txt:8000:32000 policy:$work/policy.txt:6000:48000 \
-              policy:$work/policy.txt:4000:56000 policy:$work/policy.txt:2000:62000 \
-              policy:$work/policy.txt:2000:66000 \
-              code:$texts/train/code-ucx.txt:8000:0 code:$texts/train/code-ucx.txt:8000:16000 \
-              code:$texts/train/code-ucx.txt:4000:32000 code:$texts/train/code-ucx.txt:2000:40000 \
-              vim:$texts/train/manual-vim.txt:8000:0 vim:$texts/train/manual-vim.txt:8000:30000 \
-              vim:$texts/train/manual-vim.txt:8000:60000 vim:$texts/train/manual-vim.txt:6000:90000 \
-              vim:$texts/train/manual-vim.txt:4000:100000 vim:$texts/train/manual-vim.txt:2000:110000; do
-    IFS=: read -r name file L off <<< "$spec"
-    dump="$work/dump-$name-$L-$off.safetensors"
-    [ -s "$dump" ] || "$build/decode/tools/flx-kv-dump" --model "$model" --text "$file" --prompt-len "$L" \
-        --steps 64 --offset "$off" --out "$dump"
-    ds="$work/ds-$name-$L-$off.safetensors"
-    [ -s "$ds" ] || "$label" --source "dump:$dump" --step-every 2 --out "$ds"
-    data+=(--data "$ds")
-  done
+  # different places of each.
+  out=()
+  dump_label ds policy:$work/policy.txt:8000:0 policy:$work/policy.txt:8000:16000 \
+                policy:$work/policy.txt:8000:32000 policy:$work/policy.txt:6000:48000 \
+                policy:$work/policy.txt:4000:56000 policy:$work/policy.txt:2000:62000 \
+                policy:$work/policy.txt:2000:66000 \
+                code:$texts/train/code-ucx.txt:8000:0 code:$texts/train/code-ucx.txt:8000:16000 \
+                code:$texts/train/code-ucx.txt:4000:32000 code:$texts/train/code-ucx.txt:2000:40000 \
+                vim:$texts/train/manual-vim.txt:8000:0 vim:$texts/train/manual-vim.txt:8000:30000 \
+                vim:$texts/train/manual-vim.txt:8000:60000 vim:$texts/train/manual-vim.txt:6000:90000 \
+                vim:$texts/train/manual-vim.txt:4000:100000 vim:$texts/train/manual-vim.txt:2000:110000
+  data=(); for ds in "${out[@]}"; do data+=(--data "$ds"); done
   # Calibration of the selector's operating point (fluxion-train --calib): other windows of the same
   # training texts, never trained on.
-  calib=()
-  for spec in policy:$work/policy.txt:8000:42000 code:$texts/train/code-ucx.txt:6000:44000 \
-              vim:$texts/train/manual-vim.txt:8000:118000; do
-    IFS=: read -r name file L off <<< "$spec"
-    dump="$work/dump-$name-$L-$off.safetensors"
-    [ -s "$dump" ] || "$build/decode/tools/flx-kv-dump" --model "$model" --text "$file" --prompt-len "$L" \
-        --steps 64 --offset "$off" --out "$dump"
-    ds="$work/calib-$name-$L-$off.safetensors"
-    [ -s "$ds" ] || "$label" --source "dump:$dump" --step-every 2 --out "$ds"
-    calib+=(--calib "$ds")
-  done
+  out=()
+  dump_label calib policy:$work/policy.txt:8000:42000 code:$texts/train/code-ucx.txt:6000:44000 \
+                   vim:$texts/train/manual-vim.txt:8000:118000
+  calib=(); for ds in "${out[@]}"; do calib+=(--calib "$ds"); done
   "$train" "${data[@]}" "${calib[@]}" --seed 1 --out fluxion/weights/predictor-smollm2-135m-instruct.safetensors \
       --source "SmolLM2-135M-Instruct Q4_1; Debian Policy, UCX headers, Vim user manual; prompts 2K-8K, 64 teacher-forced steps"
 fi
