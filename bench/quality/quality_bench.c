@@ -166,7 +166,7 @@ int main(int argc, char **argv)
             if (flx_full_output(r->views, Hq, Hkv, r->q_step, o_full, onorm)) die("full output");
             double maxn = 0;
             for (uint32_t h = 0; h < Hq; h++) maxn = onorm[h] > maxn ? onorm[h] : maxn;
-            if (flx_replay_features(r, feat, o_win, lse_win)) die("features");
+            if (flx_replay_features(r, feat, o_win, lse_win, &ws[0])) die("features");
             if (flx_predictor_run(pred, feat, Hq, hp, pscr, pscr_bytes, 1)) die("predictor");
             for (int c = 0; c < N_CFG; c++) {
                 acc_t *a = &acc[c];
@@ -251,7 +251,8 @@ int main(int argc, char **argv)
             for (int rep = 0; rep < 3; rep++) {
                 uint64_t t0 = flx_now_ns();
                 for (uint32_t b = 0; b < B; b++)
-                    if (flx_replay_features(r, fb + (size_t)b * Hq * FLX_FEAT_COUNT, owb + (size_t)b * HD, lwb + (size_t)b * Hq))
+                    if (flx_replay_features(r, fb + (size_t)b * Hq * FLX_FEAT_COUNT, owb + (size_t)b * HD, lwb + (size_t)b * Hq,
+                                            &ws[0]))
                         die("features");
                 uint64_t t1 = flx_now_ns();
                 if (flx_predictor_run(pred, fb, R, pb, pscr, pscr_bytes, (uint32_t)nt)) die("predictor");

@@ -676,6 +676,7 @@ static flx_status_t fluxion_plan(struct flx_engine *e, uint32_t layer, uint32_t 
         flx_feat_layer_t in;
         const size_t r0 = (size_t)b * Hq;
         st = flx_features_layer_from_session(e->bseq[b]->sess, layer, q + r0 * D, wk, wv, &in);
+        in.ws = &e->aws[0];   /* the driving thread's: the window partials on the SIMD window kernel */
         if (!st)
             st = flx_features_decode(&in, e->feat + r0 * FLX_FEAT_COUNT, e->o_win + r0 * D, e->lse_win + r0);
         if (st)

@@ -285,6 +285,40 @@ static void merge_into(float *o, float *lse, const float *op, float lsep, uint32
     *lse = m + logf(a + b);
 }
 
+/* The partials of the G heads of one kv group with the attention core's window kernel, one call
+ * per segment (sink, local, generated): a view whose window is the segment's rows. Per head the
+ * sink and local LSE and output norms go to seg_lse / seg_norm [0] and [1]; o (G, D), lse (G)
+ * receive the merged partial of the whole window. */
+static flx_status_t group_partials(flx_attn_ws_t *ws, const flx_bf16_t *K, const flx_bf16_t *V, uint32_t ns,
+                                   uint32_t nl, uint32_t nn, uint32_t D, const float *q, float *o, float *lse,
+                                   float seg_lse[2][FLX_ATTN_MAX_GROUP], float seg_norm[2][FLX_ATTN_MAX_GROUP])
+{
+    const uint32_t G = ws->shape.group, off[3] = {0, ns, ns + nl}, cnt[3] = {ns, nl, nn};
+    for (uint32_t j = 0; j < G; j++) lse[j] = -INFINITY;
+    memset(o, 0, (size_t)G * D * sizeof(float));
+    for (int sgm = 0; sgm < 3; sgm++) {
+        float *so = ws->o_win, *sl = ws->lse_win;   /* the workspace's (G, D), (G) scratch */
+        if (cnt[sgm]) {
+            flx_kv_head_view_t v;
+            memset(&v, 0, sizeof v);
+            v.head_dim = D, v.numa_node = -1, v.win_device = -1;
+            v.win_k = (flx_bf16_t *)(K + (size_t)off[sgm] * D), v.win_v = (flx_bf16_t *)(V + (size_t)off[sgm] * D);
+            v.n_win = v.win_cap = cnt[sgm];
+            flx_status_t st = flx_attn_window(ws, &v, q, so, sl);
+            if (st) return st;
+        }
+        for (uint32_t j = 0; j < G; j++) {
+            const float l = cnt[sgm] ? sl[j] : -INFINITY;
+            if (sgm < 2) {
+                seg_lse[sgm][j] = l;
+                seg_norm[sgm][j] = cnt[sgm] ? norm_vec(so + (size_t)j * D, D) : 0.0f;
+            }
+            if (cnt[sgm]) merge_into(o + (size_t)j * D, &lse[j], so + (size_t)j * D, l, D);
+        }
+    }
+    return FLX_OK;
+}
+
 flx_status_t flx_features_decode(const flx_feat_layer_t *in, float *feat, float *o_win, float *lse_win)
 {
     if (!in || !feat) return flx_error_set(FLX_ERR_INVALID, "features: in or feat is NULL");
@@ -302,9 +336,14 @@ flx_status_t flx_features_decode(const flx_feat_layer_t *in, float *feat, float 
         if (!in->win_k[g] || !in->win_v[g])
             return flx_error_set(FLX_ERR_INVALID, "features: window of kv head %u is NULL", g);
     const uint32_t G = Hq / Hkv, ns = in->n_sink, nl = in->n_local, nn = in->n_win - ns - nl;
+    flx_attn_ws_t *ws = in->ws;
+    if (ws && (!o_win || !lse_win || ws->shape.group != G || ws->shape.head_dim != D))
+        return flx_error_set(FLX_ERR_INVALID, "features: workspace of group %u head_dim %u for %u / %u, or no o_win",
+                             ws->shape.group, ws->shape.head_dim, G, D);
     const float scale = 1.0f / sqrtf((float)D);
     float qs[FLX_ATTN_MAX_HEAD_DIM], os[FLX_ATTN_MAX_HEAD_DIM], ol[FLX_ATTN_MAX_HEAD_DIM];
     float on[FLX_ATTN_MAX_HEAD_DIM], ow[FLX_ATTN_MAX_HEAD_DIM];
+    float seg_lse[2][FLX_ATTN_MAX_GROUP], seg_norm[2][FLX_ATTN_MAX_GROUP];   /* sink, local of one group */
     float max_win = 0;
     for (uint32_t h = 0; h < Hq; h++) {
         const flx_head_stats_t *s = &in->stats[h];
@@ -320,14 +359,29 @@ flx_status_t flx_features_decode(const flx_feat_layer_t *in, float *feat, float 
             qs[d] = q[d] * scale;
         }
         const double qn = sqrt(qq), mu = qn > 0 ? qm / (qn * sqrt((double)D)) : 0.0;
-        float lse_s = seg_partial_f(qs, K, V, ns, D, os);
-        float lse_l = seg_partial_f(qs, K + (size_t)ns * D, V + (size_t)ns * D, nl, D, ol);
-        float lse_n = seg_partial_f(qs, K + (size_t)(ns + nl) * D, V + (size_t)(ns + nl) * D, nn, D, on);
-        float lse_w = -INFINITY;
-        memset(ow, 0, D * sizeof(float));
-        merge_into(ow, &lse_w, os, lse_s, D);
-        merge_into(ow, &lse_w, ol, lse_l, D);
-        merge_into(ow, &lse_w, on, lse_n, D);
+        float lse_s, lse_l, lse_w, onorm_s, onorm_l;
+        if (ws) {
+            /* the group's partials for all its heads at once, on its first head */
+            if (h % G == 0) {
+                flx_status_t st = group_partials(ws, K, V, ns, nl, nn, D, q, o_win + (size_t)h * D, lse_win + h,
+                                                 seg_lse, seg_norm);
+                if (st) return st;
+            }
+            lse_s = seg_lse[0][h % G], lse_l = seg_lse[1][h % G];
+            onorm_s = seg_norm[0][h % G], onorm_l = seg_norm[1][h % G];
+            lse_w = lse_win[h];
+            memcpy(ow, o_win + (size_t)h * D, D * sizeof(float));
+        } else {
+            lse_s = seg_partial_f(qs, K, V, ns, D, os);
+            lse_l = seg_partial_f(qs, K + (size_t)ns * D, V + (size_t)ns * D, nl, D, ol);
+            float lse_n = seg_partial_f(qs, K + (size_t)(ns + nl) * D, V + (size_t)(ns + nl) * D, nn, D, on);
+            lse_w = -INFINITY;
+            memset(ow, 0, D * sizeof(float));
+            merge_into(ow, &lse_w, os, lse_s, D);
+            merge_into(ow, &lse_w, ol, lse_l, D);
+            merge_into(ow, &lse_w, on, lse_n, D);
+            onorm_s = norm_vec(os, D), onorm_l = norm_vec(ol, D);
+        }
 
         f[FLX_F_LAYER] = (float)in->layer;
         f[FLX_F_HEAD] = (float)h;
@@ -352,16 +406,16 @@ flx_status_t flx_features_decode(const flx_feat_layer_t *in, float *feat, float 
             f[FLX_F_LSE_SINK_A + j] = s->lse_anchor[j];
             f[FLX_F_ONORM_SINK_A + j] = s->onorm_anchor[j];
         }
-        f[FLX_F_ONORM_SINK_Q] = norm_vec(os, D);
-        f[FLX_F_ONORM_LOCAL_Q] = norm_vec(ol, D);
+        f[FLX_F_ONORM_SINK_Q] = onorm_s;
+        f[FLX_F_ONORM_LOCAL_Q] = onorm_l;
         f[FLX_F_Q_NORM] = (float)qn;
         f[FLX_F_QA_NORM] = s->q_anchor_norm;
         f[FLX_F_Q_COS] = qn > 0 && qaqa > 0 ? (float)(qqa / (qn * sqrt(qaqa))) : 0.0f;
         f[FLX_F_MAX_ONORM_A] = s->max_onorm_gpu_anchor;
         float nw = norm_vec(ow, D);
         max_win = nw > max_win ? nw : max_win;
-        if (o_win) memcpy(o_win + (size_t)h * D, ow, D * sizeof(float));
-        if (lse_win) lse_win[h] = lse_w;
+        if (o_win && !ws) memcpy(o_win + (size_t)h * D, ow, D * sizeof(float));
+        if (lse_win && !ws) lse_win[h] = lse_w;
     }
     for (uint32_t h = 0; h < Hq; h++) feat[(size_t)h * FLX_FEAT_COUNT + FLX_F_MAX_ONORM_Q] = max_win;
     return FLX_OK;

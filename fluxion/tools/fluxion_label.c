@@ -137,7 +137,7 @@ int main(int argc, char **argv)
         for (uint32_t t = 0; t < sh.n_steps; t += (uint32_t)every) {
             if ((st = flx_replay_step(r, t))) goto done;
             float *feat = ds.features + row * FLX_FEAT_COUNT;
-            if ((st = flx_replay_features(r, feat, NULL, NULL))) goto done;
+            if ((st = flx_replay_features(r, feat, NULL, NULL, NULL))) goto done;
             flx_label_layer_in_t li = {.n_q_heads = sh.n_q_heads, .n_kv_heads = sh.n_kv_heads, .views = r->views,
                                        .q = r->q_step, .crit = crit, .tau = tau, .n_threads = (uint32_t)threads};
             if ((st = flx_label_layer(&li, lab))) goto done;

@@ -156,7 +156,7 @@ flx_status_t flx_replay_step(flx_replay_t *r, uint32_t t)
     return FLX_OK;
 }
 
-flx_status_t flx_replay_features(flx_replay_t *r, float *feat, float *o_win, float *lse_win)
+flx_status_t flx_replay_features(flx_replay_t *r, float *feat, float *o_win, float *lse_win, flx_attn_ws_t *ws)
 {
     if (r->layer == UINT32_MAX) return flx_error_set(FLX_ERR_STATE, "replay: no layer loaded");
     const flx_bf16_t *wk[FLX_ATTN_MAX_GROUP * 4], *wv[FLX_ATTN_MAX_GROUP * 4];
@@ -166,6 +166,7 @@ flx_status_t flx_replay_features(flx_replay_t *r, float *feat, float *o_win, flo
     flx_status_t st = flx_features_layer_from_session(r->sess, 0, r->q_step, wk, wv, &in);
     if (st) return st;
     in.layer = r->layer;   /* the store holds one layer; the feature is the model's layer index */
+    in.ws = ws;
     return flx_features_decode(&in, feat, o_win, lse_win);
 }
 

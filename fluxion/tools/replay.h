@@ -49,8 +49,10 @@ flx_status_t flx_replay_load_layer(flx_replay_t *r, uint32_t layer);
  * (Hq, D). */
 flx_status_t flx_replay_step(flx_replay_t *r, uint32_t t);
 
-/* Features of the current step (feat (Hq, 41), optional window partials). */
-flx_status_t flx_replay_features(flx_replay_t *r, float *feat, float *o_win, float *lse_win);
+/* Features of the current step (feat (Hq, 41), optional window partials). ws: NULL for the scalar
+ * window partials, or an attention workspace of the source's group and head_dim for the decode
+ * loop's kernel path (then o_win and lse_win are required; flx_feat_layer_t.ws). */
+flx_status_t flx_replay_features(flx_replay_t *r, float *feat, float *o_win, float *lse_win, flx_attn_ws_t *ws);
 
 /* Opens "dump:PATH" or "synth:layers,q_heads,kv_heads,head_dim,prompt_len,steps[,seed[,share]]"
  * (the default synthetic profile, flx_synth_defaults, with an optional retrieval share). */

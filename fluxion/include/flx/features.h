@@ -53,6 +53,7 @@
 
 #include <stdint.h>
 
+#include "flx/attn.h"
 #include "flx/bf16.h"
 #include "flx/kvstore.h"
 #include "flx/status.h"
@@ -114,11 +115,17 @@ typedef struct flx_feat_layer {
     const float *mean_k;                        /* (Hq, D) */
     const float *q_anchor;                      /* (Hq, D) */
     const float *q;                             /* (Hq, D) current queries */
+    flx_attn_ws_t *ws;                          /* optional: an attention workspace (flx/attn.h) for
+                                                 * group Hq / Hkv and head_dim D, used by one thread:
+                                                 * the window partials then run on the attention
+                                                 * core's SIMD window kernel (the decode loop's
+                                                 * path); NULL: a scalar loop (offline tools) */
 } flx_feat_layer_t;
 
 /* feat (Hq, 41). Also returns, when not NULL, each head's window partial (o_win (Hq, D), lse_win
  * (Hq)) over all n_win rows, which the attention step merges with the host part instead of
- * recomputing it. Reads only the window. */
+ * recomputing it (both are required when in->ws is set: they hold the partials being merged).
+ * Reads only the window. */
 flx_status_t flx_features_decode(const flx_feat_layer_t *in, float *feat, float *o_win, float *lse_win);
 
 /* Builds the flx_feat_layer_t of (session, layer) from the store: views of every kv head, stats.

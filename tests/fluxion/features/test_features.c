@@ -225,6 +225,39 @@ static void run_case(const tcase_t *c)
     CHECK_CLOSE("window output", ow, refow, (size_t)Hq * D, 1e-4, 1e-3);
     CHECK_CLOSE("window lse", lw, reflw, Hq, 1e-4, 1e-4);
 
+    /* the decode loop's path: window partials on the attention core's window kernel, at every ISA
+     * level, held to the same oracle */
+    flx_attn_shape_t ash = {.group = G, .head_dim = D, .max_l_cpu = lc + 16, .n_threads = 1};
+    size_t wsb;
+    CHECK_OK(flx_attn_plan(&ash, &wsb));
+    void *wsm = flx_aligned_alloc(64, FLX_ALIGN_UP(wsb, 64));
+    flx_attn_ws_t ws;
+    CHECK(wsm);
+    CHECK_OK(flx_attn_ws_init(&ws, &ash, wsm, wsb));
+    const flx_isa_t best = flx_isa_best();
+    for (int lvl = FLX_ISA_SCALAR; lvl <= (int)best; lvl++) {
+        flx_isa_force((flx_isa_t)lvl);
+        float featw[16 * FLX_FEAT_COUNT], oww[16 * 64], lww[16];
+        flx_feat_layer_t inw = in;
+        inw.ws = &ws;
+        CHECK_OK(flx_features_decode(&inw, featw, oww, lww));
+        for (int i = 0; i < FLX_FEAT_COUNT; i++) {
+            float a[16], b[16];
+            for (uint32_t h = 0; h < Hq; h++) a[h] = featw[h * FLX_FEAT_COUNT + i], b[h] = ref[h * FLX_FEAT_COUNT + i];
+            char label[96];
+            snprintf(label, sizeof label, "%s: feature %d %s", flx_isa_name((flx_isa_t)lvl), i, flx_feature_name(i));
+            double at = i >= 35 && i <= 38 ? 1e-6 : 2e-4, rt = i == 11 || i == 15 || i == 20 ? 2e-3 : 2e-4;
+            ok &= flx_test_allclose(label, a, b, Hq, at, rt);
+        }
+        CHECK(ok);
+        CHECK_CLOSE("window output (kernel)", oww, refow, (size_t)Hq * D, 1e-4, 1e-3);
+        CHECK_CLOSE("window lse (kernel)", lww, reflw, Hq, 1e-4, 1e-4);
+        flx_feat_layer_t bad = inw;   /* the kernel path needs the partial outputs and a matching workspace */
+        CHECK_ST(flx_features_decode(&bad, featw, NULL, NULL), FLX_ERR_INVALID);
+    }
+    flx_isa_force(best);
+    flx_aligned_free(wsm);
+
     /* ---- the kvstore path ---- */
     flx_kv_store_params_t sp = {.field_mask = FLX_KV_STORE_FIELD_CAPACITY | FLX_KV_STORE_FIELD_SHAPE |
                                               FLX_KV_STORE_FIELD_WINDOW,
