@@ -137,4 +137,39 @@ static void ref_forward(const flx_model_t *m, const int32_t *tok, uint32_t n, co
     free(lg), free(x), free(xn), free(q), free(k), free(v), free(o), free(t1), free(g), free(u), free(p);
 }
 
+/* One decode step of one sequence over a dense cache kc, vc (L, Hkv, cap, D): the new k, v (Hkv, D)
+ * rounded to bf16 at position pos of layer, then every query head of q (Hq, D) attends over
+ * positions [0, pos] in double; o (Hq, D). The attention callback of the forward tests. */
+static void ref_dense_step(flx_bf16_t *kc, flx_bf16_t *vc, uint32_t cap, uint32_t Hkv, uint32_t Hq, uint32_t D,
+                           uint32_t layer, uint32_t pos, const float *q, const float *k, const float *v, float *o)
+{
+    const uint32_t G = Hq / Hkv;
+    for (uint32_t h = 0; h < Hkv; h++)
+        for (uint32_t d = 0; d < D; d++) {
+            size_t at = (((size_t)layer * Hkv + h) * cap + pos) * D + d;
+            kc[at] = flx_f32_to_bf16(k[(size_t)h * D + d]);
+            vc[at] = flx_f32_to_bf16(v[(size_t)h * D + d]);
+        }
+    double *p = malloc((pos + 1) * sizeof(double));
+    for (uint32_t hq = 0; hq < Hq; hq++) {
+        const float *qh = q + (size_t)hq * D;
+        const flx_bf16_t *kh = kc + ((size_t)layer * Hkv + hq / G) * cap * D;
+        const flx_bf16_t *vh = vc + ((size_t)layer * Hkv + hq / G) * cap * D;
+        double mx = -INFINITY, sum = 0;
+        for (uint32_t j = 0; j <= pos; j++) {
+            double s = 0;
+            for (uint32_t d = 0; d < D; d++) s += (double)qh[d] * flx_bf16_to_f32(kh[(size_t)j * D + d]);
+            p[j] = s / sqrt((double)D);
+            mx = p[j] > mx ? p[j] : mx;
+        }
+        for (uint32_t j = 0; j <= pos; j++) sum += (p[j] = exp(p[j] - mx));
+        for (uint32_t d = 0; d < D; d++) {
+            double acc = 0;
+            for (uint32_t j = 0; j <= pos; j++) acc += p[j] * flx_bf16_to_f32(vh[(size_t)j * D + d]);
+            o[(size_t)hq * D + d] = (float)(acc / sum);
+        }
+    }
+    free(p);
+}
+
 #endif

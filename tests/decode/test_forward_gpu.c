@@ -180,34 +180,10 @@ static flx_status_t dense_attn(void *ctx, uint32_t layer, uint32_t batch, const 
     if (layer == a->fail_at) return flx_error_set(FLX_ERR_STATE, "attention refused at layer %u", layer);
     for (uint32_t b = 0; b < batch; b++) {
         kvcache_t *kv = a->seq[b];
-        const uint32_t D = kv->D, Hkv = kv->Hkv, G = a->Hq / Hkv, pos = a->pos[b];
+        const uint32_t D = kv->D, Hkv = kv->Hkv, pos = a->pos[b];
         CHECK(pos < kv->cap);
-        for (uint32_t h = 0; h < Hkv; h++)
-            for (uint32_t d = 0; d < D; d++) {
-                size_t at = (((size_t)layer * Hkv + h) * kv->cap + pos) * D + d;
-                kv->k[at] = flx_f32_to_bf16(k[((size_t)b * Hkv + h) * D + d]);
-                kv->v[at] = flx_f32_to_bf16(v[((size_t)b * Hkv + h) * D + d]);
-            }
-        double *p = malloc((pos + 1) * sizeof(double));
-        for (uint32_t hq = 0; hq < a->Hq; hq++) {
-            const float *qh = q + ((size_t)b * a->Hq + hq) * D;
-            const flx_bf16_t *kh = kv->k + ((size_t)layer * Hkv + hq / G) * kv->cap * D;
-            const flx_bf16_t *vh = kv->v + ((size_t)layer * Hkv + hq / G) * kv->cap * D;
-            double mx = -INFINITY, sum = 0;
-            for (uint32_t j = 0; j <= pos; j++) {
-                double s = 0;
-                for (uint32_t d = 0; d < D; d++) s += (double)qh[d] * flx_bf16_to_f32(kh[(size_t)j * D + d]);
-                p[j] = s / sqrt((double)D);
-                mx = p[j] > mx ? p[j] : mx;
-            }
-            for (uint32_t j = 0; j <= pos; j++) sum += (p[j] = exp(p[j] - mx));
-            for (uint32_t d = 0; d < D; d++) {
-                double acc = 0;
-                for (uint32_t j = 0; j <= pos; j++) acc += p[j] * flx_bf16_to_f32(vh[(size_t)j * D + d]);
-                o[((size_t)b * a->Hq + hq) * D + d] = (float)(acc / sum);
-            }
-        }
-        free(p);
+        ref_dense_step(kv->k, kv->v, kv->cap, Hkv, a->Hq, D, layer, pos, q + (size_t)b * a->Hq * D,
+                       k + (size_t)b * Hkv * D, v + (size_t)b * Hkv * D, o + (size_t)b * a->Hq * D);
     }
     return FLX_OK;
 }
