@@ -107,7 +107,7 @@ void flx_synth_defaults(flx_synth_params_t *p, uint32_t n_layers, uint32_t n_q_h
     p->move_every = 4;
     p->needle_strength = lh + 1.0f;
     p->needle_value_coherence = 0.8f;
-    p->head_jitter = 0.1f;
+    p->head_jitter = 0.5f;
     p->value_norm_base = 1.0f;
     p->value_norm_growth = 3.0f;
     p->noise = 1.0f;
@@ -149,7 +149,7 @@ static flx_status_t check(const flx_synth_params_t *p)
         return BAD("needle_strength", "%g not in [0, 100]", (double)p->needle_strength);
     if (!finite_in(p->needle_value_coherence, 0.0f, 1.0f))
         return BAD("needle_value_coherence", "%g not in [0, 1]", (double)p->needle_value_coherence);
-    if (!finite_in(p->head_jitter, 0.0f, 1.0f)) return BAD("head_jitter", "%g not in [0, 1]", (double)p->head_jitter);
+    if (!finite_in(p->head_jitter, 0.0f, 4.0f)) return BAD("head_jitter", "%g not in [0, 4]", (double)p->head_jitter);
     if (!finite_in(p->value_norm_base, 1e-6f, 1e6f))
         return BAD("value_norm_base", "%g not in [1e-6, 1e6]", (double)p->value_norm_base);
     if (!finite_in(p->value_norm_growth, 0.0f, 1e3f))
@@ -243,16 +243,22 @@ flx_synth_kind_t flx_synth_head_kind(const flx_synth_t *syn, uint32_t layer, uin
     return head_is_retrieval(syn, layer, q_head) ? FLX_SYNTH_RETRIEVAL : FLX_SYNTH_STREAMING;
 }
 
-/* Site k of a retrieval head: one span per stratum of the host region, placed at random in it. */
+/* Site k of a retrieval head: one span per stratum of the host region, placed at random in it at an
+ * offset from host_begin that is a multiple of needle_len when the stratum holds one (it does unless
+ * the host region is barely longer than the sites). With the defaults (host_begin = the store's
+ * sink, needle_len 16) a needle is then one logical block at blk 16 and lies inside one block at
+ * every coarser granularity: the "needle blocks" the recall counts. */
 static void sites(const flx_synth_t *s, uint32_t layer, uint32_t h, uint32_t *begin)
 {
     const flx_synth_params_t *p = &s->p;
-    const uint32_t host = p->prompt_len - p->host_end_margin - p->host_begin, S = p->needle_sites;
+    const uint32_t host = p->prompt_len - p->host_end_margin - p->host_begin, S = p->needle_sites, n = p->needle_len;
     flx_rng_t r;
     stream(&r, p->seed, layer, h, P_SITES, 0);
     for (uint32_t k = 0; k < S; k++) {
         uint64_t lo = (uint64_t)host * k / S, hi = (uint64_t)host * (k + 1) / S;   /* hi - lo >= needle_len */
-        begin[k] = p->host_begin + (uint32_t)(lo + flx_rng_below(&r, hi - lo - p->needle_len + 1));
+        uint64_t a0 = (lo + n - 1) / n, a1 = (hi - n) / n;                       /* aligned slots in [lo, hi - n] */
+        uint64_t off = a1 >= a0 ? (a0 + flx_rng_below(&r, a1 - a0 + 1)) * n : lo + flx_rng_below(&r, hi - lo - n + 1);
+        begin[k] = p->host_begin + (uint32_t)off;
     }
 }
 
@@ -350,12 +356,15 @@ static void project_out(float *x, const float *basis, uint32_t nb, uint32_t D)
     }
 }
 
-static float jitter(const flx_synth_t *s, uint32_t layer, uint32_t h, uint32_t what)
+/* Head h's strength of one component: the knob plus head_jitter * N(0, 1) in score units, floored at a
+ * fifth of the knob. Additive, so a head's mass share moves by the same factor at every prompt length
+ * (the sink and needle knobs grow with ln L; a relative spread would grow with them). */
+static float jittered(const flx_synth_t *s, float strength, uint32_t layer, uint32_t h, uint32_t what)
 {
     flx_rng_t r;
     stream(&r, s->p.seed, layer, h, P_JITTER, what);
-    float j = 1.0f + s->p.head_jitter * (float)flx_rng_normal(&r);
-    return j > 0.2f ? j : 0.2f;
+    float x = strength + s->p.head_jitter * (float)flx_rng_normal(&r);
+    return x > 0.2f * strength ? x : 0.2f * strength;
 }
 
 float flx_synth_value_norm(const flx_synth_t *syn, uint32_t layer)
@@ -502,7 +511,9 @@ flx_status_t flx_synth_layer(const flx_synth_t *syn, uint32_t layer, flx_bf16_t 
          * targets (sink at position 0, each active needle at its span's centre) */
         for (uint32_t j = 0; j < gs; j++) {
             uint32_t h = g * gs + j;
-            float js = jitter(syn, layer, h, 0), jr = jitter(syn, layer, h, 1), jn = jitter(syn, layer, h, 2);
+            float s_sink = jittered(syn, p->sink_strength, layer, h, 0);
+            float s_rec = jittered(syn, p->recent_strength, layer, h, 1);
+            float s_ndl = jittered(syn, p->needle_strength, layer, h, 2);
             flx_rng_t rq;
             stream(&rq, p->seed, layer, h, P_QRY, 0);
             for (uint32_t row = 0; row < R; row++) {
@@ -513,17 +524,17 @@ flx_status_t flx_synth_layer(const flx_synth_t *syn, uint32_t layer, flx_bf16_t 
                 rope(syn, qr, pos);
                 project_out(qr, basis, nb, D);
                 for (uint32_t i = 0; i < D; i++) qr[i] *= noise_scale;
-                for (uint32_t i = 0; i < D; i++) x[i] = p->recent_strength * jr / KEY_AMP * ur[i];
+                for (uint32_t i = 0; i < D; i++) x[i] = s_rec / KEY_AMP * ur[i];
                 rope(syn, x, pos);
                 for (uint32_t i = 0; i < D; i++) qr[i] += x[i];
-                for (uint32_t i = 0; i < D; i++) qr[i] += p->sink_strength * js / KEY_AMP * us[i];
+                for (uint32_t i = 0; i < D; i++) qr[i] += s_sink / KEY_AMP * us[i];
                 if (!ret[j] || !S || !p->needles_active) continue;
                 uint32_t idx[1024];
                 uint32_t na = active(syn, layer, h, step, idx);
                 for (uint32_t a = 0; a < na; a++) {
                     memcpy(x, ndir + ((size_t)j * S + idx[a]) * D, D * sizeof *x);
                     rope(syn, x, sb[(size_t)j * S + idx[a]] + 0.5 * (p->needle_len - 1));
-                    for (uint32_t i = 0; i < D; i++) qr[i] += p->needle_strength * jn / KEY_AMP * x[i];
+                    for (uint32_t i = 0; i < D; i++) qr[i] += s_ndl / KEY_AMP * x[i];
                 }
             }
         }

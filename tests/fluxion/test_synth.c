@@ -80,6 +80,7 @@ int main(void)
     { flx_synth_params_t b = p; b.host_end_margin = P; expect_bad(b, "host_end_margin"); }
     { flx_synth_params_t b = p; b.needle_sites = 1000; expect_bad(b, "needle_sites"); }
     { flx_synth_params_t b = p; b.rope_theta = -1; expect_bad(b, "rope_theta"); }
+    { flx_synth_params_t b = p; b.head_jitter = 5.0f; expect_bad(b, "head_jitter"); }
 
     flx_synth_t *syn, *syn2;
     CHECK_OK(flx_synth_create(&p, &syn));
@@ -135,7 +136,10 @@ int main(void)
             uint32_t na = flx_synth_needles(syn, l, h, 0, b, e, 16);
             CHECK(na == (ret ? p.needles_active : 0));
             if (ret) {
-                for (uint32_t a = 0; a < na; a++) CHECK(b[a] >= host_lo && e[a] <= host_hi && e[a] - b[a] == p.needle_len);
+                /* inside the host region, needle_len long, block-aligned from host_begin */
+                for (uint32_t a = 0; a < na; a++)
+                    CHECK(b[a] >= host_lo && e[a] <= host_hi && e[a] - b[a] == p.needle_len &&
+                          (b[a] - p.host_begin) % p.needle_len == 0);
                 uint32_t nb = flx_synth_needles(syn, l, h, (int32_t)p.move_every, b2, e2, 16);
                 CHECK(nb == na);
                 int same = 1;

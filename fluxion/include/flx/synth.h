@@ -17,7 +17,8 @@
  *   streaming    queries put their mass on the sinks and the most recent tokens
  *   retrieval    queries additionally match "needles": a few spans of host-region tokens whose keys
  *                carry a head-specific direction; the active needles move every move_every steps
- *                and differ between the heads of a group
+ *                and differ between the heads of a group; spans start at multiples of needle_len
+ *                from host_begin (block-aligned in the store's host region with the defaults)
  *   values       value norms grow with depth (value_norm_base * (1 + value_norm_growth * l / (n_layers-1)))
  *   z-scores     the bulk of <q, k_i> / (||q|| sqrt(D)) over host keys is roughly normal
  */
@@ -55,7 +56,7 @@ typedef struct flx_synth_params {
     uint32_t move_every;         /* steps between needle moves */
     float needle_strength;       /* score of an active needle token for its head */
     float needle_value_coherence;/* share of a needle token's value along its site's common direction */
-    float head_jitter;           /* per-head relative spread of the sink/recency/needle strengths */
+    float head_jitter;           /* per-head spread (std, score units) of the sink/recency/needle strengths */
     float value_norm_base, value_norm_growth;
     float noise;                 /* key/query isotropic noise (sets the z-score spread) */
     uint32_t host_begin;         /* needles are placed in prompt positions [host_begin, prompt_len - host_end_margin) */
