@@ -21,9 +21,9 @@
 #include "flx/predictor.h"
 #include "flx/selector.h"
 
-static const float GRID_THR[] = {0.5f, 0.6f, 0.7f, 0.8f, 0.9f, 0.95f, 0.99f};
-static const float GRID_SCALE[] = {1.0f, 1.25f, 1.5f, 2.0f, 2.5f, 3.0f, 4.0f, 6.0f};
-static const uint32_t GRID_MINB[] = {0, 1, 2, 4};
+static const float GRID_THR[] = {0.5f, 0.6f, 0.7f, 0.8f, 0.9f, 0.95f, 0.99f, 0.999f};
+static const float GRID_SCALE[] = {1.0f, 1.25f, 1.5f, 1.75f, 2.0f, 2.5f, 3.0f, 4.0f, 6.0f, 8.0f};
+static const uint32_t GRID_MINB[] = {0, 1, 2, 4, 8};
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 
 /* Index of blk in bgt[] (1, 16, 32, 64, 128). */

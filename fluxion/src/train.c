@@ -6,9 +6,20 @@
  * minibatch Adam on the CPU is enough; the GEMMs of the forward and backward passes go through
  * cblas_sgemm (row-major, batch x features). The parameters live in one flat block (flx_mlp_alloc
  * lays out w1 b1 .. w4 b4 contiguously) so Adam, the gradient and weight decay are single loops.
- * Loss per minibatch of B rows with R retrieval rows (s = 0):
- *   L = (1/R) sum_{r retrieval} 1/2 [(y0 - t0)^2 + (y1 - t1)^2]   (t standardized bgt0, k)
- *     + bce_weight (1/B) sum_r BCE(y2, s)                          (logits; stable form)
+ * Loss per minibatch of B rows with R retrieval rows (s = 0), regression part by p->loss:
+ *   LOG_BUDGET (default): the budgets the predicted line gives at the selector's granularities,
+ *     in log space, against the least budgets of the labels:
+ *       (1/R) sum_{r retrieval} (1/4) sum_{blk 16..128} 1/2 [f(bgt0 + k log2 blk) - ln bgt(blk)]^2
+ *     with bgt0, k the de-standardized outputs, bgt(blk) floored at eps = 0.5 / l_cpu (half a token),
+ *     and f = ln continued linearly (value and slope) below an eighth of bgt(blk): a line that goes
+ *     non-positive still has a gradient, bounded by the label's scale. Least budgets span three
+ *     decades (2 blocks of 16 at 32K is 0.001; heads that need the bulk reach 0.1-0.5), and a
+ *     squared error on the raw values is blind to the small ones: it fits the tail and leaves a
+ *     typical head's budget wrong by a factor of ten. In log space the error is a ratio, which is
+ *     what the selector's margin (budget_scale) corrects.
+ *   MSE (the plain regression of the paper's two labels):
+ *       (1/R) sum_{r retrieval} 1/2 [(y0 - t0)^2 + (y1 - t1)^2]   (t standardized bgt0, k)
+ *   plus, for both, bce_weight (1/B) sum_r BCE(y2, s)              (logits; stable form)
  * A streaming head's budget is never used by the selector, so it does not train the regressions.
  * Determinism: every random draw comes from one xoshiro stream seeded with p->seed (He init,
  * split, per-epoch shuffles); the result is bit-identical for a seed as long as the BLAS uses the
@@ -36,6 +47,8 @@ void flx_train_defaults(flx_train_params_t *p)
     p->test_frac = 0.2f;
     p->bce_weight = 1.0f;
     p->seed = 1;
+    p->loss = FLX_TRAIN_LOSS_LOG_BUDGET;
+    p->quantile = 0.9f;
 }
 
 #define NL 4
@@ -73,27 +86,47 @@ static void forward(float *params, train_ws_t *ws, int B)
     }
 }
 
-/* Writes dY into ws->dact[NL] and returns the batch loss. */
-static double loss_grad(const float *y, const float *tgt, const float *s, int B, float bce_w, float *dy)
+/* Writes dY into ws->dact[NL] and returns the batch loss (DESIGN); b: the batch's targets. */
+static double loss_grad(const flx_mlp_t *m, const float *y, const flx_train_batch_t *b, flx_train_loss_t kind,
+                        float bce_w, double q, float *dy)
 {
+    static const float X[4] = {4.0f, 5.0f, 6.0f, 7.0f};   /* log2 of blk 16 .. 128 */
+    const int B = b->n;
     int R = 0;
-    for (int r = 0; r < B; r++) R += s[r] < 0.5f;
+    for (int r = 0; r < B; r++) R += b->s[r] < 0.5f;
     double loss = 0.0;
     for (int r = 0; r < B; r++) {
         const float *yr = y + (size_t)r * 3;
         float *d = dy + (size_t)r * 3;
         d[0] = d[1] = 0.0f;
-        if (s[r] < 0.5f) {
-            float e0 = yr[0] - tgt[2 * r], e1 = yr[1] - tgt[2 * r + 1];
+        if (b->s[r] < 0.5f && kind == FLX_TRAIN_LOSS_MSE) {
+            float e0 = yr[0] - b->tgt[2 * r], e1 = yr[1] - b->tgt[2 * r + 1];
             loss += 0.5 * ((double)e0 * e0 + (double)e1 * e1) / R;
             d[0] = e0 / (float)R;
             d[1] = e1 / (float)R;
+        } else if (b->s[r] < 0.5f) {
+            const double eps = b->eps[r];
+            const double bgt0 = (double)yr[0] * m->target_std[0] + m->target_mean[0];
+            const double k = (double)yr[1] * m->target_std[1] + m->target_mean[1];
+            double g0 = 0.0, g1 = 0.0;
+            for (int j = 0; j < 4; j++) {
+                double line = bgt0 + k * X[j], lab = fmax(b->bud[4 * r + j], eps), c = lab / 8.0;
+                double f = line >= c ? log(line) : log(c) + line / c - 1.0;
+                double df = line >= c ? 1.0 / line : 1.0 / c;
+                double e = log(lab) - f;   /* > 0: the line is short of the least budget */
+                loss += 0.25 * (e > 0.0 ? q * e : (q - 1.0) * e) / R;
+                double de = e > 0.0 ? -q : 1.0 - q;
+                g0 += 0.25 * de * df / R;
+                g1 += 0.25 * de * df * X[j] / R;
+            }
+            d[0] = (float)(g0 * m->target_std[0]);
+            d[1] = (float)(g1 * m->target_std[1]);
         }
         float z = yr[2];
         /* BCE(z, s) = max(z, 0) - z s + log(1 + e^-|z|) */
-        loss += bce_w * (fmax(z, 0.0) - (double)z * s[r] + log1p(exp(-fabs((double)z)))) / B;
+        loss += bce_w * (fmax(z, 0.0) - (double)z * b->s[r] + log1p(exp(-fabs((double)z)))) / B;
         float sig = z >= 0.0f ? 1.0f / (1.0f + expf(-z)) : expf(z) / (1.0f + expf(z));
-        d[2] = bce_w * (sig - s[r]) / (float)B;
+        d[2] = bce_w * (sig - b->s[r]) / (float)B;
     }
     return loss;
 }
@@ -148,12 +181,13 @@ static void mean_std(const float *x, size_t stride, const uint32_t *rows, uint32
 }
 
 /* One minibatch: loss and gradient (train_internal.h; the gradient check in test_train). */
-flx_status_t flx_train_batch_loss(const flx_mlp_t *m, const float *x, const float *tgt, const float *s, int B,
-                                  float bce_w, float *grad, double *loss)
+flx_status_t flx_train_batch_loss(const flx_mlp_t *m, const flx_train_batch_t *b, const flx_train_params_t *p,
+                                  float *grad, double *loss)
 {
     train_ws_t ws;
     memset(&ws, 0, sizeof ws);
     flx_status_t st = FLX_OK;
+    const int B = b->n;
     for (int l = 0; l <= NL; l++) {
         int w = l == 0 ? FLX_PRED_IN : DOUT[l - 1];
         ws.act[l] = malloc((size_t)B * w * sizeof(float));
@@ -161,10 +195,10 @@ flx_status_t flx_train_batch_loss(const flx_mlp_t *m, const float *x, const floa
         if (!ws.act[l] || !ws.dact[l]) st = flx_error_set(FLX_ERR_NOMEM, "batch loss: %d rows", B);
     }
     if (!st) {
-        memcpy(ws.act[0], x, (size_t)B * FLX_PRED_IN * sizeof(float));
+        memcpy(ws.act[0], b->x, (size_t)B * FLX_PRED_IN * sizeof(float));
         ws.grad = grad;
         forward(m->w1, &ws, B);
-        *loss = loss_grad(ws.act[NL], tgt, s, B, bce_w, ws.dact[NL]);
+        *loss = loss_grad(m, ws.act[NL], b, p->loss, p->bce_weight, p->quantile, ws.dact[NL]);
         backward(m->w1, &ws, B);
     }
     for (int l = 0; l <= NL; l++) {
@@ -179,10 +213,13 @@ flx_status_t flx_train(const flx_dataset_t *d, const flx_train_params_t *p, flx_
     if (!d || !p || !m || !m->w1 || !rep) return flx_error_set(FLX_ERR_INVALID, "train: NULL argument");
     if (p->epochs == 0 || p->batch == 0 || !(p->lr > 0.0f) || !isfinite(p->lr) || !(p->test_frac >= 0.0f) ||
         !(p->test_frac < 1.0f) || !(p->bce_weight >= 0.0f) || !isfinite(p->bce_weight) ||
-        !(p->weight_decay >= 0.0f) || !isfinite(p->weight_decay))
-        return flx_error_set(FLX_ERR_INVALID, "train: epochs %u batch %u lr %g test_frac %g bce_weight %g wd %g",
+        !(p->weight_decay >= 0.0f) || !isfinite(p->weight_decay) ||
+        (p->loss != FLX_TRAIN_LOSS_LOG_BUDGET && p->loss != FLX_TRAIN_LOSS_MSE) || !(p->quantile > 0.0f) ||
+        !(p->quantile < 1.0f))
+        return flx_error_set(FLX_ERR_INVALID,
+                             "train: epochs %u batch %u lr %g test_frac %g bce_weight %g wd %g loss %d quantile %g",
                              p->epochs, p->batch, (double)p->lr, (double)p->test_frac, (double)p->bce_weight,
-                             (double)p->weight_decay);
+                             (double)p->weight_decay, (int)p->loss, (double)p->quantile);
     uint32_t n_test = (uint32_t)floor((double)d->n * p->test_frac + 0.5);
     uint32_t n_train = d->n - n_test;
     if (n_train == 0) return flx_error_set(FLX_ERR_INVALID, "train: %u rows leave no training row", d->n);
@@ -194,7 +231,8 @@ flx_status_t flx_train(const flx_dataset_t *d, const flx_train_params_t *p, flx_
     memset(&ws, 0, sizeof ws);
     uint32_t *idx = malloc((size_t)d->n * sizeof *idx);
     float *tgt = malloc((size_t)B * 2 * sizeof(float)), *sv = malloc((size_t)B * sizeof(float));
-    int ok = idx && tgt && sv;
+    float *bud = malloc((size_t)B * 4 * sizeof(float)), *beps = malloc((size_t)B * sizeof(float));
+    int ok = idx && tgt && sv && bud && beps;
     for (int l = 0; l <= NL; l++) {
         int w = l == 0 ? FLX_PRED_IN : DOUT[l - 1];
         ws.act[l] = malloc((size_t)B * w * sizeof(float));
@@ -256,9 +294,12 @@ flx_status_t flx_train(const flx_dataset_t *d, const flx_train_params_t *p, flx_
                 tgt[2 * r] = (lab[0] - m->target_mean[0]) / m->target_std[0];
                 tgt[2 * r + 1] = (lab[1] - m->target_mean[1]) / m->target_std[1];
                 sv[r] = lab[2];
+                memcpy(bud + 4 * r, d->bgt + (size_t)row * 5 + 1, 4 * sizeof(float));
+                beps[r] = 0.5f / fmaxf(f[FLX_F_L_CPU], 1.0f);
             }
             forward(params, &ws, nb);
-            epoch_loss += loss_grad(ws.act[NL], tgt, sv, nb, p->bce_weight, ws.dact[NL]);
+            const flx_train_batch_t batch = {.x = ws.act[0], .tgt = tgt, .bud = bud, .eps = beps, .s = sv, .n = nb};
+            epoch_loss += loss_grad(m, ws.act[NL], &batch, p->loss, p->bce_weight, p->quantile, ws.dact[NL]);
             n_batches++;
             backward(params, &ws, nb);
             step++;
@@ -307,5 +348,7 @@ out:
     free(idx);
     free(tgt);
     free(sv);
+    free(bud);
+    free(beps);
     return st;
 }

@@ -4,7 +4,7 @@
  *
  * usage: fluxion-train --data FILE [--data FILE ...] --out WEIGHTS [--calib FILE ...] [--epochs N]
  *                      [--batch N] [--lr X] [--seed N] [--test-frac X] [--bce-weight X]
- *                      [--weight-decay X] [--source TEXT] [--verbose]
+ *                      [--weight-decay X] [--loss log-budget|mse] [--source TEXT] [--verbose]
  *        fluxion-predict --weights WEIGHTS --data FILE [--data FILE ...]
  * Datasets are concatenated (same tau and criterion required). fluxion-train prints its report, one
  * "key value" line per metric, and writes WEIGHTS with the datasets' tau and criterion; MAEs are over
@@ -98,7 +98,7 @@ static void usage(void)
 #else
     fprintf(stderr, "usage: fluxion-train --data FILE [--data FILE ...] --out WEIGHTS [--calib FILE ...] [--epochs N] "
                     "[--batch N] [--lr X] [--seed N] [--test-frac X] [--bce-weight X] [--weight-decay X] "
-                    "[--source TEXT] [--verbose]\n");
+                    "[--loss log-budget|mse] [--source TEXT] [--verbose]\n");
 #endif
 }
 
@@ -143,6 +143,15 @@ int main(int argc, char **argv)
             ok = parse_float(a, v, 0.0, 1e6, &tp.bce_weight);
         } else if (!strcmp(a, "--weight-decay")) {
             ok = parse_float(a, v, 0.0, 10.0, &tp.weight_decay);
+        } else if (!strcmp(a, "--quantile")) {
+            ok = parse_float(a, v, 0.01, 0.99, &tp.quantile);
+        } else if (!strcmp(a, "--loss")) {
+            if (v && !strcmp(v, "log-budget")) tp.loss = FLX_TRAIN_LOSS_LOG_BUDGET;
+            else if (v && !strcmp(v, "mse")) tp.loss = FLX_TRAIN_LOSS_MSE;
+            else {
+                fprintf(stderr, "--loss: \"%s\" is not log-budget or mse\n", v ? v : "");
+                ok = 0;
+            }
 #endif
         } else {
             fprintf(stderr, "unknown argument \"%s\"\n", a);
@@ -209,7 +218,8 @@ int main(int argc, char **argv)
     if (!st && n_calib) st = calibrate(&m, &d, calib, n_calib);
     if (!st) st = flx_mlp_save(&m, out, source ? source : d.source, d.criterion, d.tau);
     if (!st) {
-        printf("n_train %u\nn_test %u\ntrain_loss %.6g\n", rep.n_train, rep.n_test, (double)rep.train_loss);
+        printf("loss %s\nn_train %u\nn_test %u\ntrain_loss %.6g\n", tp.loss == FLX_TRAIN_LOSS_MSE ? "mse" : "log-budget",
+               rep.n_train, rep.n_test, (double)rep.train_loss);
         printf("test_mae_bgt0 %.6g\ntest_mae_k %.6g\ntest_mae_bgt16 %.6g\n", (double)rep.test_mae_bgt0,
                (double)rep.test_mae_k, (double)rep.test_mae_bgt16);
         printf("stream_precision %.6g\nstream_recall %.6g\n", (double)rep.stream_precision,

@@ -17,17 +17,25 @@ static int run(const char *cmd)
     return WEXITSTATUS(r);
 }
 
-/* Value of "key v" in file, NaN when absent. */
-static double value_of(const char *path, const char *key)
+/* The word after `key` on its "key value" line of file ("" when absent). */
+static void word_of(const char *path, const char *key, char *out, size_t cap)
 {
     FILE *f = fopen(path, "r");
     CHECK(f);
-    char k[64];
-    double v, got = NAN;
-    while (fscanf(f, "%63s %lf", k, &v) == 2)
-        if (!strcmp(k, key)) got = v;
+    char line[256], k[64], v[128];
+    out[0] = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "%63s %127s", k, v) == 2 && !strcmp(k, key)) snprintf(out, cap, "%s", v);
     fclose(f);
-    return got;
+}
+
+/* Value of "key v" in file, NaN when absent or not a number. */
+static double value_of(const char *path, const char *key)
+{
+    char w[128], *end;
+    word_of(path, key, w, sizeof w);
+    double v = strtod(w, &end);
+    return w[0] && !*end ? v : NAN;
 }
 
 int main(int argc, char **argv)
@@ -64,9 +72,17 @@ int main(int argc, char **argv)
     snprintf(out, sizeof out, "%s/tools_out.txt", dir);
     CHECK_OK(flx_dataset_save(&d, ds));
 
-    snprintf(cmd, sizeof cmd, "%s --data %s --out %s --epochs 5 --batch 64 --seed 7 --test-frac 0.25 > %s", tr, ds,
-             w, out);
+    /* the log-budget loss (the default) runs and says so; --loss mse regresses the labels themselves */
+    char word[128];
+    snprintf(cmd, sizeof cmd, "%s --data %s --out %s --epochs 2 --quantile 0.8 > %s", tr, ds, w, out);
     CHECK(run(cmd) == 0);
+    word_of(out, "loss", word, sizeof word);
+    CHECK(!strcmp(word, "log-budget") && isfinite(value_of(out, "test_mae_bgt16")));
+    snprintf(cmd, sizeof cmd, "%s --data %s --out %s --epochs 5 --batch 64 --seed 7 --test-frac 0.25 --loss mse > %s",
+             tr, ds, w, out);
+    CHECK(run(cmd) == 0);
+    word_of(out, "loss", word, sizeof word);
+    CHECK(!strcmp(word, "mse"));
     CHECK(value_of(out, "n_train") == 1500 && value_of(out, "n_test") == 500);
     double mae = value_of(out, "test_mae_bgt0");
     CHECK(isfinite(mae) && mae < 0.1);
@@ -111,7 +127,7 @@ int main(int argc, char **argv)
     /* bad flags and files */
     const char *bad[] = {"--data %s --out %s --epochs 0", "--data %s --out %s --lr -1", "--data %s --out %s --lr x",
                          "--data %s --out %s --test-frac 1", "--data %s --out %s --batch 12a", "--data %s",
-                         "--data %s --out %s --bogus"};
+                         "--data %s --out %s --bogus", "--data %s --out %s --loss l2", "--data %s --out %s --quantile 1"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char args[1100];
         snprintf(args, sizeof args, bad[i], ds, w);

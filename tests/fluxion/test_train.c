@@ -12,6 +12,12 @@
 
 #define N 12000
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 static void make_dataset(flx_dataset_t *d, flx_rng_t *rng, double *spread_bgt0, double *spread_k)
 {
     memset(d, 0, sizeof *d);
@@ -52,9 +58,10 @@ static void make_dataset(flx_dataset_t *d, flx_rng_t *rng, double *spread_bgt0, 
     snprintf(d->source, sizeof d->source, "test_train synthetic");
 }
 
-/* Analytic gradient of the batch loss against central differences, at sampled parameters of every
- * tensor. A parameter whose one-sided differences disagree sits on a ReLU kink and is skipped. */
-static void gradient_check(flx_rng_t *rng)
+/* Analytic gradient of the batch loss (loss kind `kind`) against central differences, at sampled
+ * parameters of every tensor. A parameter whose one-sided differences disagree sits on a ReLU kink and
+ * is skipped. The log-budget batch has lines that cross below the floor eps (the linear branch). */
+static void gradient_check(flx_rng_t *rng, flx_train_loss_t kind)
 {
     enum { B = 6 };
     flx_mlp_t m;
@@ -68,13 +75,20 @@ static void gradient_check(flx_rng_t *rng)
         off += sizes[t];
     }
     CHECK(off == np);
-    float x[B * FLX_PRED_IN], tgt[B * 2], sv[B] = {0, 1, 0, 0, 1, 0};
+    m.target_mean[0] = 0.02f, m.target_std[0] = 0.01f, m.target_mean[1] = 0.004f, m.target_std[1] = 0.002f;
+    float x[B * FLX_PRED_IN], tgt[B * 2], sv[B] = {0, 1, 0, 0, 1, 0}, bud[B * 4], eps[B];
     for (int i = 0; i < B * FLX_PRED_IN; i++) x[i] = (float)flx_rng_normal(rng);
     for (int i = 0; i < B * 2; i++) tgt[i] = (float)flx_rng_normal(rng);
+    for (int i = 0; i < B * 4; i++) bud[i] = (float)(0.001 * exp(3.0 * flx_rng_uniform(rng)));
+    for (int i = 0; i < B; i++) eps[i] = 0.5f / 4000.0f;
+    const flx_train_batch_t b = {.x = x, .tgt = tgt, .bud = bud, .eps = eps, .s = sv, .n = B};
+    flx_train_params_t p;
+    flx_train_defaults(&p);
+    p.loss = kind, p.bce_weight = 1.5f;
     float *g = malloc(np * sizeof(float)), *g2 = malloc(np * sizeof(float));
     CHECK(g && g2);
     double l0, lp, lm;
-    CHECK_OK(flx_train_batch_loss(&m, x, tgt, sv, B, 1.5f, g, &l0));
+    CHECK_OK(flx_train_batch_loss(&m, &b, &p, g, &l0));
     int checked = 0, skipped = 0;
     double worst = 0;
     off = 0;
@@ -83,9 +97,9 @@ static void gradient_check(flx_rng_t *rng)
             size_t i = off + (j == 0 ? 0 : (size_t)flx_rng_below(rng, sizes[t]));
             float w0 = m.w1[i], e = 2e-3f;
             m.w1[i] = w0 + e;
-            CHECK_OK(flx_train_batch_loss(&m, x, tgt, sv, B, 1.5f, g2, &lp));
+            CHECK_OK(flx_train_batch_loss(&m, &b, &p, g2, &lp));
             m.w1[i] = w0 - e;
-            CHECK_OK(flx_train_batch_loss(&m, x, tgt, sv, B, 1.5f, g2, &lm));
+            CHECK_OK(flx_train_batch_loss(&m, &b, &p, g2, &lm));
             m.w1[i] = w0;
             double de = (double)(w0 + e) - (double)(w0 - e);
             double gp = (lp - l0) / (de / 2), gm = (l0 - lm) / (de / 2), fd = (lp - lm) / de;
@@ -102,8 +116,8 @@ static void gradient_check(flx_rng_t *rng)
         }
         off += sizes[t];
     }
-    fprintf(stderr, "gradient check: %d parameters, %d on kinks skipped, worst %.3f of tolerance\n", checked, skipped,
-            worst);
+    fprintf(stderr, "gradient check (%s): %d parameters, %d on kinks skipped, worst %.3f of tolerance\n",
+            kind == FLX_TRAIN_LOSS_MSE ? "mse" : "log-budget", checked, skipped, worst);
     CHECK(checked >= 80);
     free(g);
     free(g2);
@@ -114,7 +128,8 @@ int main(void)
 {
     flx_rng_t rng;
     flx_rng_seed(&rng, flx_test_seed("test_train"));
-    gradient_check(&rng);
+    gradient_check(&rng, FLX_TRAIN_LOSS_MSE);
+    gradient_check(&rng, FLX_TRAIN_LOSS_LOG_BUDGET);
     flx_dataset_t d;
     double sp0, spk;
     make_dataset(&d, &rng, &sp0, &spk);
@@ -122,6 +137,8 @@ int main(void)
     flx_train_params_t p;
     flx_train_defaults(&p);
     CHECK(p.epochs == 60 && p.batch == 256 && p.lr == 1e-3f && p.test_frac == 0.2f && p.bce_weight == 1.0f);
+    CHECK(p.loss == FLX_TRAIN_LOSS_LOG_BUDGET && p.quantile == 0.9f);
+    p.loss = FLX_TRAIN_LOSS_MSE;   /* the labels' own regression: MAE against their spread */
     p.epochs = 20;
     p.bce_weight = 2.0f;
     p.batch = 128;
@@ -155,6 +172,52 @@ int main(void)
     p.epochs = 1;
     CHECK_OK(flx_train(&d, &p, &b, &rb));
     CHECK(memcmp(a.w1, b.w1, flx_mlp_param_count() * sizeof(float)) != 0);
+
+    /* log-budget pinball loss: on fresh rows of the same law, the predicted line at blk 16..128 covers
+     * the least budget on about `quantile` of the retrieval rows and sits close to it in ratio */
+    p.loss = FLX_TRAIN_LOSS_LOG_BUDGET;
+    p.seed = 1234;
+    p.epochs = 10;
+    CHECK_OK(flx_train(&d, &p, &b, &rb));
+    {
+        flx_dataset_t fresh;
+        double f0, fk;
+        make_dataset(&fresh, &rng, &f0, &fk);
+        flx_predictor_h pr;
+        CHECK_OK(flx_predictor_create(&b, &pr));
+        flx_head_pred_t *hp = malloc((size_t)N * sizeof *hp);
+        size_t scr_bytes = flx_predictor_scratch_bytes(N);
+        void *scr = malloc(scr_bytes);
+        CHECK(hp && scr);
+        CHECK_OK(flx_predictor_run(pr, fresh.features, N, hp, scr, scr_bytes, 1));
+        int n = 0, cover = 0;
+        double *lr = malloc((size_t)N * 4 * sizeof(double));
+        CHECK(lr);
+        for (int r = 0; r < N; r++) {
+            if (fresh.labels[(size_t)r * 3 + 2] >= 0.5f) continue;
+            for (int j = 0; j < 4; j++) {
+                double line = hp[r].bgt0 + hp[r].k * (4 + j), lab = fresh.bgt[(size_t)r * 5 + 1 + j];
+                if (!(lab > 0.0)) continue;   /* the law's rare negative budgets */
+                cover += line >= lab;
+                lr[n++] = fabs(log(fmax(line, 1e-6) / lab));
+            }
+        }
+        qsort(lr, (size_t)n, sizeof *lr, cmp_double);
+        double share = (double)cover / n, med = lr[n / 2];
+        fprintf(stderr, "log-budget q %.2f: line covers the least budget on %.3f of %d (row, blk), median |ln ratio| %.3f\n",
+                (double)p.quantile, share, n, med);
+        CHECK(share > 0.8 && share < 0.97);
+        CHECK(med < 0.25);
+        free(lr), free(hp), free(scr);
+        flx_predictor_destroy(pr);
+        flx_dataset_free(&fresh);
+    }
+    p.quantile = 1.0f;
+    CHECK_ST(flx_train(&d, &p, &b, &rb), FLX_ERR_INVALID);
+    p.quantile = 0.9f;
+    p.loss = (flx_train_loss_t)7;
+    CHECK_ST(flx_train(&d, &p, &b, &rb), FLX_ERR_INVALID);
+    p.loss = FLX_TRAIN_LOSS_MSE;
 
     p.lr = 0.0f;
     CHECK_ST(flx_train(&d, &p, &b, &rb), FLX_ERR_INVALID);

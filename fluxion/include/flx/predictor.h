@@ -173,7 +173,7 @@ flx_status_t flx_select_estimate(flx_predictor_h p, const flx_dataset_t *d, cons
 
 /*
  * Calibration of the operating point on validation rows: over a grid of stream_threshold
- * {0.5 .. 0.99}, budget_scale {1 .. 6} and min_blocks {0, 1, 2, 4}, the point with the least
+ * {0.5 .. 0.999}, budget_scale {1 .. 8} and min_blocks {0, 1, 2, 4, 8}, the point with the least
  * estimated volume whose within share reaches the baseline's; when none does, the point with the
  * highest within share whose volume stays at or below the baseline's (the paper's rule when even
  * that is empty). Ties go to the earlier grid point (lower threshold, scale, min_blocks). *out is
@@ -185,6 +185,12 @@ flx_status_t flx_select_calibrate(flx_predictor_h p, const flx_dataset_t *d, flx
 
 /* ---- training (flx_fluxion_train, links a BLAS) ---- */
 
+/* Regression objective for bgt0 and k (train.c DESIGN). */
+typedef enum {
+    FLX_TRAIN_LOSS_LOG_BUDGET = 0,  /* the line's budgets at blk 16..128 against the least budgets, log space */
+    FLX_TRAIN_LOSS_MSE = 1,         /* squared error on the standardized bgt0 and k labels */
+} flx_train_loss_t;
+
 typedef struct flx_train_params {
     uint32_t epochs;        /* default 60 */
     uint32_t batch;         /* default 256 */
@@ -193,6 +199,8 @@ typedef struct flx_train_params {
     float test_frac;        /* held-out share, default 0.2 (split by a seeded shuffle) */
     float bce_weight;       /* weight of the s loss against the two regressions, default 1 */
     uint64_t seed;          /* init, shuffle, split */
+    flx_train_loss_t loss;  /* default FLX_TRAIN_LOSS_LOG_BUDGET */
+    float quantile;         /* LOG_BUDGET: the quantile of the least budget regressed, in (0, 1), default 0.9 */
     int verbose;            /* per-epoch lines on stderr */
 } flx_train_params_t;
 
@@ -207,8 +215,8 @@ typedef struct flx_train_report {
 } flx_train_report_t;
 
 /* Trains m (allocated by the caller with flx_mlp_alloc) on d: feature and target standardization
- * from the training rows, regression (MSE on standardized bgt0, k) over retrieval rows only (a
- * streaming head's budget is never used), binary cross-entropy for s over all rows. Deterministic
+ * from the training rows, regression of bgt0, k by p->loss over retrieval rows only (a streaming
+ * head's budget is never used), binary cross-entropy for s over all rows. Deterministic
  * for a seed and a BLAS thread count. */
 flx_status_t flx_train(const flx_dataset_t *d, const flx_train_params_t *p, flx_mlp_t *m, flx_train_report_t *rep);
 
