@@ -63,33 +63,43 @@ if [ "$what" = real ] || [ "$what" = all ]; then
   dump_label calib policy:$work/policy.txt:8000:42000 code:$texts/train/code-ucx.txt:6000:44000 \
                    vim:$texts/train/manual-vim.txt:8000:118000
   calib=(); for ds in "${out[@]}"; do calib+=(--calib "$ds"); done
-  "$train" "${data[@]}" "${calib[@]}" --seed 1 --out fluxion/weights/predictor-smollm2-135m-instruct.safetensors \
+  # The plain regression of the labels (--loss mse), 20 epochs: on these calibration rows it reaches the
+  # fixed (16, 0.05) within share at 0.70 of its Eq. 3 volume; the log-budget loss at quantiles 0.7-0.9
+  # and 60 epochs of mse did not calibrate cheaper (0.69-0.77 in the runs that chose this).
+  "$train" "${data[@]}" "${calib[@]}" --seed 1 --loss mse --epochs 20 \
+      --out fluxion/weights/predictor-smollm2-135m-instruct.safetensors \
       --source "SmolLM2-135M-Instruct Q4_1; Debian Policy, UCX headers, Vim user manual; prompts 2K-8K, 64 teacher-forced steps"
 fi
 
 if [ "$what" = synthetic ] || [ "$what" = all ]; then
   data=()
-  # Llama-3.1-8B-like shape (32 layers, 32 q heads, 8 kv heads, D 128); retrieval shares 25/50/75 %
-  # so the predictor does not learn one share; seeds 1..9 (the benchmark uses seeds >= 1000).
+  # Llama-3.1-8B-like shape (32 layers, 32 q heads, 8 kv heads, D 128), every layer, prompts 8K-64K;
+  # retrieval shares 25/50/75 % so the predictor does not learn one share; two sequences (seeds) of
+  # each, seeds 1..24 (the benchmark uses seeds >= 1000).
   seed=1
-  for L in 8192 16384 32768; do
-    for share in 0.25 0.5 0.75; do
-      ds="$work/ds-synth-$L-$share-$seed.safetensors"
-      [ -s "$ds" ] || "$label" --source "synth:32,32,8,128,$L,32,$seed,$share" \
-          --layers 0,3,6,9,12,15,18,21,24,27,30,31 --step-every 2 --out "$ds"
-      data+=(--data "$ds")
-      seed=$((seed + 1))
+  for rep in 1 2; do
+    for L in 8192 16384 32768 65536; do
+      for share in 0.25 0.5 0.75; do
+        ds="$work/ds-synth32-$L-$share-$seed.safetensors"
+        [ -s "$ds" ] || "$label" --source "synth:32,32,8,128,$L,32,$seed,$share" --step-every 2 --out "$ds"
+        data+=(--data "$ds")
+        seed=$((seed + 1))
+      done
     done
   done
-  # calibration: seeds 10..12, other layers, never trained on
+  # calibration: seeds 101..104, never trained on
   calib=()
-  for spec in 8192:0.5:10 16384:0.25:11 32768:0.75:12; do
+  for spec in 8192:0.5:101 16384:0.25:102 32768:0.75:103 65536:0.5:104; do
     IFS=: read -r L share seed <<< "$spec"
     ds="$work/calib-synth-$L-$share-$seed.safetensors"
     [ -s "$ds" ] || "$label" --source "synth:32,32,8,128,$L,32,$seed,$share" \
         --layers 1,7,13,19,25,29 --step-every 2 --out "$ds"
     calib+=(--calib "$ds")
   done
-  "$train" "${data[@]}" "${calib[@]}" --seed 1 --out fluxion/weights/predictor-synthetic-llama8b.safetensors \
-      --source "synthetic default profile, 32x32x8x128, prompts 8K-32K, retrieval share 0.25/0.5/0.75"
+  # The log-budget pinball loss at quantile 0.95, 10 epochs: on the calibration rows it reaches the
+  # fixed (16, 0.05) within share at 0.59 of its Eq. 3 volume (0.74 at quantile 0.9, 0.70 at 20
+  # epochs; the squared error of --loss mse needed more than the baseline's volume).
+  "$train" "${data[@]}" "${calib[@]}" --seed 1 --epochs 10 --quantile 0.95 \
+      --out fluxion/weights/predictor-synthetic-llama8b.safetensors \
+      --source "synthetic default profile, 32x32x8x128, prompts 8K-64K, retrieval share 0.25/0.5/0.75"
 fi
