@@ -10,9 +10,11 @@
  *   LOG_BUDGET (default): the budgets the predicted line gives at the selector's granularities,
  *     in log space, against the least budgets of the labels:
  *       (1/R) sum_{r retrieval} (1/4) sum_{blk 16..128} 1/2 [f(bgt0 + k log2 blk) - ln bgt(blk)]^2
- *     with bgt0, k the de-standardized outputs, bgt(blk) floored at eps = 0.5 / l_cpu (half a token),
- *     and f = ln continued linearly (value and slope) below an eighth of bgt(blk): a line that goes
- *     non-positive still has a gradient, bounded by the label's scale. Least budgets span three
+ *     with bgt0, k the de-standardized outputs, bgt(blk) floored at eps = 0.5 / l_cpu (half a token;
+ *     a non-positive one, which no retrieval head has, is skipped), and f = ln continued linearly
+ *     (value and slope) below an eighth of bgt(blk): a line that goes non-positive still has a gradient,
+ *     bounded by the label's scale (an unbounded one would blow up Adam's second moment and stall
+ *     training). Least budgets span three
  *     decades (2 blocks of 16 at 32K is 0.001; heads that need the bulk reach 0.1-0.5), and a
  *     squared error on the raw values is blind to the small ones: it fits the tail and leaves a
  *     typical head's budget wrong by a factor of ten. In log space the error is a ratio, which is
@@ -110,6 +112,7 @@ static double loss_grad(const flx_mlp_t *m, const float *y, const flx_train_batc
             const double k = (double)yr[1] * m->target_std[1] + m->target_mean[1];
             double g0 = 0.0, g1 = 0.0;
             for (int j = 0; j < 4; j++) {
+                if (!(b->bud[4 * r + j] > 0.0f)) continue;   /* not a retrieval head's budget: no log */
                 double line = bgt0 + k * X[j], lab = fmax(b->bud[4 * r + j], eps), c = lab / 8.0;
                 double f = line >= c ? log(line) : log(c) + line / c - 1.0;
                 double df = line >= c ? 1.0 / line : 1.0 / c;
