@@ -8,17 +8,19 @@
  * lays out w1 b1 .. w4 b4 contiguously) so Adam, the gradient and weight decay are single loops.
  * Loss per minibatch of B rows with R retrieval rows (s = 0), regression part by p->loss:
  *   LOG_BUDGET (default): the budgets the predicted line gives at the selector's granularities,
- *     in log space, against the least budgets of the labels:
- *       (1/R) sum_{r retrieval} (1/4) sum_{blk 16..128} 1/2 [f(bgt0 + k log2 blk) - ln bgt(blk)]^2
+ *     in log space, against the least budgets of the labels, by the pinball (quantile) loss at
+ *     q = p->quantile:
+ *       (1/R) sum_{r retrieval} (1/4) sum_{blk 16..128} rho_q(ln bgt(blk) - f(bgt0 + k log2 blk)),
+ *       rho_q(e) = q e for e > 0 (the line short of the least budget), (q - 1) e otherwise
  *     with bgt0, k the de-standardized outputs, bgt(blk) floored at eps = 0.5 / l_cpu (half a token;
  *     a non-positive one, which no retrieval head has, is skipped), and f = ln continued linearly
- *     (value and slope) below an eighth of bgt(blk): a line that goes non-positive still has a gradient,
- *     bounded by the label's scale (an unbounded one would blow up Adam's second moment and stall
- *     training). Least budgets span three
- *     decades (2 blocks of 16 at 32K is 0.001; heads that need the bulk reach 0.1-0.5), and a
- *     squared error on the raw values is blind to the small ones: it fits the tail and leaves a
- *     typical head's budget wrong by a factor of ten. In log space the error is a ratio, which is
- *     what the selector's margin (budget_scale) corrects.
+ *     (value and slope) below an eighth of bgt(blk): a line that goes non-positive still has a
+ *     gradient, bounded by the label's scale (an unbounded one would blow up Adam's second moment
+ *     and stall training). Least budgets span three decades (2 blocks of 16 at 32K is 0.001; heads
+ *     that need the bulk reach 0.1-0.5), and a squared error on the raw values is blind to the small
+ *     ones: it fits the tail and leaves a typical head's budget wrong by a factor of ten. In log space
+ *     the error is a ratio, and the quantile puts the line above the least budget on about q of the
+ *     rows, with a margin that follows how predictable a head is rather than one budget_scale for all.
  *   MSE (the plain regression of the paper's two labels):
  *       (1/R) sum_{r retrieval} 1/2 [(y0 - t0)^2 + (y1 - t1)^2]   (t standardized bgt0, k)
  *   plus, for both, bce_weight (1/B) sum_r BCE(y2, s)              (logits; stable form)

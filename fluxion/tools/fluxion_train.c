@@ -4,7 +4,8 @@
  *
  * usage: fluxion-train --data FILE [--data FILE ...] --out WEIGHTS [--calib FILE ...] [--epochs N]
  *                      [--batch N] [--lr X] [--seed N] [--test-frac X] [--bce-weight X]
- *                      [--weight-decay X] [--loss log-budget|mse] [--source TEXT] [--verbose]
+ *                      [--weight-decay X] [--loss log-budget|mse] [--quantile Q] [--source TEXT]
+ *                      [--verbose]
  *        fluxion-predict --weights WEIGHTS --data FILE [--data FILE ...]
  * Datasets are concatenated (same tau and criterion required). fluxion-train prints its report, one
  * "key value" line per metric, and writes WEIGHTS with the datasets' tau and criterion; MAEs are over
@@ -98,7 +99,7 @@ static void usage(void)
 #else
     fprintf(stderr, "usage: fluxion-train --data FILE [--data FILE ...] --out WEIGHTS [--calib FILE ...] [--epochs N] "
                     "[--batch N] [--lr X] [--seed N] [--test-frac X] [--bce-weight X] [--weight-decay X] "
-                    "[--loss log-budget|mse] [--source TEXT] [--verbose]\n");
+                    "[--loss log-budget|mse] [--quantile Q] [--source TEXT] [--verbose]\n");
 #endif
 }
 

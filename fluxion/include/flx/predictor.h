@@ -187,7 +187,8 @@ flx_status_t flx_select_calibrate(flx_predictor_h p, const flx_dataset_t *d, flx
 
 /* Regression objective for bgt0 and k (train.c DESIGN). */
 typedef enum {
-    FLX_TRAIN_LOSS_LOG_BUDGET = 0,  /* the line's budgets at blk 16..128 against the least budgets, log space */
+    FLX_TRAIN_LOSS_LOG_BUDGET = 0,  /* pinball loss of the line's budgets at blk 16..128 against the least
+                                     * budgets, in log space (quantile below) */
     FLX_TRAIN_LOSS_MSE = 1,         /* squared error on the standardized bgt0 and k labels */
 } flx_train_loss_t;
 
