@@ -17,7 +17,7 @@
  *     (value and slope) below an eighth of bgt(blk): a line that goes non-positive still has a
  *     gradient, bounded by the label's scale (an unbounded one would blow up Adam's second moment
  *     and stall training). Least budgets span three decades (2 blocks of 16 at 32K is 0.001; heads
- *     that need the bulk reach 0.05-0.2), and a squared error on the raw values is blind to the small
+ *     that need the bulk reach 0.03-0.2), and a squared error on the raw values is blind to the small
  *     ones: it fits the tail and leaves a typical head's budget wrong by a factor of ten. In log space
  *     the error is a ratio, and the quantile puts the line above the least budget on about q of the
  *     rows, with a margin that follows how predictable a head is rather than one budget_scale for all.
