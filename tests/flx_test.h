@@ -12,11 +12,25 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "flx/status.h"
 #include "flx/util.h"
 
 #define FLX_TEST_SKIP 77
+
+/* The real model file the model tests use: $FLX_CACHE (or ~/.cache/fluxion, as scripts/setup.sh
+ * fetches it) / SmolLM2-135M-Instruct.Q4_1.gguf into path. Returns 1 when it is readable, else
+ * prints "<who>: <path> not found: skipped" and returns 0 (the caller exits FLX_TEST_SKIP). */
+static inline int flx_test_model_path(const char *who, char *path, size_t cap)
+{
+    const char *cache = getenv("FLX_CACHE"), *home = getenv("HOME");
+    if (cache && *cache) snprintf(path, cap, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
+    else snprintf(path, cap, "%s/.cache/fluxion/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : "");
+    if (access(path, R_OK) == 0) return 1;
+    fprintf(stderr, "%s: %s not found: skipped\n", who, path);
+    return 0;
+}
 
 #define CHECK(c)                                                                  \
     do {                                                                          \

@@ -13,9 +13,34 @@
 #define FLX_REF_FORWARD_H
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "flx/model.h"
+
+/* A two-layer test model config of an architecture and shape (the reference's shapes: GQA group
+ * heads / kv, head dim D, tied or separate LM head; Qwen2 brings the QKV bias and its RoPE base). */
+static flx_model_config_t ref_cfg_make(flx_arch_t arch, uint32_t hidden, uint32_t heads, uint32_t kv, uint32_t D,
+                                       uint32_t ffn, uint32_t vocab, int tied)
+{
+    flx_model_config_t c = {0};
+    c.arch = arch;
+    c.n_layers = 2;
+    c.hidden = hidden;
+    c.n_heads = heads;
+    c.n_kv_heads = kv;
+    c.head_dim = D;
+    c.ffn = ffn;
+    c.vocab = vocab;
+    c.max_ctx = 4096;
+    c.rms_eps = 1e-5f;
+    c.rope_theta = arch == FLX_ARCH_QWEN2 ? 1e6f : 1e4f;
+    c.tied_embeddings = tied;
+    c.qkv_bias = arch == FLX_ARCH_QWEN2;
+    snprintf(c.name, sizeof c.name, "test-%s-G%u-D%u-%s", arch == FLX_ARCH_QWEN2 ? "qwen2" : "llama", heads / kv, D,
+             tied ? "tied" : "untied");
+    return c;
+}
 
 typedef struct {
     float *logits;    /* (n, vocab) */

@@ -23,6 +23,7 @@
 #include "flx/model.h"
 #include "flx/predictor.h"
 #include "flx_test.h"
+#include "engine_testutil.h"
 
 enum { NGEN = 8, PROMPT = 400 };
 
@@ -51,19 +52,6 @@ static flx_kv_store_h make_store(void)
     flx_kv_store_h s;
     CHECK_OK(flx_kv_store_create(&p, &s));
     return s;
-}
-
-static flx_predictor_h constant_predictor(float bgt0, float k, float stream_logit)
-{
-    flx_mlp_t m;
-    CHECK_OK(flx_mlp_alloc(&m));
-    m.target_mean[0] = bgt0;
-    m.target_mean[1] = k;
-    m.b4[2] = stream_logit;
-    flx_predictor_h p;
-    CHECK_OK(flx_predictor_create(&m, &p));
-    flx_mlp_free(&m);
-    return p;
 }
 
 /* Greedy tokens of the prompt under params; returns total stats in *st_p. */

@@ -38,6 +38,7 @@
 #include "flx/predictor.h"
 #include "flx/tokenizer.h"
 #include "flx_test.h"
+#include "engine_testutil.h"
 
 enum { NGEN = 8, MAXP = 1100 };
 #define TOL 5e-3   /* x RMS(logits): GPU path vs CPU path, selection-free modes */
@@ -192,19 +193,6 @@ static void run_engine(side_t *sd, flx_kv_store_h store, int gpu, flx_engine_par
     flx_engine_destroy(e);
 }
 
-static flx_predictor_h constant_predictor(float bgt0, float k, float stream_logit)
-{
-    flx_mlp_t m;
-    CHECK_OK(flx_mlp_alloc(&m));
-    m.target_mean[0] = bgt0;
-    m.target_mean[1] = k;
-    m.b4[2] = stream_logit;
-    flx_predictor_h p;
-    CHECK_OK(flx_predictor_create(&m, &p));
-    flx_mlp_free(&m);
-    return p;
-}
-
 /* (a) */
 static void check_prefill(side_t *sd, const int32_t *prompt, uint32_t n)
 {
@@ -304,17 +292,8 @@ static void test_random(const flx_model_config_t *c)
 
 static int test_real_model(void)
 {
-    const char *cache = getenv("FLX_CACHE");
     char path[1024];
-    if (cache)
-        snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
-    else
-        snprintf(path, sizeof path, "%s/.cache/fluxion/SmolLM2-135M-Instruct.Q4_1.gguf",
-                 getenv("HOME") ? getenv("HOME") : "");
-    if (access(path, R_OK) != 0) {
-        fprintf(stderr, "test_engine_gpu model: %s not found: skipped\n", path);
-        return FLX_TEST_SKIP;
-    }
+    if (!flx_test_model_path("test_engine_gpu model", path, sizeof path)) return FLX_TEST_SKIP;
     flx_model_t *m;
     flx_tok_h tok;
     CHECK_OK(flx_model_load(path, &m));

@@ -101,17 +101,8 @@ static flx_status_t dense_attn(void *ctx, uint32_t layer, uint32_t B, const floa
 
 int main(void)
 {
-    const char *cache = getenv("FLX_CACHE");
     char path[1024];
-    if (cache)
-        snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
-    else
-        snprintf(path, sizeof path, "%s/.cache/fluxion/SmolLM2-135M-Instruct.Q4_1.gguf",
-                 getenv("HOME") ? getenv("HOME") : "");
-    if (access(path, R_OK) != 0) {
-        fprintf(stderr, "test_engine_model: %s not found: skipped\n", path);
-        return FLX_TEST_SKIP;
-    }
+    if (!flx_test_model_path("test_engine_model", path, sizeof path)) return FLX_TEST_SKIP;
     flx_model_t *m;
     flx_tok_h tok;
     CHECK_OK(flx_model_load(path, &m));

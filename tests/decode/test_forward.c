@@ -177,30 +177,8 @@ static void test_rows(flx_gemv_level_t lv)
     }
 }
 
-/* The double reference forward (ref_forward, ref_out_t) is in ref_forward.h, shared with the GPU test. */
-
-/* ================= model configs ================= */
-
-static flx_model_config_t cfg_make(flx_arch_t arch, uint32_t hidden, uint32_t heads, uint32_t kv, uint32_t D,
-                                   uint32_t ffn, uint32_t vocab, int tied)
-{
-    flx_model_config_t c = {0};
-    c.arch = arch;
-    c.n_layers = 2;
-    c.hidden = hidden;
-    c.n_heads = heads;
-    c.n_kv_heads = kv;
-    c.head_dim = D;
-    c.ffn = ffn;
-    c.vocab = vocab;
-    c.max_ctx = 4096;
-    c.rms_eps = 1e-5f;
-    c.rope_theta = arch == FLX_ARCH_QWEN2 ? 1e6f : 1e4f;
-    c.tied_embeddings = tied;
-    c.qkv_bias = arch == FLX_ARCH_QWEN2;
-    snprintf(c.name, sizeof c.name, "test-%s-G%u-D%u", arch == FLX_ARCH_QWEN2 ? "qwen2" : "llama", heads / kv, D);
-    return c;
-}
+/* The double reference forward (ref_forward, ref_out_t) and the test configs (ref_cfg_make) are in
+ * ref_forward.h, shared with the GPU test. */
 
 typedef struct {
     flx_model_t *m;
@@ -466,7 +444,7 @@ static flx_status_t fail_layer(void *ctx, uint32_t layer, uint32_t n, const flx_
 
 static void test_bad_args(void)
 {
-    flx_model_config_t c = cfg_make(FLX_ARCH_LLAMA, 64, 4, 2, 16, 64, 50, 1);
+    flx_model_config_t c = ref_cfg_make(FLX_ARCH_LLAMA, 64, 4, 2, 16, 64, 50, 1);
     fwd_t f;
     fwd_open(&c, 8, 2, &f);
     int32_t tok[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
@@ -627,7 +605,7 @@ static int bench(int argc, char **argv)
     int only_prefill = argc > 3 && strcmp(argv[2], "prefill") == 0;
     if (!only_prefill) bench_gemv();
     /* SmolLM2-135M shape, random weights: decode step dense part, and optionally a prefill */
-    flx_model_config_t c = cfg_make(FLX_ARCH_LLAMA, 576, 9, 3, 64, 1536, 49152, 1);
+    flx_model_config_t c = ref_cfg_make(FLX_ARCH_LLAMA, 576, 9, 3, 64, 1536, 49152, 1);
     c.n_layers = 30;
     c.rope_theta = 1e5f;
     uint32_t n_prefill = only_prefill ? (uint32_t)atoi(argv[3]) : argc > 2 ? (uint32_t)atoi(argv[2]) : 0;
@@ -718,20 +696,20 @@ int main(int argc, char **argv)
         test_panels(levels[li]);
         test_rows(levels[li]);
 
-        flx_model_config_t c1 = cfg_make(FLX_ARCH_LLAMA, 128, 4, 1, 64, 256, 301, 1);      /* G4 D64 tied */
-        flx_model_config_t c2 = cfg_make(FLX_ARCH_QWEN2, 128, 8, 1, 128, 192, 257, 0);     /* G8 D128 bias */
-        flx_model_config_t c3 = cfg_make(FLX_ARCH_LLAMA, 64, 2, 2, 128, 96, 199, 0);       /* G1 D128 llama3 */
+        flx_model_config_t c1 = ref_cfg_make(FLX_ARCH_LLAMA, 128, 4, 1, 64, 256, 301, 1);      /* G4 D64 tied */
+        flx_model_config_t c2 = ref_cfg_make(FLX_ARCH_QWEN2, 128, 8, 1, 128, 192, 257, 0);     /* G8 D128 bias */
+        flx_model_config_t c3 = ref_cfg_make(FLX_ARCH_LLAMA, 64, 2, 2, 128, 96, 199, 0);       /* G1 D128 llama3 */
         c3.rope_scaling = FLX_ROPE_LLAMA3;
         c3.rope_theta = 5e5f;
         c3.rope_factor = 8, c3.rope_low_freq_factor = 1, c3.rope_high_freq_factor = 4, c3.rope_orig_ctx = 64;
-        flx_model_config_t c4 = cfg_make(FLX_ARCH_QWEN2, 80, 3, 3, 48, 112, 97, 1);        /* G1 D48 tails */
+        flx_model_config_t c4 = ref_cfg_make(FLX_ARCH_QWEN2, 80, 3, 3, 48, 112, 97, 1);        /* G1 D48 tails */
         test_model(&c1, 131, 3);
         test_model(&c2, 37, 5);
         test_model(&c3, 45, 4);
         test_model(&c4, 19, 3);
         test_model(&c4, 1, 2);    /* one-token prompt */
         if (levels[li] != FLX_GEMV_SCALAR) {  /* a long prompt: several FFN chunks and attention blocks */
-            flx_model_config_t c5 = cfg_make(FLX_ARCH_LLAMA, 64, 4, 2, 16, 64, 64, 0);
+            flx_model_config_t c5 = ref_cfg_make(FLX_ARCH_LLAMA, 64, 4, 2, 16, 64, 64, 0);
             test_model(&c5, 521, 2);
         }
         test_batch(&c1);

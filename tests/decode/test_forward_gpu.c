@@ -46,27 +46,6 @@
 static flx_rng_t rng;
 static flx_cuda_stream_t g_stream;
 
-static flx_model_config_t cfg_make(flx_arch_t arch, uint32_t hidden, uint32_t heads, uint32_t kv, uint32_t D,
-                                   uint32_t ffn, uint32_t vocab, int tied)
-{
-    flx_model_config_t c = {0};
-    c.arch = arch;
-    c.n_layers = 2;
-    c.hidden = hidden;
-    c.n_heads = heads;
-    c.n_kv_heads = kv;
-    c.head_dim = D;
-    c.ffn = ffn;
-    c.vocab = vocab;
-    c.max_ctx = 4096;
-    c.rms_eps = 1e-5f;
-    c.rope_theta = arch == FLX_ARCH_QWEN2 ? 1e6f : 1e4f;
-    c.tied_embeddings = tied;
-    c.qkv_bias = arch == FLX_ARCH_QWEN2;
-    snprintf(c.name, sizeof c.name, "test-%s-G%u-D%u-%s", arch == FLX_ARCH_QWEN2 ? "qwen2" : "llama", heads / kv, D,
-             tied ? "tied" : "untied");
-    return c;
-}
 
 /* ---- both forwards on one model ---- */
 
@@ -480,11 +459,11 @@ int main(void)
     CHECK_OK(flx_cuda_stream_create(0, &g_stream));
 
     flx_model_config_t cfgs[] = {
-        cfg_make(FLX_ARCH_LLAMA, 128, 4, 1, 64, 256, 301, 1),     /* G4 D64 tied */
-        cfg_make(FLX_ARCH_QWEN2, 128, 8, 1, 128, 192, 257, 0),    /* G8 D128 bias untied */
-        cfg_make(FLX_ARCH_LLAMA, 64, 2, 2, 128, 96, 199, 0),      /* G1 D128 llama3 untied */
-        cfg_make(FLX_ARCH_QWEN2, 256, 8, 2, 64, 512, 520, 1),     /* G4 D64 bias tied, 2 kv heads */
-        cfg_make(FLX_ARCH_LLAMA, 256, 16, 2, 64, 320, 333, 0),    /* G8 D64 untied */
+        ref_cfg_make(FLX_ARCH_LLAMA, 128, 4, 1, 64, 256, 301, 1),     /* G4 D64 tied */
+        ref_cfg_make(FLX_ARCH_QWEN2, 128, 8, 1, 128, 192, 257, 0),    /* G8 D128 bias untied */
+        ref_cfg_make(FLX_ARCH_LLAMA, 64, 2, 2, 128, 96, 199, 0),      /* G1 D128 llama3 untied */
+        ref_cfg_make(FLX_ARCH_QWEN2, 256, 8, 2, 64, 512, 520, 1),     /* G4 D64 bias tied, 2 kv heads */
+        ref_cfg_make(FLX_ARCH_LLAMA, 256, 16, 2, 64, 320, 333, 0),    /* G8 D64 untied */
     };
     cfgs[2].rope_scaling = FLX_ROPE_LLAMA3;
     cfgs[2].rope_theta = 5e5f;
@@ -503,7 +482,7 @@ int main(void)
     /* the default chunk (256) with a prompt longer than one chunk and one LM-head pass */
     {
         fx_t f;
-        flx_model_config_t c = cfg_make(FLX_ARCH_LLAMA, 64, 4, 2, 64, 128, 97, 0);
+        flx_model_config_t c = ref_cfg_make(FLX_ARCH_LLAMA, 64, 4, 2, 64, 128, 97, 0);
         fx_open(&f, &c, 300, 1, 0);
         test_prefill(&f, 300);
         fx_close(&f);

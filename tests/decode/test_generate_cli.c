@@ -102,17 +102,8 @@ int main(int argc, char **argv)
         return 0;
     }
 
-    const char *cache = getenv("FLX_CACHE");
     char model[1024];
-    if (cache)
-        snprintf(model, sizeof model, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
-    else
-        snprintf(model, sizeof model, "%s/.cache/fluxion/SmolLM2-135M-Instruct.Q4_1.gguf",
-                 getenv("HOME") ? getenv("HOME") : "");
-    if (access(model, R_OK) != 0) {
-        fprintf(stderr, "test_generate_cli: %s not found: skipped\n", model);
-        return FLX_TEST_SKIP;
-    }
+    if (!flx_test_model_path("test_generate_cli", model, sizeof model)) return FLX_TEST_SKIP;
     char args[4096], text_full[4096];
     snprintf(args, sizeof args, "--model %s --prompt-file %s --chat --max-new 12 --threads 2", model, prompt);
     CHECK(run(args, out, err) == 0);

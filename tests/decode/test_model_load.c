@@ -1139,13 +1139,7 @@ static void check_row(const char *label, const flx_bf16_t *got, const float *ref
 static int test_real_model(void)
 {
     char path[1024];
-    const char *cache = getenv("FLX_CACHE"), *home = getenv("HOME");
-    if (cache && *cache) snprintf(path, sizeof path, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
-    else snprintf(path, sizeof path, "%s/.cache/fluxion/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : "");
-    if (access(path, R_OK) != 0) {
-        fprintf(stderr, "test_model_load --real: %s not found: skipped\n", path);
-        return FLX_TEST_SKIP;
-    }
+    if (!flx_test_model_path("test_model_load --real", path, sizeof path)) return FLX_TEST_SKIP;
     flx_gguf_h g;
     CHECK_OK(flx_gguf_open(path, &g));
     uint32_t ctx;

@@ -187,16 +187,7 @@ static size_t compare(flx_tok_h tok, const char *label, const text_t *texts, con
 int main(int argc, char **argv)
 {
     char model[1024], cmd[4096], path[1024];
-    const char *cache = getenv("FLX_CACHE");
-    const char *home = getenv("HOME");
-    if (cache)
-        snprintf(model, sizeof(model), "%s/SmolLM2-135M-Instruct.Q4_1.gguf", cache);
-    else
-        snprintf(model, sizeof(model), "%s/.cache/fluxion/SmolLM2-135M-Instruct.Q4_1.gguf", home ? home : "");
-    if (access(model, R_OK) != 0) {
-        fprintf(stderr, "skip: no model file %s\n", model);
-        return FLX_TEST_SKIP;
-    }
+    if (!flx_test_model_path("test_tokenizer_model", model, sizeof model)) return FLX_TEST_SKIP;
     CHECK(argc == 3);
     snprintf(cmd, sizeof(cmd), "'%s' -c 'import tokenizers' 2>/dev/null", argv[1]);
     if (system(cmd) != 0) {
