@@ -80,6 +80,7 @@ flx_status_t flx_mlp_alloc(flx_mlp_t *m)
     }
     for (int i = 0; i < FLX_PRED_IN; i++) m->feature_std[i] = 1.0f;
     m->target_std[0] = m->target_std[1] = 1.0f;
+    m->outputs = FLX_PRED_OUT_LINE;
     m->select = flx_select_params_paper();
     return FLX_OK;
 }
@@ -131,6 +132,8 @@ flx_status_t flx_mlp_save(const flx_mlp_t *m, const char *path, const char *sour
     if (!m || !m->w1 || !path) return flx_error_set(FLX_ERR_INVALID, "mlp save: NULL argument");
     flx_status_t bad = flx_select_params_check(&m->select);
     if (bad) return bad;
+    if (m->outputs != FLX_PRED_OUT_LINE && m->outputs != FLX_PRED_OUT_LOG_ENDS)
+        return flx_error_set(FLX_ERR_INVALID, "mlp save: output map %d unknown", (int)m->outputs);
     flx_st_writer_h w = NULL;
     flx_status_t st = flx_st_writer_create(&w);
     if (st) return st;
@@ -147,6 +150,7 @@ flx_status_t flx_mlp_save(const flx_mlp_t *m, const char *path, const char *sour
     if (!st && criterion) st = flx_st_writer_set_metadata(w, "criterion", criterion);
     if (!st && source) st = flx_st_writer_set_metadata(w, "source", source);
     if (!st) st = flx_st_writer_set_metadata(w, "trained_by", "fluxion flx_train");
+    if (!st) st = flx_st_writer_set_metadata(w, "outputs", m->outputs == FLX_PRED_OUT_LOG_ENDS ? "log-ends" : "line");
     char thr_s[32], scale_s[32], minb_s[16];
     snprintf(thr_s, sizeof thr_s, "%.9g", (double)m->select.stream_threshold);
     snprintf(scale_s, sizeof scale_s, "%.9g", (double)m->select.budget_scale);
@@ -241,6 +245,13 @@ flx_status_t flx_mlp_load(const char *path, flx_mlp_t *m)
         st = flx_error_set(FLX_ERR_FORMAT, "%s: metadata \"min_blocks\" %g is not an integer in [0, 64]", path, minb);
         goto out;
     }
+    const char *outputs = flx_st_metadata(r, "outputs");
+    if (outputs && strcmp(outputs, "line") != 0 && strcmp(outputs, "log-ends") != 0) {
+        st = flx_error_set(FLX_ERR_FORMAT, "%s: metadata \"outputs\" is \"%s\", want \"line\" or \"log-ends\"", path,
+                           outputs);
+        goto out;
+    }
+    t.outputs = outputs && strcmp(outputs, "log-ends") == 0 ? FLX_PRED_OUT_LOG_ENDS : FLX_PRED_OUT_LINE;
     t.select.stream_threshold = (float)thr, t.select.budget_scale = (float)scale, t.select.min_blocks = (uint32_t)minb;
     if ((st = flx_select_params_check(&t.select))) {
         char msg[FLX_ERROR_MSG_MAX];
@@ -254,6 +265,20 @@ out:
     if (have) flx_mlp_free(&t);
     flx_st_close(r);
     return st;
+}
+
+void flx_pred_line(flx_pred_outputs_t o, double t0, double t1, double *bgt0, double *k)
+{
+    if (o == FLX_PRED_OUT_LINE) {
+        *bgt0 = t0, *k = t1;
+        return;
+    }
+    /* fmin/fmax drop a NaN: keep it, the selector reads everything for a non-finite prediction */
+    double u = t0 < FLX_PRED_LN_MIN ? FLX_PRED_LN_MIN : t0 > FLX_PRED_LN_MAX ? FLX_PRED_LN_MAX : t0;
+    double v = t1 < FLX_PRED_LN_MIN ? FLX_PRED_LN_MIN : t1 > FLX_PRED_LN_MAX ? FLX_PRED_LN_MAX : t1;
+    double b16 = exp(u), b128 = exp(v);
+    *k = (b128 - b16) / 3.0;
+    *bgt0 = b16 - 4.0 * *k;
 }
 
 /* ---------------- reference ---------------- */
@@ -282,8 +307,11 @@ flx_status_t flx_mlp_forward_ref(const flx_mlp_t *m, const float *feat, uint32_t
             }
             memcpy(a, b, L_OUT[l] * sizeof(double));
         }
-        out[r].bgt0 = (float)(a[0] * m->target_std[0] + m->target_mean[0]);
-        out[r].k = (float)(a[1] * m->target_std[1] + m->target_mean[1]);
+        double bgt0, k;
+        flx_pred_line(m->outputs, a[0] * m->target_std[0] + m->target_mean[0],
+                      a[1] * m->target_std[1] + m->target_mean[1], &bgt0, &k);
+        out[r].bgt0 = (float)bgt0;
+        out[r].k = (float)k;
         out[r].p_streaming = (float)(a[2] >= 0 ? 1.0 / (1.0 + exp(-a[2])) : exp(a[2]) / (1.0 + exp(a[2])));
     }
     return FLX_OK;
@@ -295,6 +323,7 @@ struct flx_predictor {
     flx_select_params_t select;
     float mean[IN_PAD], inv_std[IN_PAD];
     float target_mean[2], target_std[2];
+    flx_pred_outputs_t outputs;
     float *wp[N_LAYERS];   /* (n_panels, K, NP) k-major panels, zero-padded columns */
     float *bp[N_LAYERS];   /* (n_panels * NP) padded bias */
 };
@@ -302,6 +331,8 @@ struct flx_predictor {
 flx_status_t flx_predictor_create(const flx_mlp_t *m, flx_predictor_h *p_out)
 {
     if (!m || !m->w1 || !p_out) return flx_error_set(FLX_ERR_INVALID, "predictor create: NULL argument");
+    if (m->outputs != FLX_PRED_OUT_LINE && m->outputs != FLX_PRED_OUT_LOG_ENDS)
+        return flx_error_set(FLX_ERR_INVALID, "predictor create: output map %d unknown", (int)m->outputs);
     struct flx_predictor *p = flx_aligned_alloc(64, sizeof *p);
     if (!p) return flx_error_set(FLX_ERR_NOMEM, "predictor create");
     memset(p, 0, sizeof *p);
@@ -323,6 +354,7 @@ flx_status_t flx_predictor_create(const flx_mlp_t *m, flx_predictor_h *p_out)
     p->select = m->select;
     memcpy(p->target_mean, m->target_mean, sizeof p->target_mean);
     memcpy(p->target_std, m->target_std, sizeof p->target_std);
+    p->outputs = m->outputs;
     for (int l = 0; l < N_LAYERS; l++) {
         const float *w, *b;
         mlp_layer(m, l, &w, &b);
@@ -523,8 +555,16 @@ static void run_rows(const struct flx_predictor *p, layer_fn fn, const float *fe
     fn(a, FLX_PRED_H1, n, p->wp[3], p->bp[3], L_IN[3], L_OUT[3], L_NP[3], 0, y, 16);
     for (uint32_t r = 0; r < n; r++) {
         const float *yr = y + (size_t)r * 16;
-        out[r0 + r].bgt0 = yr[0] * p->target_std[0] + p->target_mean[0];
-        out[r0 + r].k = yr[1] * p->target_std[1] + p->target_mean[1];
+        const float t0 = yr[0] * p->target_std[0] + p->target_mean[0], t1 = yr[1] * p->target_std[1] + p->target_mean[1];
+        if (p->outputs == FLX_PRED_OUT_LINE) {
+            out[r0 + r].bgt0 = t0;
+            out[r0 + r].k = t1;
+        } else {
+            double bgt0, k;
+            flx_pred_line(p->outputs, t0, t1, &bgt0, &k);
+            out[r0 + r].bgt0 = (float)bgt0;
+            out[r0 + r].k = (float)k;
+        }
         out[r0 + r].p_streaming = sigmoidf_stable(yr[2]);
     }
 }

@@ -10,17 +10,23 @@
  *   LOG_BUDGET (default): the budgets the predicted line gives at the selector's granularities,
  *     in log space, against the least budgets of the labels, by the pinball (quantile) loss at
  *     q = p->quantile:
- *       (1/R) sum_{r retrieval} (1/4) sum_{blk 16..128} rho_q(ln bgt(blk) - f(bgt0 + k log2 blk)),
+ *       (1/R) sum_{r retrieval} (1/4) sum_{blk 16..128} rho_q(ln bgt(blk) - ln line(blk)),
  *       rho_q(e) = q e for e > 0 (the line short of the least budget), (q - 1) e otherwise
- *     with bgt0, k the de-standardized outputs, bgt(blk) floored at eps = 0.5 / l_cpu (half a token;
- *     a non-positive one, which no retrieval head has, is skipped), and f = ln continued linearly
- *     (value and slope) below an eighth of bgt(blk): a line that goes non-positive still has a
- *     gradient, bounded by the label's scale (an unbounded one would blow up Adam's second moment
- *     and stall training). Least budgets span three decades (2 blocks of 16 at 32K is 0.001; heads
- *     that need the bulk reach 0.03-0.2), and a squared error on the raw values is blind to the small
- *     ones: it fits the tail and leaves a typical head's budget wrong by a factor of ten. In log space
- *     the error is a ratio, and the quantile puts the line above the least budget on about q of the
- *     rows, with a margin that follows how predictable a head is rather than one budget_scale for all.
+ *     with bgt(blk) floored at eps = 0.5 / l_cpu (half a token; a non-positive one, which no
+ *     retrieval head has, is skipped). The network is trained in the log-ends output map
+ *     (flx/predictor.h): its two outputs are ln line(16) and ln line(128), and
+ *     line(blk) = (1 - w) line(16) + w line(128), w = (log2 blk - 4) / 3, which is Eq. 1's line
+ *     through those ends. Least budgets span three decades (2 blocks of 16 at 32K is 0.001; heads
+ *     that need the bulk reach 0.03-0.2). A squared error on the raw values is blind to the small
+ *     ones: it fits the tail and leaves a typical head's budget wrong by a factor of ten. In log
+ *     space the error is a ratio, and the quantile puts the line above the least budget on about q
+ *     of the rows, with a margin that follows how predictable a head is rather than one
+ *     budget_scale for all. The outputs are log budgets rather than (bgt0, k) because a small
+ *     budget from (bgt0, k) needs the two to cancel to a fraction of a percent of their spread:
+ *     trained that way (the first version of this loss), the outcome swung with the seed (one seed
+ *     in three left the budgets a hundred times too large), where the log ends train steadily.
+ *     Targets are standardized with the mean and spread of ln bgt(16) and ln bgt(128) (floored at
+ *     eps) over the training rows.
  *   MSE (the plain regression of the paper's two labels):
  *       (1/R) sum_{r retrieval} 1/2 [(y0 - t0)^2 + (y1 - t1)^2]   (t standardized bgt0, k)
  *   plus, for both, bce_weight (1/B) sum_r BCE(y2, s)              (logits; stable form)
@@ -94,7 +100,6 @@ static void forward(float *params, train_ws_t *ws, int B)
 static double loss_grad(const flx_mlp_t *m, const float *y, const flx_train_batch_t *b, flx_train_loss_t kind,
                         float bce_w, double q, float *dy)
 {
-    static const float X[4] = {4.0f, 5.0f, 6.0f, 7.0f};   /* log2 of blk 16 .. 128 */
     const int B = b->n;
     int R = 0;
     for (int r = 0; r < B; r++) R += b->s[r] < 0.5f;
@@ -110,22 +115,23 @@ static double loss_grad(const flx_mlp_t *m, const float *y, const flx_train_batc
             d[1] = e1 / (float)R;
         } else if (b->s[r] < 0.5f) {
             const double eps = b->eps[r];
-            const double bgt0 = (double)yr[0] * m->target_std[0] + m->target_mean[0];
-            const double k = (double)yr[1] * m->target_std[1] + m->target_mean[1];
+            const double t0 = (double)yr[0] * m->target_std[0] + m->target_mean[0];
+            const double t1 = (double)yr[1] * m->target_std[1] + m->target_mean[1];
+            const double b16 = exp(fmin(fmax(t0, FLX_PRED_LN_MIN), FLX_PRED_LN_MAX));
+            const double b128 = exp(fmin(fmax(t1, FLX_PRED_LN_MIN), FLX_PRED_LN_MAX));
             double g0 = 0.0, g1 = 0.0;
             for (int j = 0; j < 4; j++) {
                 if (!(b->bud[4 * r + j] > 0.0f)) continue;   /* not a retrieval head's budget: no log */
-                double line = bgt0 + k * X[j], lab = fmax(b->bud[4 * r + j], eps), c = lab / 8.0;
-                double f = line >= c ? log(line) : log(c) + line / c - 1.0;
-                double df = line >= c ? 1.0 / line : 1.0 / c;
-                double e = log(lab) - f;   /* > 0: the line is short of the least budget */
+                const double w = j / 3.0, line = (1.0 - w) * b16 + w * b128, lab = fmax(b->bud[4 * r + j], eps);
+                double e = log(lab) - log(line);   /* > 0: the line is short of the least budget */
                 loss += 0.25 * (e > 0.0 ? q * e : (q - 1.0) * e) / R;
-                double de = e > 0.0 ? -q : 1.0 - q;
-                g0 += 0.25 * de * df / R;
-                g1 += 0.25 * de * df * X[j] / R;
+                double de = e > 0.0 ? -q : 1.0 - q;   /* d loss / d ln line */
+                g0 += 0.25 * de * (1.0 - w) * b16 / line / R;
+                g1 += 0.25 * de * w * b128 / line / R;
             }
-            d[0] = (float)(g0 * m->target_std[0]);
-            d[1] = (float)(g1 * m->target_std[1]);
+            /* the clamp of the ends passes no gradient (unreached in training: targets are ln budgets <= 0) */
+            d[0] = t0 >= FLX_PRED_LN_MIN && t0 <= FLX_PRED_LN_MAX ? (float)(g0 * m->target_std[0]) : 0.0f;
+            d[1] = t1 >= FLX_PRED_LN_MIN && t1 <= FLX_PRED_LN_MAX ? (float)(g1 * m->target_std[1]) : 0.0f;
         }
         float z = yr[2];
         /* BCE(z, s) = max(z, 0) - z s + log(1 + e^-|z|) */
@@ -189,6 +195,9 @@ static void mean_std(const float *x, size_t stride, const uint32_t *rows, uint32
 flx_status_t flx_train_batch_loss(const flx_mlp_t *m, const flx_train_batch_t *b, const flx_train_params_t *p,
                                   float *grad, double *loss)
 {
+    if ((p->loss == FLX_TRAIN_LOSS_MSE) != (m->outputs == FLX_PRED_OUT_LINE))
+        return flx_error_set(FLX_ERR_INVALID, "batch loss: loss %d trains the %s output map, m has map %d", (int)p->loss,
+                             p->loss == FLX_TRAIN_LOSS_MSE ? "line" : "log-ends", (int)m->outputs);
     train_ws_t ws;
     memset(&ws, 0, sizeof ws);
     flx_status_t st = FLX_OK;
@@ -269,8 +278,28 @@ flx_status_t flx_train(const flx_dataset_t *d, const flx_train_params_t *p, flx_
     }
     for (uint32_t i = 0; i < n_train; i++)
         if (d->labels[(size_t)train[i] * 3 + 2] < 0.5f) ret[n_ret++] = train[i];
-    for (int t = 0; t < 2; t++) mean_std(d->labels + t, 3, ret, n_ret, &m->target_mean[t], &m->target_std[t]);
+    m->outputs = p->loss == FLX_TRAIN_LOSS_MSE ? FLX_PRED_OUT_LINE : FLX_PRED_OUT_LOG_ENDS;
+    if (m->outputs == FLX_PRED_OUT_LINE) {
+        for (int t = 0; t < 2; t++) mean_std(d->labels + t, 3, ret, n_ret, &m->target_mean[t], &m->target_std[t]);
+    } else {
+        float *lnb = malloc((size_t)n_ret * 2 * sizeof *lnb);
+        uint32_t *seq = malloc((size_t)n_ret * sizeof *seq), n_pos = 0;
+        if (!lnb || !seq) st = flx_error_set(FLX_ERR_NOMEM, "train: %u rows", n_ret);
+        for (uint32_t i = 0; !st && i < n_ret; i++) {
+            const float *bg = d->bgt + (size_t)ret[i] * 5;
+            const double eps = 0.5 / fmax(d->features[(size_t)ret[i] * FLX_PRED_IN + FLX_F_L_CPU], 1.0);
+            if (!(bg[1] > 0.0f) || !(bg[4] > 0.0f)) continue;
+            lnb[2 * n_pos] = (float)log(fmax(bg[1], eps));
+            lnb[2 * n_pos + 1] = (float)log(fmax(bg[4], eps));
+            seq[n_pos] = n_pos;
+            n_pos++;
+        }
+        for (int t = 0; !st && t < 2; t++) mean_std(lnb + t, 2, seq, n_pos, &m->target_mean[t], &m->target_std[t]);
+        free(lnb);
+        free(seq);
+    }
     free(ret);
+    if (st) goto out;
 
     /* He init */
     float *params = m->w1, *w[NL], *b[NL];

@@ -1,7 +1,7 @@
 /*
  * test_predictor.c - the fast predictor against flx_mlp_forward_ref at every ISA level the CPU has
- * (1, 3, 32, 100 rows, 1 and 3 threads), weights file round trip, loader refusals, non-finite
- * features, and the timing of one layer (32 and 128 rows, one thread).
+ * (1, 3, 32, 100 rows, 1 and 3 threads) for both output maps, weights file round trip, loader
+ * refusals, non-finite features, and the timing of one layer (32 and 128 rows, one thread).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -179,6 +179,42 @@ int main(void)
     }
     flx_isa_force(best);
 
+    /* the log-ends output map: the ends ln bgt(16), ln bgt(128) become Eq. 1's line */
+    {
+        double bgt0, k;
+        flx_pred_line(FLX_PRED_OUT_LOG_ENDS, log(0.01), log(0.04), &bgt0, &k);
+        CHECK(fabs(k - 0.01) < 1e-12 && fabs(bgt0 + 0.03) < 1e-12);   /* 0.01 at blk 16, 0.04 at 128 */
+        flx_pred_line(FLX_PRED_OUT_LOG_ENDS, 100.0, -100.0, &bgt0, &k);   /* clamped into [-30, 5] */
+        CHECK(fabs(bgt0 + 4.0 * k - exp(FLX_PRED_LN_MAX)) < 1e-9 && fabs(bgt0 + 7.0 * k - exp(FLX_PRED_LN_MIN)) < 1e-9);
+        flx_pred_line(FLX_PRED_OUT_LOG_ENDS, NAN, -3.0, &bgt0, &k);   /* NaN stays NaN: the selector reads all */
+        CHECK(isnan(bgt0) && isnan(k));
+        flx_pred_line(FLX_PRED_OUT_LINE, 0.2, -0.01, &bgt0, &k);
+        CHECK(bgt0 == 0.2 && k == -0.01);
+        flx_mlp_t ml;
+        random_mlp(&ml, &rng);
+        ml.outputs = FLX_PRED_OUT_LOG_ENDS;
+        ml.target_mean[0] = -6.0f, ml.target_mean[1] = -4.0f;
+        flx_predictor_h pl;
+        CHECK_OK(flx_predictor_create(&ml, &pl));
+        for (int lvl = FLX_ISA_SCALAR; lvl <= (int)best; lvl++) {
+            flx_isa_force((flx_isa_t)lvl);
+            check_fast_vs_ref(&ml, pl, &rng);
+        }
+        flx_isa_force(best);
+        char lpath[300];
+        path_of(lpath, sizeof lpath, "wl.safetensors");
+        CHECK_OK(flx_mlp_save(&ml, lpath, "unit test", "fluxion", 0.05f));
+        flx_mlp_t back;
+        CHECK_OK(flx_mlp_load(lpath, &back));
+        CHECK(back.outputs == FLX_PRED_OUT_LOG_ENDS);
+        flx_mlp_free(&back);
+        ml.outputs = (flx_pred_outputs_t)5;
+        CHECK_ST(flx_mlp_save(&ml, lpath, "unit test", "fluxion", 0.05f), FLX_ERR_INVALID);
+        flx_predictor_destroy(pl);
+        CHECK_ST(flx_predictor_create(&ml, &pl), FLX_ERR_INVALID);
+        flx_mlp_free(&ml);
+    }
+
     /* non-finite feature */
     {
         float feat[3 * FLX_PRED_IN];
@@ -200,6 +236,7 @@ int main(void)
     CHECK_OK(flx_mlp_save(&m, path, "unit test", "fluxion", 0.05f));
     flx_mlp_t m2;
     CHECK_OK(flx_mlp_load(path, &m2));
+    CHECK(m2.outputs == FLX_PRED_OUT_LINE);
     CHECK(memcmp(m.feature_mean, m2.feature_mean, sizeof m.feature_mean) == 0);
     CHECK(memcmp(m.feature_std, m2.feature_std, sizeof m.feature_std) == 0);
     CHECK(memcmp(m.target_mean, m2.target_mean, sizeof m.target_mean) == 0);
@@ -243,6 +280,8 @@ int main(void)
     check_refusal(&m, 5, "min_blocks", "\"min_blocks\" 1.5 is not an integer");
     meta_value = "nan";
     check_refusal(&m, 5, "stream_threshold", "not a number");
+    meta_value = "cubic";
+    check_refusal(&m, 5, "outputs", "\"outputs\" is \"cubic\", want \"line\" or \"log-ends\"");
     check_bad_value(&m, &m.w2[1000], NAN, "\"backbone.1.weight\" element 1000 is not finite");
     check_bad_value(&m, &m.b4[2], INFINITY, "\"head.bias\" element 2 is not finite");
     check_bad_value(&m, &m.feature_std[5], 0.0f, "\"feature_std\" element 5");

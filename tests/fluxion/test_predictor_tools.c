@@ -72,12 +72,19 @@ int main(int argc, char **argv)
     snprintf(out, sizeof out, "%s/tools_out.txt", dir);
     CHECK_OK(flx_dataset_save(&d, ds));
 
-    /* the log-budget loss (the default) runs and says so; --loss mse regresses the labels themselves */
+    /* the log-budget loss (the default) runs, says so and writes the log-ends map; --loss mse
+     * regresses the labels themselves (the line map) */
     char word[128];
+    flx_mlp_t m;
     snprintf(cmd, sizeof cmd, "%s --data %s --out %s --epochs 2 --quantile 0.8 > %s", tr, ds, w, out);
     CHECK(run(cmd) == 0);
     word_of(out, "loss", word, sizeof word);
     CHECK(!strcmp(word, "log-budget") && isfinite(value_of(out, "test_mae_bgt16")));
+    word_of(out, "outputs", word, sizeof word);
+    CHECK(!strcmp(word, "log-ends"));
+    CHECK_OK(flx_mlp_load(w, &m));
+    CHECK(m.outputs == FLX_PRED_OUT_LOG_ENDS);
+    flx_mlp_free(&m);
     snprintf(cmd, sizeof cmd, "%s --data %s --out %s --epochs 5 --batch 64 --seed 7 --test-frac 0.25 --loss mse > %s",
              tr, ds, w, out);
     CHECK(run(cmd) == 0);
@@ -87,8 +94,10 @@ int main(int argc, char **argv)
     double mae = value_of(out, "test_mae_bgt0");
     CHECK(isfinite(mae) && mae < 0.1);
     CHECK(isfinite(value_of(out, "stream_recall")));
-    flx_mlp_t m;
+    word_of(out, "outputs", word, sizeof word);
+    CHECK(!strcmp(word, "line"));
     CHECK_OK(flx_mlp_load(w, &m));
+    CHECK(m.outputs == FLX_PRED_OUT_LINE);
     flx_mlp_free(&m);
 
     snprintf(cmd, sizeof cmd, "%s --weights %s --data %s > %s", pr, w, ds, out);

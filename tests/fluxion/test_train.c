@@ -60,7 +60,8 @@ static void make_dataset(flx_dataset_t *d, flx_rng_t *rng, double *spread_bgt0, 
 
 /* Analytic gradient of the batch loss (loss kind `kind`) against central differences, at sampled
  * parameters of every tensor. A parameter whose one-sided differences disagree sits on a ReLU kink and
- * is skipped. The log-budget batch has lines that cross below the floor eps (the linear branch). */
+ * is skipped. The log-budget batch trains the log-ends map, with ends around 0.002-0.05 against
+ * least budgets of 0.001-0.02, so rows sit on both sides of the pinball. */
 static void gradient_check(flx_rng_t *rng, flx_train_loss_t kind)
 {
     enum { B = 6 };
@@ -75,7 +76,12 @@ static void gradient_check(flx_rng_t *rng, flx_train_loss_t kind)
         off += sizes[t];
     }
     CHECK(off == np);
-    m.target_mean[0] = 0.02f, m.target_std[0] = 0.01f, m.target_mean[1] = 0.004f, m.target_std[1] = 0.002f;
+    if (kind == FLX_TRAIN_LOSS_MSE) {
+        m.target_mean[0] = 0.02f, m.target_std[0] = 0.01f, m.target_mean[1] = 0.004f, m.target_std[1] = 0.002f;
+    } else {
+        m.outputs = FLX_PRED_OUT_LOG_ENDS;   /* ln budgets at blk 16 and 128 */
+        m.target_mean[0] = -5.5f, m.target_std[0] = 0.8f, m.target_mean[1] = -4.5f, m.target_std[1] = 0.8f;
+    }
     float x[B * FLX_PRED_IN], tgt[B * 2], sv[B] = {0, 1, 0, 0, 1, 0}, bud[B * 4], eps[B];
     for (int i = 0; i < B * FLX_PRED_IN; i++) x[i] = (float)flx_rng_normal(rng);
     for (int i = 0; i < B * 2; i++) tgt[i] = (float)flx_rng_normal(rng);
@@ -88,6 +94,9 @@ static void gradient_check(flx_rng_t *rng, flx_train_loss_t kind)
     float *g = malloc(np * sizeof(float)), *g2 = malloc(np * sizeof(float));
     CHECK(g && g2);
     double l0, lp, lm;
+    m.outputs = kind == FLX_TRAIN_LOSS_MSE ? FLX_PRED_OUT_LOG_ENDS : FLX_PRED_OUT_LINE;   /* the other map: refused */
+    CHECK_ST(flx_train_batch_loss(&m, &b, &p, g, &l0), FLX_ERR_INVALID);
+    m.outputs = kind == FLX_TRAIN_LOSS_MSE ? FLX_PRED_OUT_LINE : FLX_PRED_OUT_LOG_ENDS;
     CHECK_OK(flx_train_batch_loss(&m, &b, &p, g, &l0));
     int checked = 0, skipped = 0;
     double worst = 0;
@@ -156,6 +165,7 @@ int main(void)
             sp0, (double)ra.test_mae_k, spk, (double)ra.test_mae_bgt16, (double)ra.stream_precision,
             (double)ra.stream_recall);
     CHECK(ra.n_train == 9600 && ra.n_test == 2400);
+    CHECK(a.outputs == FLX_PRED_OUT_LINE);
     CHECK(ra.test_mae_bgt0 < 0.3 * sp0);
     CHECK(ra.test_mae_k < 0.35 * spk);
     CHECK(ra.test_mae_bgt16 < 0.3 * sp0);
@@ -180,6 +190,7 @@ int main(void)
     p.epochs = 10;
     p.lr = 3e-4f;   /* a pinball gradient keeps its size at the optimum: a smaller step settles */
     CHECK_OK(flx_train(&d, &p, &b, &rb));
+    CHECK(b.outputs == FLX_PRED_OUT_LOG_ENDS);
     {
         flx_dataset_t fresh;
         double f0, fk;
@@ -198,6 +209,7 @@ int main(void)
             if (fresh.labels[(size_t)r * 3 + 2] >= 0.5f) continue;
             for (int j = 0; j < 4; j++) {
                 double line = hp[r].bgt0 + hp[r].k * (4 + j), lab = fresh.bgt[(size_t)r * 5 + 1 + j];
+                CHECK(line > 0.0);   /* log-ends: positive at every blk of 16 .. 128 */
                 if (!(lab > 0.0)) continue;   /* the law's rare negative budgets */
                 cover += line >= lab;
                 lr[n++] = fabs(log(fmax(line, 1e-6) / lab));

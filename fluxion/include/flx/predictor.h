@@ -9,8 +9,14 @@
  *   h2 = relu(W2 h1 + b2)       W2 (256, 256)
  *   h3 = relu(W3 h2 + b3)       W3 (128, 256)
  *   y  = W4 h3 + b4             W4 (3, 128)     the three heads share h3 (the backbone)
- *   bgt0 = y0 * target_std[0] + target_mean[0]
- *   k    = y1 * target_std[1] + target_mean[1]
+ *   t_i = y_i * target_std[i] + target_mean[i]   (i = 0, 1; de-standardized)
+ *   (bgt0, k) of Eq. 1 from t by the file's output map ("outputs"):
+ *     "line"      bgt0 = t0, k = t1 (the paper's two regression targets, as they are)
+ *     "log-ends"  t0 = ln bgt(16), t1 = ln bgt(128): the two ends of the line over the selector's
+ *                 granularities, each clamped into [FLX_PRED_LN_MIN, FLX_PRED_LN_MAX] before exp;
+ *                 k = (e^t1 - e^t0) / 3, bgt0 = e^t0 - 4 k. The line is then positive at every
+ *                 blk in [16, 128], and a budget of 1e-4 is as easy to output as one of 0.1 (the
+ *                 line map needs bgt0 and 4k to cancel to that precision).
  *   p_streaming = sigmoid(y2)
  * Weights are (out, in) row-major, as torch.nn.Linear stores them.
  *
@@ -21,12 +27,13 @@
  *   backbone.2.weight (128, 256)  backbone.2.bias (128)
  *   head.weight (3, 128)          head.bias (3)
  *   metadata: "format" = "fluxion-predictor", "version" = "1", "features" = "appendix-a-41",
- *             optional "tau", "criterion", "source", "trained_by" (free text), and the
- *             selector's operating point "stream_threshold", "budget_scale", "min_blocks"
- *             (decimal strings; each absent one takes the paper's value 0.5, 1, 0)
+ *             optional "tau", "criterion", "source", "trained_by" (free text), the output map
+ *             "outputs" = "line" | "log-ends" (absent: "line"), and the selector's operating point
+ *             "stream_threshold", "budget_scale", "min_blocks" (decimal strings; each absent one
+ *             takes the paper's value 0.5, 1, 0)
  * In PyTorch: nn.Sequential of Linear/ReLU named backbone.{0,1,2} + a Linear named head, inputs
  * standardized with feature_mean/std (std entries > 0), regression outputs de-standardized with
- * target_mean/std. The loader refuses missing or extra tensors, other dtypes or shapes, non-finite
+ * target_mean/std and mapped as "outputs" says. The loader refuses missing or extra tensors, other dtypes or shapes, non-finite
  * values, a std <= 0, and other formats/versions, naming what was wrong.
  *
  * DATASET FILE (safetensors, written by fluxion-label, read by fluxion-train)
@@ -78,15 +85,27 @@ flx_select_params_t flx_select_params_paper(void);
 /* FLX_ERR_INVALID naming the field outside its range (NaN included). */
 flx_status_t flx_select_params_check(const flx_select_params_t *sp);
 
+/* How the two de-standardized regression outputs t0, t1 become Eq. 1's (bgt0, k) (NETWORK above). */
+typedef enum {
+    FLX_PRED_OUT_LINE = 0,      /* "line": bgt0 = t0, k = t1 (fluxion-train --loss mse) */
+    FLX_PRED_OUT_LOG_ENDS = 1,  /* "log-ends": t0 = ln bgt(16), t1 = ln bgt(128) (--loss log-budget) */
+} flx_pred_outputs_t;
+#define FLX_PRED_LN_MIN (-30.0)  /* log-ends: ln budgets are clamped into [MIN, MAX] before exp */
+#define FLX_PRED_LN_MAX 5.0
+
+/* (bgt0, k) from the de-standardized outputs t0, t1 by map o. */
+void flx_pred_line(flx_pred_outputs_t o, double t0, double t1, double *bgt0, double *k);
+
 /* The parameters, plain arrays (owned by whoever made the struct). */
 typedef struct flx_mlp {
     float feature_mean[FLX_PRED_IN], feature_std[FLX_PRED_IN];
     float target_mean[2], target_std[2];
+    flx_pred_outputs_t outputs;                      /* the output map ("outputs" in the file) */
     float *w1, *b1, *w2, *b2, *w3, *b3, *w4, *b4;   /* shapes as above */
     flx_select_params_t select;                      /* the calibrated operating point */
 } flx_mlp_t;
 
-/* Allocates the weight arrays of m (zeroed; stds 1; the paper's select params) / frees them. */
+/* Allocates the weight arrays of m (zeroed; stds 1; the line map; the paper's select params) / frees them. */
 flx_status_t flx_mlp_alloc(flx_mlp_t *m);
 void flx_mlp_free(flx_mlp_t *m);
 size_t flx_mlp_param_count(void);   /* 109827 */
@@ -188,8 +207,8 @@ flx_status_t flx_select_calibrate(flx_predictor_h p, const flx_dataset_t *d, flx
 /* Regression objective for bgt0 and k (train.c DESIGN). */
 typedef enum {
     FLX_TRAIN_LOSS_LOG_BUDGET = 0,  /* pinball loss of the line's budgets at blk 16..128 against the least
-                                     * budgets, in log space (quantile below) */
-    FLX_TRAIN_LOSS_MSE = 1,         /* squared error on the standardized bgt0 and k labels */
+                                     * budgets, in log space (quantile below); trains the log-ends map */
+    FLX_TRAIN_LOSS_MSE = 1,         /* squared error on the standardized bgt0 and k labels; the line map */
 } flx_train_loss_t;
 
 typedef struct flx_train_params {
