@@ -45,7 +45,8 @@ if [ "$what" = real ] || [ "$what" = all ]; then
     done
   }
   # Three kinds of text (documentation, C code, a prose manual), prompts of 2K-8K tokens from
-  # different places of each.
+  # different places of each (33 windows; none overlaps the calibration windows below except
+  # policy 6000@48000, which shares 2K tokens with policy 8000@42000).
   out=()
   dump_label ds policy:$work/policy.txt:8000:0 policy:$work/policy.txt:8000:16000 \
                 policy:$work/policy.txt:8000:32000 policy:$work/policy.txt:6000:48000 \
@@ -55,7 +56,16 @@ if [ "$what" = real ] || [ "$what" = all ]; then
                 code:$texts/train/code-ucx.txt:4000:32000 code:$texts/train/code-ucx.txt:2000:40000 \
                 vim:$texts/train/manual-vim.txt:8000:0 vim:$texts/train/manual-vim.txt:8000:30000 \
                 vim:$texts/train/manual-vim.txt:8000:60000 vim:$texts/train/manual-vim.txt:6000:90000 \
-                vim:$texts/train/manual-vim.txt:4000:100000 vim:$texts/train/manual-vim.txt:2000:110000
+                vim:$texts/train/manual-vim.txt:4000:100000 vim:$texts/train/manual-vim.txt:2000:110000 \
+                policy:$work/policy.txt:8000:8000 policy:$work/policy.txt:8000:24000 \
+                policy:$work/policy.txt:8000:70000 policy:$work/policy.txt:4000:80000 \
+                code:$texts/train/code-ucx.txt:8000:8000 code:$texts/train/code-ucx.txt:8000:24000 \
+                code:$texts/train/code-ucx.txt:4000:52000 \
+                vim:$texts/train/manual-vim.txt:8000:10000 vim:$texts/train/manual-vim.txt:8000:20000 \
+                vim:$texts/train/manual-vim.txt:8000:40000 vim:$texts/train/manual-vim.txt:8000:50000 \
+                vim:$texts/train/manual-vim.txt:8000:70000 vim:$texts/train/manual-vim.txt:6000:80000 \
+                vim:$texts/train/manual-vim.txt:4000:130000 vim:$texts/train/manual-vim.txt:2000:140000 \
+                vim:$texts/train/manual-vim.txt:2000:145000
   data=(); for ds in "${out[@]}"; do data+=(--data "$ds"); done
   # Calibration of the selector's operating point (fluxion-train --calib): other windows of the same
   # training texts, never trained on.
@@ -63,9 +73,10 @@ if [ "$what" = real ] || [ "$what" = all ]; then
   dump_label calib policy:$work/policy.txt:8000:42000 code:$texts/train/code-ucx.txt:6000:44000 \
                    vim:$texts/train/manual-vim.txt:8000:118000
   calib=(); for ds in "${out[@]}"; do calib+=(--calib "$ds"); done
-  # The plain regression of the labels (--loss mse), 20 epochs: on these calibration rows it reaches the
-  # fixed (16, 0.05) within share at 0.70 of its Eq. 3 volume; the log-budget loss at quantiles 0.7-0.9
-  # and 60 epochs of mse did not calibrate cheaper (0.69-0.77 in the runs that chose this).
+  # The plain regression of the labels (--loss mse, the line outputs), 20 epochs: on these calibration
+  # rows it reaches the fixed (16, 0.05) within share at 0.65 of its Eq. 3 volume (0.66-0.68 in trial
+  # runs with other seeds or row orders);
+  # the log-budget loss at quantile 0.5 gave 0.67-0.69, at 0.7-0.95 0.70-0.78.
   "$train" "${data[@]}" "${calib[@]}" --seed 1 --loss mse --epochs 20 \
       --out fluxion/weights/predictor-smollm2-135m-instruct.safetensors \
       --source "SmolLM2-135M-Instruct Q4_1; Debian Policy, UCX headers, Vim user manual; prompts 2K-8K, 64 teacher-forced steps"
@@ -74,10 +85,10 @@ fi
 if [ "$what" = synthetic ] || [ "$what" = all ]; then
   data=()
   # Llama-3.1-8B-like shape (32 layers, 32 q heads, 8 kv heads, D 128), every layer, prompts 8K-64K;
-  # retrieval shares 25/50/75 % so the predictor does not learn one share; two sequences (seeds) of
-  # each, seeds 1..24 (the benchmark uses seeds >= 1000).
+  # retrieval shares 25/50/75 % so the predictor does not learn one share; four sequences (seeds) of
+  # each, seeds 1..48 (the benchmark uses seeds >= 1000).
   seed=1
-  for rep in 1 2; do
+  for rep in 1 2 3 4; do
     for L in 8192 16384 32768 65536; do
       for share in 0.25 0.5 0.75; do
         ds="$work/ds-synth32-$L-$share-$seed.safetensors"
@@ -87,19 +98,23 @@ if [ "$what" = synthetic ] || [ "$what" = all ]; then
       done
     done
   done
-  # calibration: seeds 101..104, never trained on
+  # calibration: seeds 101..110, never trained on, 8K-128K (the operating point is chosen over the
+  # lengths the node serves, 128K included, though training stops at 64K)
   calib=()
-  for spec in 8192:0.5:101 16384:0.25:102 32768:0.75:103 65536:0.5:104; do
+  for spec in 8192:0.5:101 16384:0.25:102 32768:0.75:103 65536:0.5:104 \
+              8192:0.75:105 16384:0.5:106 32768:0.25:107 65536:0.75:108 131072:0.5:109 131072:0.25:110; do
     IFS=: read -r L share seed <<< "$spec"
     ds="$work/calib-synth-$L-$share-$seed.safetensors"
     [ -s "$ds" ] || "$label" --source "synth:32,32,8,128,$L,32,$seed,$share" \
         --layers 1,7,13,19,25,29 --step-every 2 --out "$ds"
     calib+=(--calib "$ds")
   done
-  # The log-budget pinball loss at quantile 0.95, 10 epochs: on the calibration rows it reaches the
-  # fixed (16, 0.05) within share at 0.59 of its Eq. 3 volume (0.74 at quantile 0.9, 0.70 at 20
-  # epochs; the squared error of --loss mse needed more than the baseline's volume).
-  "$train" "${data[@]}" "${calib[@]}" --seed 1 --epochs 10 --quantile 0.95 \
+  # The log-budget pinball loss (log-ends outputs) at quantile 0.98, 10 epochs, the streaming BCE at
+  # half weight: on the calibration rows it reaches the fixed (16, 0.05) within share at 0.42 of its
+  # Eq. 3 volume. Chosen on the calibration seeds 101-108 (8K-64K), where it read 0.45, against BCE
+  # weight 1: 0.48, 2: 0.48; quantile 0.95: 0.50, 0.99: 0.49; 20 epochs: 0.49; seed 2: 0.48 (with
+  # 24 sequences and seeds 101-104, quantile 0.95: 0.50-0.57 over three seeds).
+  "$train" "${data[@]}" "${calib[@]}" --seed 1 --epochs 10 --quantile 0.98 --bce-weight 0.5 \
       --out fluxion/weights/predictor-synthetic-llama8b.safetensors \
-      --source "synthetic default profile, 32x32x8x128, prompts 8K-64K, retrieval share 0.25/0.5/0.75"
+      --source "synthetic default profile, 32x32x8x128, prompts 8K-64K, retrieval share 0.25/0.5/0.75, seeds 1-48"
 fi
