@@ -555,7 +555,8 @@ static void run_rows(const struct flx_predictor *p, layer_fn fn, const float *fe
     fn(a, FLX_PRED_H1, n, p->wp[3], p->bp[3], L_IN[3], L_OUT[3], L_NP[3], 0, y, 16);
     for (uint32_t r = 0; r < n; r++) {
         const float *yr = y + (size_t)r * 16;
-        const float t0 = yr[0] * p->target_std[0] + p->target_mean[0], t1 = yr[1] * p->target_std[1] + p->target_mean[1];
+        const float t0 = yr[0] * p->target_std[0] + p->target_mean[0];
+        const float t1 = yr[1] * p->target_std[1] + p->target_mean[1];
         if (p->outputs == FLX_PRED_OUT_LINE) {
             out[r0 + r].bgt0 = t0;
             out[r0 + r].k = t1;

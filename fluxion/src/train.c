@@ -196,8 +196,8 @@ flx_status_t flx_train_batch_loss(const flx_mlp_t *m, const flx_train_batch_t *b
                                   float *grad, double *loss)
 {
     if ((p->loss == FLX_TRAIN_LOSS_MSE) != (m->outputs == FLX_PRED_OUT_LINE))
-        return flx_error_set(FLX_ERR_INVALID, "batch loss: loss %d trains the %s output map, m has map %d", (int)p->loss,
-                             p->loss == FLX_TRAIN_LOSS_MSE ? "line" : "log-ends", (int)m->outputs);
+        return flx_error_set(FLX_ERR_INVALID, "batch loss: loss %d trains the %s output map, m has map %d",
+                             (int)p->loss, p->loss == FLX_TRAIN_LOSS_MSE ? "line" : "log-ends", (int)m->outputs);
     train_ws_t ws;
     memset(&ws, 0, sizeof ws);
     flx_status_t st = FLX_OK;

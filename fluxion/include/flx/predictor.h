@@ -33,8 +33,9 @@
  *             takes the paper's value 0.5, 1, 0)
  * In PyTorch: nn.Sequential of Linear/ReLU named backbone.{0,1,2} + a Linear named head, inputs
  * standardized with feature_mean/std (std entries > 0), regression outputs de-standardized with
- * target_mean/std and mapped as "outputs" says. The loader refuses missing or extra tensors, other dtypes or shapes, non-finite
- * values, a std <= 0, and other formats/versions, naming what was wrong.
+ * target_mean/std and mapped as "outputs" says. The loader refuses missing or extra tensors, other
+ * dtypes or shapes, non-finite values, a std <= 0, an unknown "outputs", and other formats/versions,
+ * naming what was wrong.
  *
  * DATASET FILE (safetensors, written by fluxion-label, read by fluxion-train)
  *   features F32 (N, 41)      labels F32 (N, 3) = bgt0, k, s (s in {0, 1})
