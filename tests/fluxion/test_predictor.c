@@ -64,11 +64,30 @@ static void check_fast_vs_ref(const flx_mlp_t *m, flx_predictor_h p, flx_rng_t *
     free(scratch);
 }
 
+/* check_fast_vs_ref at every ISA level the CPU has, back to the best after. */
+static void check_every_isa(const flx_mlp_t *m, flx_predictor_h p, flx_rng_t *rng)
+{
+    flx_isa_t best = flx_isa_best();
+    for (int lvl = FLX_ISA_SCALAR; lvl <= (int)best; lvl++) {
+        flx_isa_force((flx_isa_t)lvl);
+        check_fast_vs_ref(m, p, rng);
+    }
+    flx_isa_force(best);
+}
+
 static char tmpdir[256];
 
 static void path_of(char *buf, size_t cap, const char *name)
 {
     snprintf(buf, cap, "%s/%s", tmpdir, name);
+}
+
+/* Saves m as tmpdir/name (path written to path) and loads it back into *back. */
+static void save_load(const flx_mlp_t *m, const char *name, char *path, size_t cap, flx_mlp_t *back)
+{
+    path_of(path, cap, name);
+    CHECK_OK(flx_mlp_save(m, path, "unit test", "fluxion", 0.05f));
+    CHECK_OK(flx_mlp_load(path, back));
 }
 
 /* Writes the tensors of m as the loader expects, with one change, and checks the refusal names
@@ -173,11 +192,7 @@ int main(void)
     flx_predictor_h p;
     CHECK_OK(flx_predictor_create(&m, &p));
     flx_isa_t best = flx_isa_best();
-    for (int lvl = FLX_ISA_SCALAR; lvl <= (int)best; lvl++) {
-        flx_isa_force((flx_isa_t)lvl);
-        check_fast_vs_ref(&m, p, &rng);
-    }
-    flx_isa_force(best);
+    check_every_isa(&m, p, &rng);
 
     /* the log-ends output map: the ends ln bgt(16), ln bgt(128) become Eq. 1's line */
     {
@@ -196,16 +211,10 @@ int main(void)
         ml.target_mean[0] = -6.0f, ml.target_mean[1] = -4.0f;
         flx_predictor_h pl;
         CHECK_OK(flx_predictor_create(&ml, &pl));
-        for (int lvl = FLX_ISA_SCALAR; lvl <= (int)best; lvl++) {
-            flx_isa_force((flx_isa_t)lvl);
-            check_fast_vs_ref(&ml, pl, &rng);
-        }
-        flx_isa_force(best);
+        check_every_isa(&ml, pl, &rng);
         char lpath[300];
-        path_of(lpath, sizeof lpath, "wl.safetensors");
-        CHECK_OK(flx_mlp_save(&ml, lpath, "unit test", "fluxion", 0.05f));
         flx_mlp_t back;
-        CHECK_OK(flx_mlp_load(lpath, &back));
+        save_load(&ml, "wl.safetensors", lpath, sizeof lpath, &back);
         CHECK(back.outputs == FLX_PRED_OUT_LOG_ENDS);
         flx_mlp_free(&back);
         ml.outputs = (flx_pred_outputs_t)5;
@@ -232,10 +241,8 @@ int main(void)
 
     /* round trip, bit exact */
     char path[300];
-    path_of(path, sizeof path, "w.safetensors");
-    CHECK_OK(flx_mlp_save(&m, path, "unit test", "fluxion", 0.05f));
     flx_mlp_t m2;
-    CHECK_OK(flx_mlp_load(path, &m2));
+    save_load(&m, "w.safetensors", path, sizeof path, &m2);
     CHECK(m2.outputs == FLX_PRED_OUT_LINE);
     CHECK(memcmp(m.feature_mean, m2.feature_mean, sizeof m.feature_mean) == 0);
     CHECK(memcmp(m.feature_std, m2.feature_std, sizeof m.feature_std) == 0);
