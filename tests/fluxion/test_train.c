@@ -60,8 +60,9 @@ static void make_dataset(flx_dataset_t *d, flx_rng_t *rng, double *spread_bgt0, 
 
 /* Analytic gradient of the batch loss (loss kind `kind`) against central differences, at sampled
  * parameters of every tensor. A parameter near a kink (a ReLU switching, a pinball row changing side)
- * is skipped: its one-sided differences disagree, or its central difference changes with the step. The log-budget batch trains the log-ends map, with ends around 0.002-0.05 against
- * least budgets of 0.001-0.02, so rows sit on both sides of the pinball. */
+ * is skipped: its one-sided differences disagree, or its central difference changes with the step.
+ * The log-budget batch trains the log-ends map, with ends around 0.002-0.05 against least budgets of
+ * 0.001-0.02, so rows sit on both sides of the pinball. */
 static void gradient_check(flx_rng_t *rng, flx_train_loss_t kind)
 {
     enum { B = 6 };
@@ -94,7 +95,8 @@ static void gradient_check(flx_rng_t *rng, flx_train_loss_t kind)
     float *g = malloc(np * sizeof(float)), *g2 = malloc(np * sizeof(float));
     CHECK(g && g2);
     double l0, lp, lm;
-    m.outputs = kind == FLX_TRAIN_LOSS_MSE ? FLX_PRED_OUT_LOG_ENDS : FLX_PRED_OUT_LINE;   /* the other map: refused */
+    /* the other map is refused */
+    m.outputs = kind == FLX_TRAIN_LOSS_MSE ? FLX_PRED_OUT_LOG_ENDS : FLX_PRED_OUT_LINE;
     CHECK_ST(flx_train_batch_loss(&m, &b, &p, g, &l0), FLX_ERR_INVALID);
     m.outputs = kind == FLX_TRAIN_LOSS_MSE ? FLX_PRED_OUT_LINE : FLX_PRED_OUT_LOG_ENDS;
     CHECK_OK(flx_train_batch_loss(&m, &b, &p, g, &l0));
@@ -116,7 +118,8 @@ static void gradient_check(flx_rng_t *rng, flx_train_loss_t kind)
             CHECK_OK(flx_train_batch_loss(&m, &b, &p, g2, &lm4));
             m.w1[i] = w0;
             double de = (double)(w0 + e) - (double)(w0 - e), de4 = (double)(w0 + e4) - (double)(w0 - e4);
-            double gp = (lp - l0) / (de / 2), gm = (l0 - lm) / (de / 2), fd = (lp - lm) / de, fd4 = (lp4 - lm4) / de4;
+            double gp = (lp - l0) / (de / 2), gm = (l0 - lm) / (de / 2), fd = (lp - lm) / de;
+            double fd4 = (lp4 - lm4) / de4;
             /* a kink within e: the one-sided slopes part, or the central difference moves when the
              * step shrinks (kinks on both sides can leave the one-sided slopes alike) */
             if (fabs(gp - gm) > 0.1 * fmax(fabs(gp), fabs(gm)) + 2e-3 ||
