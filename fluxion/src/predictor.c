@@ -132,7 +132,7 @@ flx_status_t flx_mlp_save(const flx_mlp_t *m, const char *path, const char *sour
     if (!m || !m->w1 || !path) return flx_error_set(FLX_ERR_INVALID, "mlp save: NULL argument");
     flx_status_t bad = flx_select_params_check(&m->select);
     if (bad) return bad;
-    if (m->outputs != FLX_PRED_OUT_LINE && m->outputs != FLX_PRED_OUT_LOG_ENDS)
+    if (!flx_pred_outputs_name(m->outputs))
         return flx_error_set(FLX_ERR_INVALID, "mlp save: output map %d unknown", (int)m->outputs);
     flx_st_writer_h w = NULL;
     flx_status_t st = flx_st_writer_create(&w);
@@ -150,7 +150,7 @@ flx_status_t flx_mlp_save(const flx_mlp_t *m, const char *path, const char *sour
     if (!st && criterion) st = flx_st_writer_set_metadata(w, "criterion", criterion);
     if (!st && source) st = flx_st_writer_set_metadata(w, "source", source);
     if (!st) st = flx_st_writer_set_metadata(w, "trained_by", "fluxion flx_train");
-    if (!st) st = flx_st_writer_set_metadata(w, "outputs", m->outputs == FLX_PRED_OUT_LOG_ENDS ? "log-ends" : "line");
+    if (!st) st = flx_st_writer_set_metadata(w, "outputs", flx_pred_outputs_name(m->outputs));
     char thr_s[32], scale_s[32], minb_s[16];
     snprintf(thr_s, sizeof thr_s, "%.9g", (double)m->select.stream_threshold);
     snprintf(scale_s, sizeof scale_s, "%.9g", (double)m->select.budget_scale);
@@ -245,13 +245,13 @@ flx_status_t flx_mlp_load(const char *path, flx_mlp_t *m)
         st = flx_error_set(FLX_ERR_FORMAT, "%s: metadata \"min_blocks\" %g is not an integer in [0, 64]", path, minb);
         goto out;
     }
-    const char *outputs = flx_st_metadata(r, "outputs");
-    if (outputs && strcmp(outputs, "line") != 0 && strcmp(outputs, "log-ends") != 0) {
+    const char *outputs = flx_st_metadata(r, "outputs");   /* absent: the line map (flx_mlp_alloc's) */
+    if (outputs && !strcmp(outputs, flx_pred_outputs_name(FLX_PRED_OUT_LOG_ENDS))) t.outputs = FLX_PRED_OUT_LOG_ENDS;
+    else if (outputs && strcmp(outputs, flx_pred_outputs_name(FLX_PRED_OUT_LINE)) != 0) {
         st = flx_error_set(FLX_ERR_FORMAT, "%s: metadata \"outputs\" is \"%s\", want \"line\" or \"log-ends\"", path,
                            outputs);
         goto out;
     }
-    t.outputs = outputs && strcmp(outputs, "log-ends") == 0 ? FLX_PRED_OUT_LOG_ENDS : FLX_PRED_OUT_LINE;
     t.select.stream_threshold = (float)thr, t.select.budget_scale = (float)scale, t.select.min_blocks = (uint32_t)minb;
     if ((st = flx_select_params_check(&t.select))) {
         char msg[FLX_ERROR_MSG_MAX];
@@ -273,12 +273,14 @@ void flx_pred_line(flx_pred_outputs_t o, double t0, double t1, double *bgt0, dou
         *bgt0 = t0, *k = t1;
         return;
     }
-    /* fmin/fmax drop a NaN: keep it, the selector reads everything for a non-finite prediction */
-    double u = t0 < FLX_PRED_LN_MIN ? FLX_PRED_LN_MIN : t0 > FLX_PRED_LN_MAX ? FLX_PRED_LN_MAX : t0;
-    double v = t1 < FLX_PRED_LN_MIN ? FLX_PRED_LN_MIN : t1 > FLX_PRED_LN_MAX ? FLX_PRED_LN_MAX : t1;
-    double b16 = exp(u), b128 = exp(v);
+    double b16 = flx_pred_end(t0), b128 = flx_pred_end(t1);
     *k = (b128 - b16) / 3.0;
     *bgt0 = b16 - 4.0 * *k;
+}
+
+const char *flx_pred_outputs_name(flx_pred_outputs_t o)
+{
+    return o == FLX_PRED_OUT_LINE ? "line" : o == FLX_PRED_OUT_LOG_ENDS ? "log-ends" : NULL;
 }
 
 /* ---------------- reference ---------------- */
@@ -331,7 +333,7 @@ struct flx_predictor {
 flx_status_t flx_predictor_create(const flx_mlp_t *m, flx_predictor_h *p_out)
 {
     if (!m || !m->w1 || !p_out) return flx_error_set(FLX_ERR_INVALID, "predictor create: NULL argument");
-    if (m->outputs != FLX_PRED_OUT_LINE && m->outputs != FLX_PRED_OUT_LOG_ENDS)
+    if (!flx_pred_outputs_name(m->outputs))
         return flx_error_set(FLX_ERR_INVALID, "predictor create: output map %d unknown", (int)m->outputs);
     struct flx_predictor *p = flx_aligned_alloc(64, sizeof *p);
     if (!p) return flx_error_set(FLX_ERR_NOMEM, "predictor create");
@@ -555,17 +557,11 @@ static void run_rows(const struct flx_predictor *p, layer_fn fn, const float *fe
     fn(a, FLX_PRED_H1, n, p->wp[3], p->bp[3], L_IN[3], L_OUT[3], L_NP[3], 0, y, 16);
     for (uint32_t r = 0; r < n; r++) {
         const float *yr = y + (size_t)r * 16;
-        const float t0 = yr[0] * p->target_std[0] + p->target_mean[0];
-        const float t1 = yr[1] * p->target_std[1] + p->target_mean[1];
-        if (p->outputs == FLX_PRED_OUT_LINE) {
-            out[r0 + r].bgt0 = t0;
-            out[r0 + r].k = t1;
-        } else {
-            double bgt0, k;
-            flx_pred_line(p->outputs, t0, t1, &bgt0, &k);
-            out[r0 + r].bgt0 = (float)bgt0;
-            out[r0 + r].k = (float)k;
-        }
+        double bgt0, k;   /* the line map passes the floats through exactly */
+        flx_pred_line(p->outputs, yr[0] * p->target_std[0] + p->target_mean[0],
+                      yr[1] * p->target_std[1] + p->target_mean[1], &bgt0, &k);
+        out[r0 + r].bgt0 = (float)bgt0;
+        out[r0 + r].k = (float)k;
         out[r0 + r].p_streaming = sigmoidf_stable(yr[2]);
     }
 }

@@ -117,8 +117,7 @@ static double loss_grad(const flx_mlp_t *m, const float *y, const flx_train_batc
             const double eps = b->eps[r];
             const double t0 = (double)yr[0] * m->target_std[0] + m->target_mean[0];
             const double t1 = (double)yr[1] * m->target_std[1] + m->target_mean[1];
-            const double b16 = exp(fmin(fmax(t0, FLX_PRED_LN_MIN), FLX_PRED_LN_MAX));
-            const double b128 = exp(fmin(fmax(t1, FLX_PRED_LN_MIN), FLX_PRED_LN_MAX));
+            const double b16 = flx_pred_end(t0), b128 = flx_pred_end(t1);
             double g0 = 0.0, g1 = 0.0;
             for (int j = 0; j < 4; j++) {
                 if (!(b->bud[4 * r + j] > 0.0f)) continue;   /* not a retrieval head's budget: no log */
@@ -177,13 +176,14 @@ static void shuffle(uint32_t *idx, uint32_t n, flx_rng_t *rng)
     }
 }
 
+/* Mean and spread of x[row * stride] over rows (NULL: rows 0 .. n-1). */
 static void mean_std(const float *x, size_t stride, const uint32_t *rows, uint32_t n, float *mean, float *std)
 {
     double s = 0, s2 = 0;
-    for (uint32_t i = 0; i < n; i++) s += x[(size_t)rows[i] * stride];
+    for (uint32_t i = 0; i < n; i++) s += x[(size_t)(rows ? rows[i] : i) * stride];
     double mu = n ? s / n : 0.0;
     for (uint32_t i = 0; i < n; i++) {
-        double d = x[(size_t)rows[i] * stride] - mu;
+        double d = x[(size_t)(rows ? rows[i] : i) * stride] - mu;
         s2 += d * d;
     }
     double sd = n ? sqrt(s2 / n) : 0.0;
@@ -197,7 +197,9 @@ flx_status_t flx_train_batch_loss(const flx_mlp_t *m, const flx_train_batch_t *b
 {
     if ((p->loss == FLX_TRAIN_LOSS_MSE) != (m->outputs == FLX_PRED_OUT_LINE))
         return flx_error_set(FLX_ERR_INVALID, "batch loss: loss %d trains the %s output map, m has map %d",
-                             (int)p->loss, p->loss == FLX_TRAIN_LOSS_MSE ? "line" : "log-ends", (int)m->outputs);
+                             (int)p->loss, flx_pred_outputs_name(p->loss == FLX_TRAIN_LOSS_MSE ? FLX_PRED_OUT_LINE
+                                                                                                : FLX_PRED_OUT_LOG_ENDS),
+                             (int)m->outputs);
     train_ws_t ws;
     memset(&ws, 0, sizeof ws);
     flx_status_t st = FLX_OK;
@@ -283,20 +285,18 @@ flx_status_t flx_train(const flx_dataset_t *d, const flx_train_params_t *p, flx_
         for (int t = 0; t < 2; t++) mean_std(d->labels + t, 3, ret, n_ret, &m->target_mean[t], &m->target_std[t]);
     } else {
         float *lnb = malloc((size_t)n_ret * 2 * sizeof *lnb);
-        uint32_t *seq = malloc((size_t)n_ret * sizeof *seq), n_pos = 0;
-        if (!lnb || !seq) st = flx_error_set(FLX_ERR_NOMEM, "train: %u rows", n_ret);
+        uint32_t n_pos = 0;
+        if (!lnb) st = flx_error_set(FLX_ERR_NOMEM, "train: %u rows", n_ret);
         for (uint32_t i = 0; !st && i < n_ret; i++) {
             const float *bg = d->bgt + (size_t)ret[i] * 5;
             const double eps = 0.5 / fmax(d->features[(size_t)ret[i] * FLX_PRED_IN + FLX_F_L_CPU], 1.0);
             if (!(bg[1] > 0.0f) || !(bg[4] > 0.0f)) continue;
             lnb[2 * n_pos] = (float)log(fmax(bg[1], eps));
             lnb[2 * n_pos + 1] = (float)log(fmax(bg[4], eps));
-            seq[n_pos] = n_pos;
             n_pos++;
         }
-        for (int t = 0; !st && t < 2; t++) mean_std(lnb + t, 2, seq, n_pos, &m->target_mean[t], &m->target_std[t]);
+        for (int t = 0; !st && t < 2; t++) mean_std(lnb + t, 2, NULL, n_pos, &m->target_mean[t], &m->target_std[t]);
         free(lnb);
-        free(seq);
     }
     free(ret);
     if (st) goto out;

@@ -221,7 +221,7 @@ int main(int argc, char **argv)
     if (!st) {
         printf("loss %s\noutputs %s\nn_train %u\nn_test %u\ntrain_loss %.6g\n",
                tp.loss == FLX_TRAIN_LOSS_MSE ? "mse" : "log-budget",
-               m.outputs == FLX_PRED_OUT_LINE ? "line" : "log-ends", rep.n_train, rep.n_test, (double)rep.train_loss);
+               flx_pred_outputs_name(m.outputs), rep.n_train, rep.n_test, (double)rep.train_loss);
         printf("test_mae_bgt0 %.6g\ntest_mae_k %.6g\ntest_mae_bgt16 %.6g\n", (double)rep.test_mae_bgt0,
                (double)rep.test_mae_k, (double)rep.test_mae_bgt16);
         printf("stream_precision %.6g\nstream_recall %.6g\n", (double)rep.stream_precision,

@@ -52,6 +52,7 @@
 #ifndef FLX_PREDICTOR_H
 #define FLX_PREDICTOR_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -94,8 +95,17 @@ typedef enum {
 #define FLX_PRED_LN_MIN (-30.0)  /* log-ends: ln budgets are clamped into [MIN, MAX] before exp */
 #define FLX_PRED_LN_MAX 5.0
 
+/* log-ends: the budget an output end t stands for, e^clamp(t, MIN, MAX); a NaN stays NaN (the
+ * selector reads everything for a non-finite prediction). Shared by inference and training. */
+static inline double flx_pred_end(double t)
+{
+    return exp(t < FLX_PRED_LN_MIN ? FLX_PRED_LN_MIN : t > FLX_PRED_LN_MAX ? FLX_PRED_LN_MAX : t);
+}
+
 /* (bgt0, k) from the de-standardized outputs t0, t1 by map o. */
 void flx_pred_line(flx_pred_outputs_t o, double t0, double t1, double *bgt0, double *k);
+/* The map's name in the weights file ("line", "log-ends"); NULL for a value outside the enum. */
+const char *flx_pred_outputs_name(flx_pred_outputs_t o);
 
 /* The parameters, plain arrays (owned by whoever made the struct). */
 typedef struct flx_mlp {
