@@ -195,11 +195,10 @@ static void mean_std(const float *x, size_t stride, const uint32_t *rows, uint32
 flx_status_t flx_train_batch_loss(const flx_mlp_t *m, const flx_train_batch_t *b, const flx_train_params_t *p,
                                   float *grad, double *loss)
 {
-    if ((p->loss == FLX_TRAIN_LOSS_MSE) != (m->outputs == FLX_PRED_OUT_LINE))
+    const flx_pred_outputs_t want = p->loss == FLX_TRAIN_LOSS_MSE ? FLX_PRED_OUT_LINE : FLX_PRED_OUT_LOG_ENDS;
+    if (m->outputs != want)
         return flx_error_set(FLX_ERR_INVALID, "batch loss: loss %d trains the %s output map, m has map %d",
-                             (int)p->loss, flx_pred_outputs_name(p->loss == FLX_TRAIN_LOSS_MSE ? FLX_PRED_OUT_LINE
-                                                                                                : FLX_PRED_OUT_LOG_ENDS),
-                             (int)m->outputs);
+                             (int)p->loss, flx_pred_outputs_name(want), (int)m->outputs);
     train_ws_t ws;
     memset(&ws, 0, sizeof ws);
     flx_status_t st = FLX_OK;
