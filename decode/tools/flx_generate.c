@@ -52,7 +52,7 @@ static void usage(FILE *f)
             "  --tau          fluxion: Eq. 2 threshold of the prefill statistics (default 0.1)\n"
             "  --stream-threshold, --budget-scale, --min-blocks\n"
             "                 fluxion: override the selector's operating point the weights carry (a head is\n"
-            "                 streaming when p >= P in [0.5, 1]; Eq. 1 budgets scaled by A in [1, 64]; a\n"
+            "                 streaming when p >= P in [0.5, 1]; Eq. 1 budgets scaled by A in (0, 64]; a\n"
             "                 retrieval head reads at least M in [0, 64] blocks); 0.5 1 0 is the paper's rule\n"
             "  --blk          fixed: logical block size 16, 32, 64 or 128\n"
             "  --bgt          fixed: fraction in [0, 1] of the host-resident tokens each head reads besides\n"
@@ -255,7 +255,7 @@ int main(int argc, char **argv)
             use_gpu = 1;
             break;
         case O_THR: if (parse_f("stream-threshold", a, 0.5, 0, 1.0, &sel_thr)) return 2; break;
-        case O_SCALE: if (parse_f("budget-scale", a, 1.0, 0, 64.0, &sel_scale)) return 2; break;
+        case O_SCALE: if (parse_f("budget-scale", a, 0.0, 1, 64.0, &sel_scale)) return 2; break;
         case O_MINB: if (parse_u64("min-blocks", a, 0, 64, &v)) return 2; sel_minb = (long long)v; break;
         case O_HELP: usage(stdout); return 0;
         default:

@@ -63,7 +63,7 @@ int main(int argc, char **argv)
             {"--model M --prompt-file P --mode fluxion --predictor /nonexistent.safetensors", "--predictor"},
             {"--model M --prompt-file P --tau 1.5", "--tau"},
             {"--model M --prompt-file P --mode fluxion --stream-threshold 0.3", "--stream-threshold"},
-            {"--model M --prompt-file P --mode fluxion --budget-scale 0.5", "--budget-scale"},
+            {"--model M --prompt-file P --mode fluxion --budget-scale 0", "--budget-scale"},
             {"--model M --prompt-file P --mode fluxion --min-blocks 65", "--min-blocks"},
             {"--model M --prompt-file P --blk 24", "--blk"},
             {"--model M --prompt-file P --blk 256", "--blk"},

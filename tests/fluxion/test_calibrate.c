@@ -88,14 +88,27 @@ int main(void)
     CHECK(e.within == 1.0f && fabs(e.bytes_ratio - 556.25 / v_base) < 1e-5);
     flx_predictor_destroy(p);
 
-    /* C. no point reaches the baseline (heads need 0.9 at 32..128 but only 0.04 at 16, so the
+    /* C. predicted 0.04 flat, every head needs 0.02: the paper's rule meets them all at twice the
+     * reads; the scale scales down too, and 0.5 (the grid's least) is the cheapest point that still
+     * meets them: V = 2 l / 128 + 2 l (2 x 0.02) = 156.25 + 800, against 156.25 + 1600. */
+    flx_dataset_free(&d);
+    rows(&d, 0.02f, 0.02f);
+    p = constant_predictor(0.04f, 0.3f);
+    CHECK_OK(flx_select_estimate(p, &d, &paper, &e));
+    CHECK(e.within == 1.0f && fabs(e.bytes_ratio - 1756.25 / v_base) < 1e-5);
+    CHECK_OK(flx_select_calibrate(p, &d, &sp, &e));
+    check_point(&sp, 0.5f, 0.5f, 0);
+    CHECK(e.within == 1.0f && fabs(e.bytes_ratio - 956.25 / v_base) < 1e-5);
+    flx_predictor_destroy(p);
+
+    /* D. no point reaches the baseline (heads need 0.9 at 32..128 but only 0.04 at 16, so the
      * baseline meets them): the fallback is the highest within share (0 everywhere) at the least
-     * volume, the first grid point. */
+     * volume, the grid's least scale. */
     flx_dataset_free(&d);
     rows(&d, 0.04f, 0.9f);
     p = constant_predictor(0.01f, 0.3f);
     CHECK_OK(flx_select_calibrate(p, &d, &sp, &e));
-    check_point(&sp, 0.5f, 1.0f, 0);
+    check_point(&sp, 0.5f, 0.5f, 0);
     CHECK(e.within == 0.0f && e.within_baseline == 1.0f);
 
     /* a head labelled streaming counts as within whatever is read */

@@ -267,7 +267,7 @@ int main(void)
     got = flx_predictor_select_params(p2);
     CHECK(got.stream_threshold == 0.95f && got.budget_scale == 2.5f && got.min_blocks == 4);
     flx_predictor_destroy(p2);
-    m.select.budget_scale = 0.5f;   /* out of range: not written */
+    m.select.budget_scale = 0.0f;   /* out of range: not written */
     CHECK_ST(flx_mlp_save(&m, path, "unit test", "fluxion", 0.05f), FLX_ERR_INVALID);
     CHECK_ST(flx_predictor_create(&m, &p2), FLX_ERR_INVALID);
     CHECK(strstr(flx_error_msg(), "budget_scale") != NULL);

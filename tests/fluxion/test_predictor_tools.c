@@ -115,8 +115,13 @@ int main(int argc, char **argv)
     CHECK(run(cmd) == 0);
     double thr = value_of(out, "calib_stream_threshold"), scale = value_of(out, "calib_budget_scale");
     double minb = value_of(out, "calib_min_blocks"), cw = value_of(out, "calib_within");
-    CHECK(thr >= 0.5 && thr <= 1.0 && scale >= 1.0 && minb >= 0 && isfinite(cw));
-    CHECK(cw >= value_of(out, "calib_paper_within"));
+    CHECK(thr >= 0.5 && thr <= 1.0 && scale > 0.0 && scale <= 64.0 && minb >= 0 && isfinite(cw));
+    double cwb = value_of(out, "calib_within_baseline"), cb = value_of(out, "calib_bytes_ratio");
+    double pw = value_of(out, "calib_paper_within"), pb = value_of(out, "calib_paper_bytes_ratio");
+    if (cw >= cwb)   /* reaches the baseline: no dearer than the paper's rule when that reaches it too */
+        CHECK(pw < cwb || cb <= pb + 1e-6);
+    else             /* the fallback: none reaches it, and none within the baseline's volume does better */
+        CHECK(pw < cwb && (pb > 1.0 || cw >= pw));
     flx_predictor_h p;
     CHECK_OK(flx_predictor_load(w, &p));
     flx_select_params_t sp = flx_predictor_select_params(p);

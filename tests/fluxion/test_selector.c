@@ -100,6 +100,12 @@ int main(void)
     flx_head_pred_t g10[1] = {{0.6f, 0.0f, 0.0f}};
     CHECK_OK(flx_select_group(g10, 1, 1000, &sp, bud, &s));
     CHECK(bud[0] == 1.0f);
+    /* budget_scale 0.5 halves it, and the cheaper reads move blk*: sums .135 .15 .165 .18,
+     * V = 125 + 270, 62.5 + 300, 31.25 + 330 (the least, blk 64), 15.625 + 360 */
+    sp.budget_scale = 0.5f;
+    CHECK_OK(flx_select_group(g1, 2, 1000, &sp, bud, &s));
+    check_v(&s, (const double[4]){395.0, 362.5, 361.25, 375.625});
+    CHECK(s.blk == 64 && fabsf(bud[0] - 0.11f) < 1e-6f && fabsf(bud[1] - 0.055f) < 1e-6f);
 
     /* min_blocks 2: a retrieval head whose line is below 0 still reads exactly 2 blocks of blk*;
      * V = 2 l / blk + 2 (2 blk - 1/2) at l_cpu 10000: 1313, 752, 567.5, 667.25 -> blk 64 */
@@ -132,9 +138,13 @@ int main(void)
     bad.stream_threshold = NAN;
     CHECK_ST(flx_select_params_check(&bad), FLX_ERR_INVALID);
     bad = flx_select_params_paper();
-    bad.budget_scale = 0.5f;
+    bad.budget_scale = 0.0f;
     CHECK_ST(flx_select_params_check(&bad), FLX_ERR_INVALID);
     CHECK(strstr(flx_error_msg(), "budget_scale") != NULL);
+    bad.budget_scale = 64.5f;
+    CHECK_ST(flx_select_params_check(&bad), FLX_ERR_INVALID);
+    bad.budget_scale = 0.5f;   /* below 1 is a point too: it reads less than the line says */
+    CHECK_OK(flx_select_params_check(&bad));
     bad = flx_select_params_paper();
     bad.min_blocks = 65;
     CHECK_ST(flx_select_params_check(&bad), FLX_ERR_INVALID);

@@ -78,7 +78,7 @@ extern "C" {
  */
 typedef struct flx_select_params {
     float stream_threshold;  /* a head is streaming when p_streaming >= this; in [0.5, 1] */
-    float budget_scale;      /* Eq. 1's line is multiplied by this before the clamp; in [1, 64] */
+    float budget_scale;      /* Eq. 1's line is multiplied by this before the clamp; in (0, 64] */
     uint32_t min_blocks;     /* a retrieval head reads at least this many logical blocks; <= 64 */
 } flx_select_params_t;
 
@@ -203,10 +203,10 @@ flx_status_t flx_select_estimate(flx_predictor_h p, const flx_dataset_t *d, cons
 
 /*
  * Calibration of the operating point on validation rows: over a grid of stream_threshold
- * {0.5 .. 0.999}, budget_scale {1 .. 8} and min_blocks {0, 1, 2, 4, 8}, the point with the least
- * estimated volume whose within share reaches the baseline's; when none does, the point with the
- * highest within share whose volume stays at or below the baseline's (the paper's rule when even
- * that is empty). Ties go to the earlier grid point (lower threshold, scale, min_blocks). *out is
+ * {0.5 .. 0.999}, budget_scale {0.5 .. 8; steps of 0.05 from 0.5 to 1.3} and min_blocks
+ * {0, 1, 2, 4, 8}, the point with the least estimated volume whose within share reaches the
+ * baseline's; when none does, the point with the highest within share whose volume stays at or
+ * below the baseline's (the paper's rule when even that is empty). Ties go to the earlier grid point (lower threshold, scale, min_blocks). *out is
  * the point, *est its estimate. FLX_ERR_INVALID when d has no shape or its rows are not in blocks
  * of n_q_heads heads of one (layer, step).
  */
