@@ -22,8 +22,8 @@
 #include "flx/selector.h"
 
 static const float GRID_THR[] = {0.5f, 0.6f, 0.7f, 0.8f, 0.9f, 0.95f, 0.97f, 0.99f, 0.995f, 0.999f};
-/* budget_scale: below 1 too (a regression to the mean over-reads many heads), and in 5 % steps
- * where calibrated points land, since each step is 5 % of the volume */
+/* budget_scale: below 1 too (a regression to the mean over-reads many heads), and in steps of 0.05
+ * around 1, where calibrated points land (a step there is about 5 % of the volume) */
 static const float GRID_SCALE[] = {0.5f, 0.55f, 0.6f, 0.65f, 0.7f, 0.75f, 0.8f, 0.85f, 0.9f, 0.95f, 1.0f, 1.05f,
                                    1.1f, 1.15f, 1.2f, 1.25f, 1.3f, 1.4f, 1.5f, 1.6f, 1.75f, 2.0f, 2.25f, 2.5f,
                                    3.0f, 3.5f, 4.0f, 5.0f, 6.0f, 8.0f};

@@ -26,7 +26,8 @@ flx_status_t flx_select_params_check(const flx_select_params_t *sp)
         return flx_error_set(FLX_ERR_INVALID, "select params: stream_threshold %g not in [0.5, 1]",
                              (double)sp->stream_threshold);
     if (!(sp->budget_scale > 0.0f && sp->budget_scale <= 64.0f))
-        return flx_error_set(FLX_ERR_INVALID, "select params: budget_scale %g not in (0, 64]", (double)sp->budget_scale);
+        return flx_error_set(FLX_ERR_INVALID, "select params: budget_scale %g not in (0, 64]",
+                             (double)sp->budget_scale);
     if (sp->min_blocks > 64)
         return flx_error_set(FLX_ERR_INVALID, "select params: min_blocks %u above 64", sp->min_blocks);
     return FLX_OK;

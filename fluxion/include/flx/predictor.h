@@ -206,9 +206,10 @@ flx_status_t flx_select_estimate(flx_predictor_h p, const flx_dataset_t *d, cons
  * {0.5 .. 0.999}, budget_scale {0.5 .. 8; steps of 0.05 from 0.5 to 1.3} and min_blocks
  * {0, 1, 2, 4, 8}, the point with the least estimated volume whose within share reaches the
  * baseline's; when none does, the point with the highest within share whose volume stays at or
- * below the baseline's (the paper's rule when even that is empty). Ties go to the earlier grid point (lower threshold, scale, min_blocks). *out is
- * the point, *est its estimate. FLX_ERR_INVALID when d has no shape or its rows are not in blocks
- * of n_q_heads heads of one (layer, step).
+ * below the baseline's (the paper's rule when even that is empty). Ties go to the earlier grid
+ * point (lower threshold, scale, min_blocks). *out is the point, *est its estimate.
+ * FLX_ERR_INVALID when d has no shape or its rows are not in blocks of n_q_heads heads of one
+ * (layer, step).
  */
 flx_status_t flx_select_calibrate(flx_predictor_h p, const flx_dataset_t *d, flx_select_params_t *out,
                                   flx_select_estimate_t *est);
