@@ -45,11 +45,11 @@ if [ "$what" = real ] || [ "$what" = all ]; then
     done
   }
   # Three kinds of text (documentation, C code, a prose manual), prompts of 2K-8K tokens from
-  # different places of each (33 windows; none overlaps the calibration windows below except
-  # policy 6000@48000, which shares 2K tokens with policy 8000@42000).
+  # different places of each (33 windows). A window reads L + 64 tokens from its offset; none reads
+  # a token of the calibration windows below.
   out=()
   dump_label ds policy:$work/policy.txt:8000:0 policy:$work/policy.txt:8000:16000 \
-                policy:$work/policy.txt:8000:32000 policy:$work/policy.txt:6000:48000 \
+                policy:$work/policy.txt:8000:32000 policy:$work/policy.txt:6000:50100 \
                 policy:$work/policy.txt:4000:56000 policy:$work/policy.txt:2000:62000 \
                 policy:$work/policy.txt:2000:66000 \
                 code:$texts/train/code-ucx.txt:8000:0 code:$texts/train/code-ucx.txt:8000:16000 \
@@ -74,9 +74,9 @@ if [ "$what" = real ] || [ "$what" = all ]; then
                    vim:$texts/train/manual-vim.txt:8000:118000
   calib=(); for ds in "${out[@]}"; do calib+=(--calib "$ds"); done
   # The plain regression of the labels (--loss mse, the line outputs), 20 epochs: on these calibration
-  # rows it reaches the fixed (16, 0.05) within share at 0.64 of its Eq. 3 volume (0.65 with the
-  # calibration grid's old α steps of 0.25; 0.66-0.68 in trial runs with other seeds or row orders);
-  # the log-budget loss at quantile 0.5 gave 0.67-0.69, at 0.7-0.95 0.70-0.78.
+  # rows it reaches the fixed (16, 0.05) within share at 0.65 of its Eq. 3 volume (0.66-0.68 in
+  # trial runs with other seeds or row orders); the log-budget loss at quantile 0.5 gave 0.67-0.69,
+  # at 0.7-0.95 0.70-0.78.
   "$train" "${data[@]}" "${calib[@]}" --seed 1 --loss mse --epochs 20 \
       --out fluxion/weights/predictor-smollm2-135m-instruct.safetensors \
       --source "SmolLM2-135M-Instruct Q4_1; Debian Policy, UCX headers, Vim user manual; prompts 2K-8K, 64 teacher-forced steps"
