@@ -762,8 +762,11 @@ static flx_status_t tasks_run(struct flx_engine *e, uint32_t layer, const float 
                 flx_attn_cfg_t cfg = {.mode = FLX_ATTN_SPARSE, .blk = e->sel[id].blk, .budgets = e->budgets + r0};
                 float *lg = e->lse + (size_t)tid * G;
                 st = flx_attn_host_run(&e->aws[tid], &view, q + off, &cfg, o + off, lg, &tim);
-                if (!st)
+                if (!st) {
+                    const uint64_t t0 = flx_now_ns();
                     flx_attn_merge(G, D, e->o_win + off, e->lse_win + r0, o + off, lg, o + off, lg);
+                    tim.merge_ns = flx_now_ns() - t0;
+                }
             } else if (!st && e->gpu) {
                 st = flx_attn_host_run(&e->aws[tid], &view, q + off, &e->cfg, o + off, e->lse_c + r0, &tim);
             } else if (!st) {

@@ -126,6 +126,8 @@ int main(void)
     same(&flx, &full, "fluxion with budget 1 vs full");
     CHECK(st_flx.n_skipped == 0 && st_flx.n_tasks == st_flx.n_steps * c.n_layers * c.n_kv_heads);
     CHECK(st_flx.host_bytes > 0 && st_flx.predict_ns > 0);
+    /* Every task's merge with its window partial is timed; the window itself is the features' work. */
+    CHECK(st_flx.merge_ns > 0 && st_flx.window_ns == 0);
 
     /* A session without statistics is refused in FLUXION mode, the message says why. */
     {
