@@ -52,33 +52,45 @@ struct flx_st_reader {
     void *map;
     size_t map_len;
     size_t n;
-    flx_st_tensor_t *tensors; /* (n) */
-    char **names;             /* (n), owned */
+    flx_st_tensor_t *tensors; /* (n); names owned */
+    flx_name_ent_t *by_name;  /* (n) tensors sorted by name */
     size_t n_meta;
-    char **meta_kv;           /* (2 * n_meta): key, value, ... */
+    char **meta_kv;           /* (2 * n_meta): key, value, ... owned */
+    flx_name_ent_t *by_key;   /* (n_meta) metadata sorted by key */
 };
 
 void flx_st_close(flx_st_reader_h r)
 {
     if (!r) return;
-    for (size_t i = 0; i < r->n; i++) free(r->names[i]);
+    for (size_t i = 0; i < r->n; i++) free((char *)r->tensors[i].name);
     for (size_t i = 0; i < 2 * r->n_meta; i++) free(r->meta_kv[i]);
-    free(r->names);
     free(r->tensors);
+    free(r->by_name);
     free(r->meta_kv);
+    free(r->by_key);
     if (r->map) munmap(r->map, r->map_len);
     free(r);
+}
+
+/* A JSON number that is a whole number in [0, max]; safetensors offsets and dims are integers. */
+static int json_whole(const cJSON *x, double max, uint64_t *out)
+{
+    if (!cJSON_IsNumber(x) || !(x->valuedouble >= 0 && x->valuedouble <= max) ||
+        x->valuedouble != (double)(uint64_t)x->valuedouble)
+        return -1;
+    *out = (uint64_t)x->valuedouble;
+    return 0;
 }
 
 static flx_status_t parse_tensor(const char *path, const cJSON *it, const uint8_t *data, size_t data_len,
                                  flx_st_tensor_t *t)
 {
     const char *nm = it->string;
+    if (!cJSON_IsObject(it))
+        return flx_error_set(FLX_ERR_FORMAT, "%s: tensor '%s' is not a JSON object", path, nm);
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(it, "dtype");
     const cJSON *sh = cJSON_GetObjectItemCaseSensitive(it, "shape");
     const cJSON *off = cJSON_GetObjectItemCaseSensitive(it, "data_offsets");
-    if (!cJSON_IsObject(it))
-        return flx_error_set(FLX_ERR_FORMAT, "%s: tensor '%s' is not a JSON object", path, nm);
     if (!cJSON_IsString(dt) || flx_dtype_parse(dt->valuestring, &t->dtype) != 0)
         return flx_error_set(FLX_ERR_FORMAT, "%s: tensor '%s' has a missing or unknown dtype '%s'", path, nm,
                              cJSON_IsString(dt) ? dt->valuestring : "");
@@ -88,28 +100,56 @@ static flx_status_t parse_tensor(const char *path, const cJSON *it, const uint8_
     t->n_dims = cJSON_GetArraySize(sh);
     size_t numel = 1;
     for (int d = 0; d < t->n_dims; d++) {
-        const cJSON *x = cJSON_GetArrayItem(sh, d);
-        if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 9.0e15 ||
-            x->valuedouble != (double)(int64_t)x->valuedouble)
+        uint64_t x;
+        if (json_whole(cJSON_GetArrayItem(sh, d), 9.0e15, &x))
             return flx_error_set(FLX_ERR_FORMAT, "%s: tensor '%s': shape[%d] is not a non-negative integer",
                                  path, nm, d);
-        t->shape[d] = (int64_t)x->valuedouble;
-        if (flx_mul_size(numel, (size_t)t->shape[d], &numel) != FLX_OK)
+        t->shape[d] = (int64_t)x;
+        if (flx_mul_size(numel, (size_t)x, &numel) != FLX_OK)
             return flx_error_set(FLX_ERR_FORMAT, "%s: tensor '%s': shape overflows", path, nm);
     }
+    uint64_t b, e;
     if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2)
         return flx_error_set(FLX_ERR_FORMAT, "%s: tensor '%s': data_offsets must be [begin, end]", path, nm);
-    double b = cJSON_GetArrayItem(off, 0)->valuedouble, e = cJSON_GetArrayItem(off, 1)->valuedouble;
-    if (!cJSON_IsNumber(cJSON_GetArrayItem(off, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(off, 1)) || b < 0 ||
-        e < b || e > (double)data_len)
-        return flx_error_set(FLX_ERR_FORMAT, "%s: tensor '%s': data_offsets [%.0f, %.0f] outside the %zu data bytes",
-                             path, nm, b, e, data_len);
+    if (json_whole(cJSON_GetArrayItem(off, 0), 9.0e15, &b) || json_whole(cJSON_GetArrayItem(off, 1), 9.0e15, &e) ||
+        e < b || e > data_len)
+        return flx_error_set(FLX_ERR_FORMAT, "%s: tensor '%s': data_offsets are not whole numbers 0 <= begin <= "
+                             "end <= %zu (the data bytes)", path, nm, data_len);
     size_t nbytes;
-    if (flx_mul_size(numel, flx_dtype_size(t->dtype), &nbytes) != FLX_OK || nbytes != (size_t)(e - b))
-        return flx_error_set(FLX_ERR_FORMAT, "%s: tensor '%s': %zu elements of %s need %zu bytes, offsets give %.0f",
-                             path, nm, numel, dtypes[t->dtype].name, numel * flx_dtype_size(t->dtype), e - b);
-    t->data = data + (size_t)b;
+    if (flx_mul_size(numel, flx_dtype_size(t->dtype), &nbytes) != FLX_OK || nbytes != e - b)
+        return flx_error_set(FLX_ERR_FORMAT, "%s: tensor '%s': %zu elements of %s do not fill data_offsets [%llu, "
+                             "%llu]", path, nm, numel, dtypes[t->dtype].name, (unsigned long long)b,
+                             (unsigned long long)e);
+    t->data = data + b;
     t->nbytes = nbytes;
+    return FLX_OK;
+}
+
+static flx_status_t parse_metadata(const char *path, const cJSON *it, struct flx_st_reader *r)
+{
+    if (!cJSON_IsObject(it)) return flx_error_set(FLX_ERR_FORMAT, "%s: __metadata__ is not an object", path);
+    size_t nm = (size_t)cJSON_GetArraySize(it);
+    r->meta_kv = calloc(2 * nm + 1, sizeof *r->meta_kv);
+    r->by_key = calloc(nm + 1, sizeof *r->by_key);
+    if (!r->meta_kv || !r->by_key) return flx_error_set(FLX_ERR_NOMEM, "%s: %zu metadata keys", path, nm);
+    const cJSON *kv;
+    cJSON_ArrayForEach(kv, it)
+    {
+        if (!cJSON_IsString(kv))
+            return flx_error_set(FLX_ERR_FORMAT, "%s: __metadata__['%s'] is not a string", path, kv->string);
+        char *k = strdup(kv->string), *v = strdup(kv->valuestring);
+        if (!k || !v) {
+            free(k), free(v);
+            return flx_error_set(FLX_ERR_NOMEM, "%s: metadata", path);
+        }
+        r->meta_kv[2 * r->n_meta] = k;
+        r->meta_kv[2 * r->n_meta + 1] = v;
+        r->by_key[r->n_meta] = (flx_name_ent_t){k, r->n_meta};
+        r->n_meta++;
+    }
+    const char *dup;
+    if (flx_names_sort(r->by_key, r->n_meta, &dup) != FLX_OK)
+        return flx_error_set(FLX_ERR_FORMAT, "%s: __metadata__ key '%s' appears twice", path, dup);
     return FLX_OK;
 }
 
@@ -117,7 +157,6 @@ flx_status_t flx_st_open(const char *path, flx_st_reader_h *reader_p)
 {
     flx_status_t st;
     cJSON *root = NULL;
-    char *hdr = NULL;
     struct flx_st_reader *r = calloc(1, sizeof *r);
     if (!r) return flx_error_set(FLX_ERR_NOMEM, "safetensors reader");
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -147,71 +186,65 @@ flx_status_t flx_st_open(const char *path, flx_st_reader_h *reader_p)
     uint64_t hlen;
     memcpy(&hlen, r->map, 8); /* little-endian host assumed (x86-64, aarch64) */
     if (hlen > ST_MAX_HEADER || hlen > r->map_len - 8) {
-        st = flx_error_set(FLX_ERR_FORMAT, "%s: header length %llu exceeds the file (%zu bytes) or the limit", path,
-                           (unsigned long long)hlen, r->map_len);
+        st = flx_error_set(FLX_ERR_FORMAT, "%s: header length %llu exceeds the file (%zu bytes) or the limit of %u",
+                           path, (unsigned long long)hlen, r->map_len, ST_MAX_HEADER);
         goto err_close;
     }
-    hdr = malloc(hlen + 1);
-    if (!hdr) {
-        st = flx_error_set(FLX_ERR_NOMEM, "%s: header of %llu bytes", path, (unsigned long long)hlen);
-        goto err_close;
-    }
-    memcpy(hdr, (uint8_t *)r->map + 8, hlen);
-    hdr[hlen] = '\0';
-    root = cJSON_Parse(hdr);
+    const char *hdr = (const char *)r->map + 8, *hend = NULL;
+    root = cJSON_ParseWithLengthOpts(hdr, (size_t)hlen, &hend, 0);
     if (!cJSON_IsObject(root)) {
-        st = flx_error_set(FLX_ERR_FORMAT, "%s: header is not a JSON object", path);
+        st = flx_error_set(FLX_ERR_FORMAT, "%s: header is not a JSON object (parse stopped at byte %td of %llu)",
+                           path, hend ? hend - hdr : (ptrdiff_t)-1, (unsigned long long)hlen);
         goto err_close;
     }
+    for (const char *p = hend; p < hdr + hlen; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            st = flx_error_set(FLX_ERR_FORMAT, "%s: header has bytes after its JSON object (at byte %td of %llu)",
+                               path, p - hdr, (unsigned long long)hlen);
+            goto err_close;
+        }
     const uint8_t *data = (const uint8_t *)r->map + 8 + hlen;
     size_t data_len = r->map_len - 8 - hlen;
-    size_t cap = (size_t)cJSON_GetArraySize(root);
-    r->tensors = calloc(cap ? cap : 1, sizeof *r->tensors);
-    r->names = calloc(cap ? cap : 1, sizeof *r->names);
-    if (!r->tensors || !r->names) {
+    /* The header names each object once: a second "__metadata__" or a repeated tensor name would
+     * make what a reader sees depend on which copy it keeps. */
+    const cJSON *it, *meta = NULL;
+    size_t cap = 0;
+    cJSON_ArrayForEach(it, root)
+    {
+        if (strcmp(it->string, "__metadata__") != 0) {
+            cap++;
+        } else if (meta) {
+            st = flx_error_set(FLX_ERR_FORMAT, "%s: header field '__metadata__' appears twice", path);
+            goto err_close;
+        } else {
+            meta = it;
+        }
+    }
+    if (meta && (st = parse_metadata(path, meta, r)) != FLX_OK) goto err_close;
+    r->tensors = calloc(cap + 1, sizeof *r->tensors);
+    r->by_name = calloc(cap + 1, sizeof *r->by_name);
+    if (!r->tensors || !r->by_name) {
         st = flx_error_set(FLX_ERR_NOMEM, "%s: %zu tensors", path, cap);
         goto err_close;
     }
-    const cJSON *it;
     cJSON_ArrayForEach(it, root)
     {
-        if (!strcmp(it->string, "__metadata__")) {
-            if (!cJSON_IsObject(it)) {
-                st = flx_error_set(FLX_ERR_FORMAT, "%s: __metadata__ is not an object", path);
-                goto err_close;
-            }
-            size_t nm = (size_t)cJSON_GetArraySize(it);
-            r->meta_kv = calloc(2 * nm + 1, sizeof *r->meta_kv);
-            if (!r->meta_kv) {
-                st = flx_error_set(FLX_ERR_NOMEM, "%s: metadata", path);
-                goto err_close;
-            }
-            const cJSON *kv;
-            cJSON_ArrayForEach(kv, it)
-            {
-                if (!cJSON_IsString(kv)) {
-                    st = flx_error_set(FLX_ERR_FORMAT, "%s: __metadata__['%s'] is not a string", path, kv->string);
-                    goto err_close;
-                }
-                r->meta_kv[2 * r->n_meta] = strdup(kv->string);
-                r->meta_kv[2 * r->n_meta + 1] = strdup(kv->valuestring);
-                r->n_meta++;
-            }
-            continue;
-        }
+        if (it == meta) continue;
         flx_st_tensor_t *t = &r->tensors[r->n];
-        st = parse_tensor(path, it, data, data_len, t);
-        if (st != FLX_OK) goto err_close;
-        r->names[r->n] = strdup(it->string);
-        if (!r->names[r->n]) {
+        if ((st = parse_tensor(path, it, data, data_len, t)) != FLX_OK) goto err_close;
+        if (!(t->name = strdup(it->string))) {
             st = flx_error_set(FLX_ERR_NOMEM, "%s: tensor name", path);
             goto err_close;
         }
-        t->name = r->names[r->n];
+        r->by_name[r->n] = (flx_name_ent_t){t->name, r->n};
         r->n++;
     }
+    const char *dup;
+    if (flx_names_sort(r->by_name, r->n, &dup) != FLX_OK) {
+        st = flx_error_set(FLX_ERR_FORMAT, "%s: tensor '%s' appears twice", path, dup);
+        goto err_close;
+    }
     cJSON_Delete(root);
-    free(hdr);
     *reader_p = r;
     return FLX_OK;
 
@@ -219,7 +252,6 @@ err_close:
     if (fd >= 0) close(fd);
 err_free:
     cJSON_Delete(root);
-    free(hdr);
     flx_st_close(r);
     return st;
 }
@@ -230,16 +262,14 @@ const flx_st_tensor_t *flx_st_at(flx_st_reader_h r, size_t i) { return i < r->n 
 
 const flx_st_tensor_t *flx_st_find(flx_st_reader_h r, const char *name)
 {
-    for (size_t i = 0; i < r->n; i++)
-        if (!strcmp(r->tensors[i].name, name)) return &r->tensors[i];
-    return NULL;
+    const flx_name_ent_t *e = flx_names_find(r->by_name, r->n, name);
+    return e ? &r->tensors[e->pos] : NULL;
 }
 
 const char *flx_st_metadata(flx_st_reader_h r, const char *key)
 {
-    for (size_t i = 0; i < r->n_meta; i++)
-        if (!strcmp(r->meta_kv[2 * i], key)) return r->meta_kv[2 * i + 1];
-    return NULL;
+    const flx_name_ent_t *e = flx_names_find(r->by_key, r->n_meta, key);
+    return e ? r->meta_kv[2 * e->pos + 1] : NULL;
 }
 
 flx_status_t flx_st_expect(flx_st_reader_h r, const char *name, flx_dtype_t dtype, int n_dims,
@@ -317,9 +347,12 @@ flx_status_t flx_st_writer_add(flx_st_writer_h w, const char *name, flx_dtype_t 
         w->t = nt;
         w->cap = nc;
     }
+    size_t nbytes;
+    if (flx_mul_size(numel, dtypes[dtype].size, &nbytes) != FLX_OK)
+        return flx_error_set(FLX_ERR_INVALID, "safetensors writer: tensor '%s' byte size overflows", name);
     st_wt_t *t = &w->t[w->n];
     memset(t, 0, sizeof *t);
-    t->nbytes = numel * dtypes[dtype].size;
+    t->nbytes = nbytes;
     t->name = strdup(name);
     t->data = malloc(t->nbytes ? t->nbytes : 1);
     if (!t->name || !t->data) {

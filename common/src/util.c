@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 uint64_t flx_now_ns(void)
@@ -109,4 +110,33 @@ flx_status_t flx_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *ou
     if (*end || errno || v < lo || v > hi) return FLX_ERR_INVALID;
     *out = v;
     return FLX_OK;
+}
+
+static int cmp_name_ent(const void *a, const void *b)
+{
+    return strcmp(((const flx_name_ent_t *)a)->name, ((const flx_name_ent_t *)b)->name);
+}
+
+flx_status_t flx_names_sort(flx_name_ent_t *e, size_t n, const char **dup_p)
+{
+    if (n > 1) qsort(e, n, sizeof *e, cmp_name_ent);
+    for (size_t i = 1; i < n; i++)
+        if (!strcmp(e[i - 1].name, e[i].name)) {
+            *dup_p = e[i].name;
+            return FLX_ERR_DUPLICATE;
+        }
+    return FLX_OK;
+}
+
+const flx_name_ent_t *flx_names_find(const flx_name_ent_t *e, size_t n, const char *name)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(e[mid].name, name);
+        if (c == 0) return &e[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return NULL;
 }

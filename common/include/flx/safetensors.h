@@ -11,10 +11,19 @@
  *   8+N     ...   tensor bytes; data_offsets are relative to 8+N
  *
  * The reader memory-maps the file read-only and checks: N within the file and below 100 MB; the
- * header is a JSON object; every tensor has a known dtype, a shape of at most 8 non-negative
- * dimensions whose product times the dtype size equals end-begin without overflow, and
- * 0 <= begin <= end <= file size - 8 - N. Any violation is refused with FLX_ERR_FORMAT and a message
- * naming the tensor and the field.
+ * header is one JSON object (trailing whitespace allowed) with at most one "__metadata__" and no
+ * tensor name or metadata key twice; every tensor has a known dtype, a shape of at most 8
+ * non-negative integer dimensions whose product times the dtype size equals end-begin without
+ * overflow, and whole-number offsets 0 <= begin <= end <= file size - 8 - N. Tensor data may start
+ * at any byte (the format does not align it): read it through memcpy or byte pointers, never as a
+ * typed array. Any violation is refused with FLX_ERR_FORMAT and a message naming the tensor and the
+ * field.
+ *
+ * MEMORY. Besides the mapping (file-backed, not heap), open allocates the reader, a table entry and
+ * a name copy per tensor, the metadata strings and, while parsing, cJSON's tree of the header (one
+ * 64-byte node per JSON value, and a value takes at least 2 bytes). Measured worst cases
+ * (tests/hostile/test_loader_memory.c) stay below 64 x N + 1 MiB however the header is written;
+ * tensor data is never copied. Lookups by name are O(log n).
  *
  * Thread mode: a reader is immutable after open; concurrent lookups are safe.
  */

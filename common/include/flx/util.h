@@ -43,6 +43,24 @@ static inline flx_status_t flx_add_size(size_t a, size_t b, size_t *out)
  * trailing characters, value in [lo, hi]. FLX_ERR_INVALID otherwise; *out written only on success. */
 flx_status_t flx_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
 
+/*
+ * Name index: names read from a file (tensor names, metadata keys) sorted once so that a lookup is
+ * O(log n) and a repeated name is caught at load; a linear search per lookup would let a file of
+ * many names make its loader quadratic. name points at a NUL-terminated string that outlives the
+ * index; pos is the caller's position of the named thing.
+ */
+typedef struct flx_name_ent {
+    const char *name;
+    size_t pos;
+} flx_name_ent_t;
+
+/* Sorts e (n entries) by name. If two entries share a name, returns FLX_ERR_DUPLICATE and sets
+ * *dup_p to that name (no message is set: the caller names the file and the field); e is sorted
+ * either way. */
+flx_status_t flx_names_sort(flx_name_ent_t *e, size_t n, const char **dup_p);
+/* The entry called name in a sorted index, or NULL. */
+const flx_name_ent_t *flx_names_find(const flx_name_ent_t *e, size_t n, const char *name);
+
 /* Aligned allocation (alignment a power of two >= sizeof(void*)); free with flx_aligned_free. */
 void *flx_aligned_alloc(size_t align, size_t size);
 void flx_aligned_free(void *p);
