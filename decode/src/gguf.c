@@ -77,6 +77,8 @@ struct flx_gguf {
     flx_gguf_kv_t *kv;          /* (n_kv) */
     size_t n_tensors;
     flx_gguf_tensor_t *tensors; /* (n_tensors) */
+    flx_name_ent_t *kv_idx;     /* (n_kv) keys sorted, for O(log n) lookups */
+    flx_name_ent_t *t_idx;      /* (n_tensors) tensor names sorted */
     void **allocs;              /* (n_allocs) everything else the handle owns */
     size_t n_allocs, cap_allocs;
 };
@@ -230,24 +232,18 @@ static flx_status_t parse_array(cursor_t *c, flx_gguf_array_t *a, int depth)
     return FLX_OK;
 }
 
-static int cmp_names(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
 static int cmp_offsets(const void *a, const void *b)
 {
     uint64_t x = (*(const flx_gguf_tensor_t *const *)a)->offset, y = (*(const flx_gguf_tensor_t *const *)b)->offset;
     return x < y ? -1 : x > y;
 }
 
-/* Names must be unique: sorts a scratch copy of the pointers. */
-static flx_status_t check_unique(struct flx_gguf *h, const char **names, size_t n, const char *kind)
+/* Names must be unique; the sorted index also serves the lookups. */
+static flx_status_t index_names(struct flx_gguf *h, flx_name_ent_t *idx, size_t n, const char *kind)
 {
-    qsort(names, n, sizeof *names, cmp_names);
-    for (size_t i = 1; i < n; i++)
-        if (!strcmp(names[i - 1], names[i]))
-            return flx_error_set(FLX_ERR_FORMAT, "file %s: %s '%s' appears twice", h->path, kind, names[i]);
+    const char *dup;
+    if (flx_names_sort(idx, n, &dup) != FLX_OK)
+        return flx_error_set(FLX_ERR_FORMAT, "file %s: %s '%s' appears twice", h->path, kind, dup);
     return FLX_OK;
 }
 
@@ -290,7 +286,6 @@ static flx_status_t parse_tensor_info(cursor_t *c, flx_gguf_tensor_t *t)
 flx_status_t flx_gguf_open(const char *path, flx_gguf_h *h_p)
 {
     flx_status_t st;
-    const char **names = NULL;
     const flx_gguf_tensor_t **order = NULL;
     struct flx_gguf *h = calloc(1, sizeof *h);
     if (!h) return flx_error_set(FLX_ERR_NOMEM, "gguf handle");
@@ -344,16 +339,18 @@ flx_status_t flx_gguf_open(const char *path, flx_gguf_h *h_p)
     }
     rd_u64(&c, &n_tensors, "tensor count");
     rd_u64(&c, &n_kv, "kv count");
-    /* A key/value takes at least 8 + 1 + 4 + 1 bytes, a tensor info 8 + 1 + 4 + 8 + 4 + 8. */
-    if (n_kv > left(&c) / 14 || n_tensors > left(&c) / 33) {
+    /* A key/value takes at least 8 + 1 + 4 + 1 bytes, a tensor info 8 + 1 + 4 + 8 + 4 + 8: counts that
+     * cannot fit in the bytes left are refused before the tables they size are allocated. */
+    if (n_kv > left(&c) / 14 || n_tensors > left(&c) / 33 || n_kv * 14 + n_tensors * 33 > left(&c)) {
         st = flx_error_set(FLX_ERR_FORMAT, "file %s: %llu keys and %llu tensors cannot fit in %zu bytes", path,
                            (unsigned long long)n_kv, (unsigned long long)n_tensors, h->len);
         goto err;
     }
     h->kv = h_alloc(h, (size_t)n_kv, sizeof *h->kv);
     h->tensors = h_alloc(h, (size_t)n_tensors, sizeof *h->tensors);
-    names = calloc((size_t)(n_kv > n_tensors ? n_kv : n_tensors) + 1, sizeof *names);
-    if (!h->kv || !h->tensors || !names) {
+    h->kv_idx = h_alloc(h, (size_t)n_kv, sizeof *h->kv_idx);
+    h->t_idx = h_alloc(h, (size_t)n_tensors, sizeof *h->t_idx);
+    if (!h->kv || !h->tensors || !h->kv_idx || !h->t_idx) {
         st = flx_error_set(FLX_ERR_NOMEM, "file %s: %llu keys, %llu tensors", path, (unsigned long long)n_kv,
                            (unsigned long long)n_tensors);
         goto err;
@@ -377,19 +374,19 @@ flx_status_t flx_gguf_open(const char *path, flx_gguf_h *h_p)
         c.ctx_name = kv->key;
         if ((st = rd_u32(&c, &type, "truncated value type")) != FLX_OK) goto err;
         if ((st = parse_value(&c, type, kv, 0)) != FLX_OK) goto err;
+        h->kv_idx[i] = (flx_name_ent_t){kv->key, (size_t)i};
         h->n_kv++;
-        names[i] = kv->key;
     }
-    if ((st = check_unique(h, names, h->n_kv, "key")) != FLX_OK) goto err;
+    if ((st = index_names(h, h->kv_idx, h->n_kv, "key")) != FLX_OK) goto err;
     c.ctx_kind = "tensor";
     for (uint64_t i = 0; i < n_tensors; i++) {
         c.ctx_index = i;
         c.ctx_name = NULL;
         if ((st = parse_tensor_info(&c, &h->tensors[i])) != FLX_OK) goto err;
+        h->t_idx[i] = (flx_name_ent_t){h->tensors[i].name, (size_t)i};
         h->n_tensors++;
-        names[i] = h->tensors[i].name;
     }
-    if ((st = check_unique(h, names, h->n_tensors, "tensor")) != FLX_OK) goto err;
+    if ((st = index_names(h, h->t_idx, h->n_tensors, "tensor")) != FLX_OK) goto err;
 
     h->alignment = FLX_GGUF_DEFAULT_ALIGNMENT;
     if (flx_gguf_find(h, "general.alignment")) {
@@ -436,12 +433,10 @@ flx_status_t flx_gguf_open(const char *path, flx_gguf_h *h_p)
         }
     }
     free((void *)order);
-    free(names);
     *h_p = h;
     return FLX_OK;
 err:
     free((void *)order);
-    free(names);
     flx_gguf_close(h);
     return st;
 }
@@ -471,16 +466,14 @@ const flx_gguf_tensor_t *flx_gguf_tensor_at(flx_gguf_h h, size_t i)
 
 const flx_gguf_kv_t *flx_gguf_find(flx_gguf_h h, const char *key)
 {
-    for (size_t i = 0; i < h->n_kv; i++)
-        if (!strcmp(h->kv[i].key, key)) return &h->kv[i];
-    return NULL;
+    const flx_name_ent_t *e = flx_names_find(h->kv_idx, h->n_kv, key);
+    return e ? &h->kv[e->pos] : NULL;
 }
 
 const flx_gguf_tensor_t *flx_gguf_find_tensor(flx_gguf_h h, const char *name)
 {
-    for (size_t i = 0; i < h->n_tensors; i++)
-        if (!strcmp(h->tensors[i].name, name)) return &h->tensors[i];
-    return NULL;
+    const flx_name_ent_t *e = flx_names_find(h->t_idx, h->n_tensors, name);
+    return e ? &h->tensors[e->pos] : NULL;
 }
 
 static int is_signed_int(flx_gguf_type_t t)

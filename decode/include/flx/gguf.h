@@ -36,6 +36,13 @@
  * ggml types; tensor data is aligned, inside the file, and no two tensors overlap. Refusals are
  * FLX_ERR_FORMAT with a message naming the file and the key or tensor.
  *
+ * MEMORY. The handle holds a table entry, an index entry and a copy of the name per key and per
+ * tensor info, copies of string values and an offset per element of string arrays, and parsed
+ * sub-arrays; each is sized by bytes the file actually holds (a count is checked against the bytes
+ * left before anything is allocated for it), so open allocates at most 16 x the file's size +
+ * 64 KiB (measured worst cases in tests/hostile/test_loader_memory.c). Tensor data stays in the
+ * mapping. Lookups of keys and tensors by name are O(log n).
+ *
  * Thread mode: a handle is immutable after open; any number of threads may read it at once.
  */
 #ifndef FLX_GGUF_H
