@@ -220,6 +220,9 @@ static flx_status_t rope_scaling(gctx_t *c, flx_model_config_t *cfg)
     const flx_gguf_tensor_t *rf = flx_gguf_find_tensor(c->g, "rope_freqs.weight");
     if (!rf) return FLX_OK;
     const uint32_t half = cfg->head_dim / 2;
+    if (FLX_NEVER(half > FLX_MODEL_MAX_HEAD_DIM / 2))
+        return flx_error_set(FLX_ERR_INTERNAL, "file %s: head_dim %u unchecked before rope scaling", c->path,
+                             cfg->head_dim);
     if (rf->type != FLX_GGML_F32 || rf->n_dims != 1 || rf->ne[0] != half)
         return flx_error_set(FLX_ERR_FORMAT, "file %s: tensor 'rope_freqs.weight' is %s with ne[0] = %llu, expected "
                              "F32 of %u", c->path, flx_ggml_type_name(rf->type), (unsigned long long)rf->ne[0], half);
@@ -288,6 +291,17 @@ static flx_status_t read_config(gctx_t *c, flx_model_config_t *cfg)
     if (val_len != key_len || rope_dims != key_len)
         return flx_error_set(FLX_ERR_UNSUPPORTED, "file %s: %s.attention.key_length %u, value_length %u and "
                              "rope.dimension_count %u differ", c->path, c->arch, key_len, val_len, rope_dims);
+    /* head_dim sizes the RoPE tables read below: checked here, before its first use. */
+    if (key_len == 0 || key_len % 16 != 0 || key_len > FLX_MODEL_MAX_HEAD_DIM) {
+        char k[128];
+        if ((st = key_name(c, k, sizeof k, "attention.key_length")) != FLX_OK) return st;
+        if (flx_gguf_find(c->g, k))
+            return flx_error_set(FLX_ERR_UNSUPPORTED, "file %s: key '%s' = %u: head_dim must be a multiple of 16 "
+                                 "in 16..%d", c->path, k, key_len, FLX_MODEL_MAX_HEAD_DIM);
+        return flx_error_set(FLX_ERR_UNSUPPORTED, "file %s: %s.embedding_length / %s.attention.head_count = %u: "
+                             "head_dim must be a multiple of 16 in 16..%d", c->path, c->arch, c->arch, key_len,
+                             FLX_MODEL_MAX_HEAD_DIM);
+    }
     cfg->head_dim = key_len;
 
     const flx_gguf_tensor_t *emb = flx_gguf_find_tensor(c->g, "token_embd.weight");

@@ -31,6 +31,8 @@ flx_status_t flx_model_config_check(const flx_model_config_t *c)
         return flx_error_set(FLX_ERR_UNSUPPORTED, "model config: ffn %u not a multiple of 16 up to 262144", c->ffn);
     if (c->vocab == 0 || c->vocab > (1u << 22))
         return flx_error_set(FLX_ERR_INVALID, "model config: vocab %u out of range", c->vocab);
+    if (c->max_ctx > FLX_MODEL_MAX_CTX)
+        return flx_error_set(FLX_ERR_UNSUPPORTED, "model config: max_ctx %u above %u", c->max_ctx, FLX_MODEL_MAX_CTX);
     if (!(c->rms_eps > 0 && c->rms_eps < 1))
         return flx_error_set(FLX_ERR_INVALID, "model config: rms_eps %g not in (0, 1)", (double)c->rms_eps);
     if (!(c->rope_theta > 1 && c->rope_theta < 1e12f))

@@ -60,6 +60,8 @@ typedef enum {
 
 #define FLX_MODEL_MAX_LAYERS 256
 #define FLX_MODEL_MAX_HEAD_DIM 256
+/* Context lengths above this are refused: the engine sizes its attention workspaces by max_ctx. */
+#define FLX_MODEL_MAX_CTX (1u << 24)
 
 typedef struct flx_model_config {
     flx_arch_t arch;
@@ -70,7 +72,7 @@ typedef struct flx_model_config {
     uint32_t head_dim;        /* multiple of 16, <= FLX_MODEL_MAX_HEAD_DIM */
     uint32_t ffn;             /* SwiGLU intermediate size */
     uint32_t vocab;
-    uint32_t max_ctx;         /* trained context length, from the file's metadata */
+    uint32_t max_ctx;         /* trained context length, from the file's metadata; <= FLX_MODEL_MAX_CTX */
     float rms_eps;
     float rope_theta;
     flx_rope_scaling_t rope_scaling;
