@@ -32,28 +32,35 @@
 #include "flx/util.h"
 #include "model_internal.h"
 
-#define HF_MAX_JSON (64u << 20)
+/* Size caps of the JSON files: cJSON's tree of a document takes up to ~40 bytes per byte of it. */
+#define HF_MAX_CONFIG (1u << 20)
+#define HF_MAX_INDEX (16u << 20)
 #define HF_MAX_SHARDS 4096
 
-/* Reads a whole (small) text file; NUL-terminated. */
-static flx_status_t read_text(const char *path, char **out)
+/* Reads a whole (small) regular file of at most cap bytes; NUL-terminated. */
+static flx_status_t read_text(const char *path, size_t cap, char **out)
 {
     flx_status_t st = FLX_OK;
     FILE *f = fopen(path, "rb");
     if (!f) return flx_error_set(flx_status_from_errno(errno), "file %s: cannot open: %s", path, strerror(errno));
     char *buf = NULL;
-    long len = -1;
-    if (fseek(f, 0, SEEK_END) == 0) len = ftell(f);
-    if (len < 0 || (unsigned long)len > HF_MAX_JSON || fseek(f, 0, SEEK_SET) != 0) {
-        st = flx_error_set(FLX_ERR_FORMAT, "file %s: size %ld unreadable or above %u bytes", path, len, HF_MAX_JSON);
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        st = flx_error_set(FLX_ERR_IO, "file %s: not a regular file", path);
         goto out;
     }
-    buf = malloc((size_t)len + 1);
+    if ((uint64_t)sb.st_size > cap) {
+        st = flx_error_set(FLX_ERR_FORMAT, "file %s: %lld bytes, above the %zu this loader reads", path,
+                           (long long)sb.st_size, cap);
+        goto out;
+    }
+    size_t len = (size_t)sb.st_size;
+    buf = malloc(len + 1);
     if (!buf) {
-        st = flx_error_set(FLX_ERR_NOMEM, "file %s: %ld bytes", path, len);
+        st = flx_error_set(FLX_ERR_NOMEM, "file %s: %zu bytes", path, len);
         goto out;
     }
-    if (fread(buf, 1, (size_t)len, f) != (size_t)len) {
+    if (fread(buf, 1, len, f) != len) {
         st = flx_error_set(FLX_ERR_IO, "file %s: short read", path);
         goto out;
     }
@@ -66,10 +73,10 @@ out:
     return st;
 }
 
-static flx_status_t read_json(const char *path, cJSON **out)
+static flx_status_t read_json(const char *path, size_t cap, cJSON **out)
 {
     char *txt = NULL;
-    flx_status_t st = read_text(path, &txt);
+    flx_status_t st = read_text(path, cap, &txt);
     if (st != FLX_OK) return st;
     cJSON *j = cJSON_Parse(txt);
     free(txt);
@@ -166,7 +173,7 @@ static flx_status_t parse_rope_scaling(const jcfg_t *j, flx_model_config_t *cfg)
 static flx_status_t parse_config(const char *dir, const char *path, flx_model_config_t *cfg)
 {
     cJSON *root;
-    flx_status_t st = read_json(path, &root);
+    flx_status_t st = read_json(path, HF_MAX_CONFIG, &root);
     if (st != FLX_OK) return st;
     jcfg_t j = {path, root};
     memset(cfg, 0, sizeof *cfg);
@@ -258,7 +265,8 @@ typedef struct {
     char **shard_names;            /* (n_shards) file names inside dir */
     flx_st_reader_h *readers;      /* (n_shards); owned by m once opened */
     cJSON *index;                  /* parsed index file, or NULL for a single file */
-    const cJSON *weight_map;
+    size_t n_map;
+    flx_name_ent_t *map;           /* (n_map) weight_map's tensor names sorted; pos = shard index */
     char index_path[4096];
 } hctx_t;
 
@@ -273,13 +281,8 @@ static flx_status_t join(char *buf, size_t cap, const char *dir, const char *nam
 
 static flx_status_t add_shard(hctx_t *c, const char *name)
 {
-    for (size_t i = 0; i < c->n_shards; i++)
-        if (!strcmp(c->shard_names[i], name)) return FLX_OK;
     if (c->n_shards == HF_MAX_SHARDS)
         return flx_error_set(FLX_ERR_FORMAT, "file %s: more than %d shards", c->index_path, HF_MAX_SHARDS);
-    if (!name[0] || strchr(name, '/') || !strcmp(name, "..") || !strcmp(name, "."))
-        return flx_error_set(FLX_ERR_FORMAT, "file %s: shard name '%s' is not a file name inside the checkpoint",
-                             c->index_path, name);
     char **nn = realloc(c->shard_names, (c->n_shards + 1) * sizeof *nn);
     if (!nn) return flx_error_set(FLX_ERR_NOMEM, "shard list");
     c->shard_names = nn;
@@ -288,25 +291,67 @@ static flx_status_t add_shard(hctx_t *c, const char *name)
     return FLX_OK;
 }
 
+/* weight_map {tensor: shard file}: tensor names sorted for lookups (each named once), the distinct
+ * shard names collected (sorting them too: a linear search per entry would make a large index
+ * quadratic). */
+static flx_status_t read_weight_map(hctx_t *c)
+{
+    flx_status_t st;
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(c->index, "weight_map");
+    if (!cJSON_IsObject(wm))
+        return flx_error_set(FLX_ERR_FORMAT, "file %s: field 'weight_map' is missing or not an object", c->index_path);
+    size_t n = (size_t)cJSON_GetArraySize(wm);
+    flx_name_ent_t *by_shard = calloc(n + 1, sizeof *by_shard);
+    size_t *shard_of = calloc(n + 1, sizeof *shard_of);
+    c->map = calloc(n + 1, sizeof *c->map);
+    if (!by_shard || !shard_of || !c->map) {
+        st = flx_error_set(FLX_ERR_NOMEM, "file %s: weight_map of %zu entries", c->index_path, n);
+        goto out;
+    }
+    const cJSON *it;
+    cJSON_ArrayForEach(it, wm)
+    {
+        const char *sh = cJSON_IsString(it) ? it->valuestring : NULL;
+        if (!sh) {
+            st = flx_error_set(FLX_ERR_FORMAT, "file %s: weight_map['%s'] is not a string", c->index_path, it->string);
+            goto out;
+        }
+        if (!sh[0] || strchr(sh, '/') || !strcmp(sh, "..") || !strcmp(sh, ".")) {
+            st = flx_error_set(FLX_ERR_FORMAT, "file %s: weight_map['%s']: shard name '%s' is not a file name inside "
+                               "the checkpoint", c->index_path, it->string, sh);
+            goto out;
+        }
+        c->map[c->n_map] = (flx_name_ent_t){it->string, c->n_map};
+        by_shard[c->n_map] = (flx_name_ent_t){sh, c->n_map};
+        c->n_map++;
+    }
+    const char *dup;
+    if (flx_names_sort(c->map, c->n_map, &dup) != FLX_OK) {
+        st = flx_error_set(FLX_ERR_FORMAT, "file %s: weight_map names tensor '%s' twice", c->index_path, dup);
+        goto out;
+    }
+    (void)flx_names_sort(by_shard, c->n_map, &dup); /* shards repeat: sorted only */
+    for (size_t i = 0; i < c->n_map; i++) {
+        if (i == 0 || strcmp(by_shard[i - 1].name, by_shard[i].name) != 0)
+            if ((st = add_shard(c, by_shard[i].name)) != FLX_OK) goto out;
+        shard_of[by_shard[i].pos] = c->n_shards - 1;
+    }
+    for (size_t i = 0; i < c->n_map; i++) c->map[i].pos = shard_of[c->map[i].pos];
+    st = FLX_OK;
+out:
+    free(by_shard);
+    free(shard_of);
+    return st;
+}
+
 static flx_status_t open_shards(hctx_t *c)
 {
     flx_status_t st;
     struct stat sb;
     if ((st = join(c->index_path, sizeof c->index_path, c->dir, "model.safetensors.index.json")) != FLX_OK) return st;
     if (stat(c->index_path, &sb) == 0) {
-        if ((st = read_json(c->index_path, &c->index)) != FLX_OK) return st;
-        c->weight_map = cJSON_GetObjectItemCaseSensitive(c->index, "weight_map");
-        if (!cJSON_IsObject(c->weight_map))
-            return flx_error_set(FLX_ERR_FORMAT, "file %s: field 'weight_map' is missing or not an object",
-                                 c->index_path);
-        const cJSON *it;
-        cJSON_ArrayForEach(it, c->weight_map)
-        {
-            if (!cJSON_IsString(it))
-                return flx_error_set(FLX_ERR_FORMAT, "file %s: weight_map['%s'] is not a string", c->index_path,
-                                     it->string);
-            if ((st = add_shard(c, it->valuestring)) != FLX_OK) return st;
-        }
+        if ((st = read_json(c->index_path, HF_MAX_INDEX, &c->index)) != FLX_OK) return st;
+        if ((st = read_weight_map(c)) != FLX_OK) return st;
     } else {
         if ((st = add_shard(c, "model.safetensors")) != FLX_OK) return st;
     }
@@ -336,12 +381,12 @@ static flx_status_t find(hctx_t *c, const char *name, const flx_st_tensor_t **t_
 {
     size_t s = 0;
     if (c->index) {
-        const cJSON *e = cJSON_GetObjectItemCaseSensitive(c->weight_map, name);
+        const flx_name_ent_t *e = flx_names_find(c->map, c->n_map, name);
         if (!e) return flx_error_set(FLX_ERR_NOT_FOUND, "checkpoint %s: tensor '%s' is missing from %s", c->dir, name,
                                      c->index_path);
-        while (s < c->n_shards && strcmp(c->shard_names[s], e->valuestring) != 0) s++;
+        s = e->pos;
     }
-    const flx_st_tensor_t *t = s < c->n_shards ? flx_st_find(c->readers[s], name) : NULL;
+    const flx_st_tensor_t *t = flx_st_find(c->readers[s], name);
     if (!t)
         return flx_error_set(c->index ? FLX_ERR_FORMAT : FLX_ERR_NOT_FOUND, "checkpoint %s: tensor '%s' is missing%s%s",
                              c->dir, name, c->index ? " from shard " : "", c->index ? c->shard_names[s] : "");
@@ -475,6 +520,7 @@ out:
     for (size_t i = 0; i < c.n_shards; i++) free(c.shard_names[i]);
     free(c.shard_names);
     free(c.readers);
+    free(c.map);
     cJSON_Delete(c.index);
     return st;
 }

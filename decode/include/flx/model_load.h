@@ -20,6 +20,16 @@
  * FLX_ERR_UNSUPPORTED for a well-formed file this runtime does not handle (architecture, ggml type,
  * rope scaling kind). *model_p is written only on success; destroy it with flx_model_destroy.
  *
+ * MEMORY. A loader allocates what the model's declared shape needs, and only after the tensors of
+ * that shape were found in the file: weights are never allocated for a tensor the file does not
+ * hold, so the heap a load takes is bounded by the files it reads. GGUF: the handle's tables (at
+ * most 16 x the file's metadata bytes + 64 KiB, flx/gguf.h) and the dequantized weights, at most 3.6
+ * x the bytes of the tensors they come from (Q4_0: 18 bytes per 32 values become 64). Hugging
+ * Face: config.json (at most 1 MiB) and the index (at most 16 MiB) parsed by cJSON (up to ~40 x
+ * their size while loading), each shard's header (flx/safetensors.h: at most 64 x the header + 1
+ * MiB), and converted F16/F32 matrices and norm vectors (at most 2 x their bytes in the shard;
+ * aligned BF16 matrices stay in the mapping). Context lengths above FLX_MODEL_MAX_CTX are refused.
+ *
  * Thread mode: loaders share nothing; several may run at once.
  */
 #ifndef FLX_MODEL_LOAD_H
