@@ -44,6 +44,11 @@ extern const uint32_t flx_tok_comp_map[][3];
 extern const size_t flx_tok_comp_map_len;
 
 #define TOK_MOD "tokenizer"
+/* tokenizer.json and tokenizer_config.json: cJSON's tree takes up to ~40 bytes per byte of JSON. */
+#define TOK_MAX_FILE (64u << 20)
+/* Ids a tokenizer.json may leave unused below its highest id: the id space (max id + 1) sizes the
+ * tables, so it is bounded by the tokens the file actually holds plus this. */
+#define TOK_MAX_UNUSED_IDS 65536u
 #define MERGE_EMPTY UINT64_MAX
 
 struct flx_tok {
@@ -250,6 +255,18 @@ static const char *const k_eog_names[] = {"<|im_end|>",   "<|eot_id|>",     "<|e
                                           "<|endoftext|>", "<end_of_turn>", "<|end|>"};
 
 
+typedef struct {
+    uint32_t len;
+    int32_t id;
+} added_len_t;
+
+static int cmp_added(const void *a, const void *b)
+{
+    const added_len_t *x = a, *y = b;
+    if (x->len != y->len) return x->len > y->len ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
 void flx_tok_destroy(flx_tok_h tok)
 {
     if (!tok) return;
@@ -431,15 +448,13 @@ flx_status_t flx_tok_create(const flx_tok_vocab_t *v, flx_tok_h *tok_p)
                 t->added_first[f >> 3] |= (uint8_t)(1u << (f & 7));
             }
         }
-        for (uint32_t i = 1; i < t->n_added; i++) { /* insertion sort: a few hundred at most */
-            int32_t id = t->added[i];
-            uint32_t j = i;
-            while (j > 0 && tok_len(t, (uint32_t)t->added[j - 1]) < tok_len(t, (uint32_t)id)) {
-                t->added[j] = t->added[j - 1];
-                j--;
-            }
-            t->added[j] = id;
-        }
+        /* longest first, ties by id; a file may add any number, so no quadratic sort */
+        added_len_t *al = malloc(t->n_added * sizeof *al);
+        if (!al) goto nomem;
+        for (uint32_t i = 0; i < t->n_added; i++) al[i] = (added_len_t){tok_len(t, (uint32_t)t->added[i]), t->added[i]};
+        qsort(al, t->n_added, sizeof *al, cmp_added);
+        for (uint32_t i = 0; i < t->n_added; i++) t->added[i] = al[i].id;
+        free(al);
     }
 
     for (size_t k = 0; k < FLX_ARRAY_SIZE(k_eog_names); k++) {
@@ -1034,31 +1049,38 @@ static const char k_pat_qwen2[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\
                                   "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 static const char k_pat_gpt2[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-/* Reads a whole file into a NUL-terminated buffer the caller frees. */
+/* Reads a whole regular file of at most TOK_MAX_FILE bytes into a NUL-terminated buffer the caller
+ * frees. */
 static flx_status_t read_file(const char *path, char **buf_p, size_t *len_p)
 {
     FILE *f = fopen(path, "rb");
     if (!f) return flx_error_set(flx_status_from_errno(errno), "%s: %s", path, strerror(errno));
     flx_status_t st = FLX_OK;
     char *buf = NULL;
-    long sz;
-    if (fseek(f, 0, SEEK_END) != 0 || (sz = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        st = flx_error_set(FLX_ERR_IO, "%s: cannot size: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        st = flx_error_set(FLX_ERR_IO, "%s: not a regular file", path);
         goto out;
     }
-    buf = malloc((size_t)sz + 1);
+    if ((uint64_t)sb.st_size > TOK_MAX_FILE) {
+        st = flx_error_set(FLX_ERR_FORMAT, "%s: %lld bytes, above the %u a tokenizer file may have", path,
+                           (long long)sb.st_size, TOK_MAX_FILE);
+        goto out;
+    }
+    size_t sz = (size_t)sb.st_size;
+    buf = malloc(sz + 1);
     if (!buf) {
-        st = flx_error_set(FLX_ERR_NOMEM, "%s: no memory for %ld bytes", path, sz);
+        st = flx_error_set(FLX_ERR_NOMEM, "%s: no memory for %zu bytes", path, sz);
         goto out;
     }
-    if (fread(buf, 1, (size_t)sz, f) != (size_t)sz) {
+    if (fread(buf, 1, sz, f) != sz) {
         free(buf);
         st = flx_error_set(FLX_ERR_IO, "%s: short read", path);
         goto out;
     }
     buf[sz] = '\0';
     *buf_p = buf;
-    *len_p = (size_t)sz;
+    *len_p = sz;
 out:
     fclose(f);
     return st;
@@ -1232,8 +1254,10 @@ flx_status_t flx_tok_load_json(const char *json_path, const char *config_path, f
         v.nfc = 1;
     }
 
-    /* ids: vocab and added_tokens together; the highest id sets the size */
-    uint32_t n = 0, id;
+    /* ids: vocab and added_tokens together; the highest id sets the size of the id space, which
+     * must not outgrow the tokens the file holds (a sparse id would size tables by itself) */
+    uint32_t n = 0, id, n_entries = 0;
+    const char *max_field = NULL, *max_tok = NULL;
     const cJSON *it;
     cJSON_ArrayForEach(it, vocab)
     {
@@ -1241,7 +1265,8 @@ flx_status_t flx_tok_load_json(const char *json_path, const char *config_path, f
             st = flx_error_set(FLX_ERR_FORMAT, "%s: model.vocab entry '%s' has no valid id", P, it->string);
             goto out;
         }
-        n = FLX_MAX(n, id + 1);
+        n_entries++;
+        if (id + 1 > n) n = id + 1, max_field = "model.vocab", max_tok = it->string;
     }
     cJSON_ArrayForEach(it, added)
     {
@@ -1250,10 +1275,17 @@ flx_status_t flx_tok_load_json(const char *json_path, const char *config_path, f
             st = flx_error_set(FLX_ERR_FORMAT, "%s: added_tokens entry without valid 'id' and 'content'", P);
             goto out;
         }
-        n = FLX_MAX(n, id + 1);
+        n_entries++;
+        if (id + 1 > n) n = id + 1, max_field = "added_tokens", max_tok = c->valuestring;
     }
     if (n == 0) {
         st = flx_error_set(FLX_ERR_FORMAT, "%s: field 'model.vocab' is empty", P);
+        goto out;
+    }
+    if (n - 1 >= n_entries + TOK_MAX_UNUSED_IDS) {
+        st = flx_error_set(FLX_ERR_FORMAT, "%s: %s id %u ('%s') leaves %u ids unused: the file holds %u tokens and "
+                           "may leave at most %u ids unused", P, max_field, n - 1, max_tok, n - n_entries,
+                           n_entries, TOK_MAX_UNUSED_IDS);
         goto out;
     }
     tokens = calloc(n, sizeof(char *));

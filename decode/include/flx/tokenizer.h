@@ -39,6 +39,12 @@
  * single_word flags (ignored), SentencePiece/Unigram models (refused). With NFC, decode gives the
  * normalized text back, as HF does.
  *
+ * MEMORY. A tokenizer.json (at most 64 MiB) is read whole and parsed by cJSON (up to ~40 bytes per
+ * byte of JSON while loading); its id space (highest id + 1) may exceed the tokens it holds by at
+ * most 65536, refused otherwise naming the id's field, so the tables built from it (~40 bytes per
+ * id, the token strings twice, ~32 bytes per merge) are bounded by the file. A GGUF vocabulary is
+ * bounded by the GGUF reader's checks (flx/gguf.h) and builds the same tables.
+ *
  * THREAD MODE
  * A tokenizer is immutable after load: any number of threads may call encode, decode, chat and
  * the getters on one handle at once. Encode allocates scratch memory per call (it is not on the
