@@ -142,12 +142,11 @@ flx_status_t flx_dataset_load_append(flx_dataset_t *d, const char *path)
         st = flx_error_set(FLX_ERR_CAPACITY, "%s: %lld rows on top of %u", path, (long long)n, d->n);
         goto out;
     }
-    const float *ff = tf->data, *fl = tl->data, *fb = tb->data;
-    const int32_t *iw = tw->data;
-    /* The mapping may be unaligned for floats: read through memcpy. */
+    /* The data may start at any byte (flx/safetensors.h): read through byte pointers and memcpy. */
+    const uint8_t *ff = tf->data, *fl = tl->data, *fb = tb->data, *iw = tw->data;
     for (int64_t i = 0; i < n * FLX_PRED_IN; i++) {
         float v;
-        memcpy(&v, ff + i, 4);
+        memcpy(&v, ff + 4 * i, 4);
         if (!isfinite(v)) {
             st = flx_error_set(FLX_ERR_FORMAT, "%s: features row %lld feature %lld is not finite", path,
                                (long long)(i / FLX_PRED_IN), (long long)(i % FLX_PRED_IN));
@@ -156,7 +155,7 @@ flx_status_t flx_dataset_load_append(flx_dataset_t *d, const char *path)
     }
     for (int64_t i = 0; i < n * 3; i++) {
         float v;
-        memcpy(&v, fl + i, 4);
+        memcpy(&v, fl + 4 * i, 4);
         if (!isfinite(v) || (i % 3 == 2 && v != 0.0f && v != 1.0f)) {
             st = flx_error_set(FLX_ERR_FORMAT, "%s: labels row %lld column %lld is %g (%s)", path, (long long)(i / 3),
                                (long long)(i % 3), (double)v, i % 3 == 2 ? "s must be 0 or 1" : "not finite");
@@ -165,7 +164,7 @@ flx_status_t flx_dataset_load_append(flx_dataset_t *d, const char *path)
     }
     for (int64_t i = 0; i < n * 5; i++) {
         float v;
-        memcpy(&v, fb + i, 4);
+        memcpy(&v, fb + 4 * i, 4);
         if (!isfinite(v)) {
             st = flx_error_set(FLX_ERR_FORMAT, "%s: bgt row %lld column %lld is not finite", path, (long long)(i / 5),
                                (long long)(i % 5));
@@ -174,7 +173,7 @@ flx_status_t flx_dataset_load_append(flx_dataset_t *d, const char *path)
     }
     for (int64_t i = 0; i < n * 3; i++) {
         int32_t v;
-        memcpy(&v, iw + i, 4);
+        memcpy(&v, iw + 4 * i, 4);
         if (v < 0) {
             st = flx_error_set(FLX_ERR_FORMAT, "%s: where row %lld column %lld is negative (%d)", path,
                                (long long)(i / 3), (long long)(i % 3), v);

@@ -49,6 +49,10 @@ static flx_status_t shape_check(const flx_kvsrc_shape_t *s)
         return flx_error_set(FLX_ERR_INVALID, "kv shape: n_layers %u, n_q_heads %u, n_kv_heads %u, head_dim %u, "
                              "prompt_len %u must all be positive", s->n_layers, s->n_q_heads, s->n_kv_heads,
                              s->head_dim, s->prompt_len);
+    /* T = prompt_len + n_steps and n_steps + 1 are 32-bit quantities in every consumer */
+    if ((uint64_t)s->prompt_len + s->n_steps > INT32_MAX)
+        return flx_error_set(FLX_ERR_INVALID, "kv shape: prompt_len %u + n_steps %u above 2^31 - 1", s->prompt_len,
+                             s->n_steps);
     if (s->n_q_heads % s->n_kv_heads)
         return flx_error_set(FLX_ERR_INVALID, "kv shape: n_q_heads %u not a multiple of n_kv_heads %u", s->n_q_heads,
                              s->n_kv_heads);

@@ -20,8 +20,8 @@
  * beyond its window: k = ceil(budget * l_cpu / blk) blocks (see flx/attn.h).
  * OUTPUT tensors: o F32 (H, D), lse F32 (H) (natural log of the softmax denominator over the tokens
  * read, scale 1/sqrt(D)); metadata records mode, blk, sink, local, isa.
- * Exit status: 0 ok, 2 malformed/inconsistent input or arguments (message names the tensor or key),
- * 1 other failures.
+ * Exit status: 0 ok; 1 an input file that cannot be read or is malformed or inconsistent (the
+ * message names the tensor or key), or another failure; 2 bad arguments.
  */
 #include <errno.h>
 #include <math.h>
@@ -38,14 +38,16 @@ typedef struct {
     uint32_t L, D, head;
 } rows_ctx_t;
 
+/* Tensor data may start at any byte (safetensors does not align it): read through byte pointers. */
 static void load_row(const flx_st_tensor_t *t, size_t off, uint32_t D, flx_bf16_t *dst)
 {
+    const uint8_t *p = t->data;
     if (t->dtype == FLX_DT_BF16)
-        memcpy(dst, (const flx_bf16_t *)t->data + off, D * sizeof *dst);
+        memcpy(dst, p + off * 2, D * sizeof *dst);
     else
         for (uint32_t d = 0; d < D; d++) {
             float x;
-            memcpy(&x, (const char *)t->data + (off + d) * 4, 4);
+            memcpy(&x, p + (off + d) * 4, 4);
             dst[d] = flx_f32_to_bf16(x);
         }
 }
@@ -60,9 +62,14 @@ static void rows(void *ctx, uint32_t i, flx_bf16_t *k, flx_bf16_t *v)
 
 static float get_f(const flx_st_tensor_t *t, size_t i)
 {
-    if (t->dtype == FLX_DT_BF16) return flx_bf16_to_f32(((const flx_bf16_t *)t->data)[i]);
+    const uint8_t *p = t->data;
+    if (t->dtype == FLX_DT_BF16) {
+        flx_bf16_t h;
+        memcpy(&h, p + i * 2, 2);
+        return flx_bf16_to_f32(h);
+    }
     float x;
-    memcpy(&x, (const char *)t->data + i * 4, 4);
+    memcpy(&x, p + i * 4, 4);
     return x;
 }
 
@@ -150,8 +157,8 @@ int main(int argc, char **argv)
     }
     flx_st_reader_h rd = NULL;
     flx_status_t st = flx_st_open(in, &rd);
-    if (st) return fail(2, "cannot read %s: %s", in, flx_error_msg());
-    int rc = 2;
+    if (st) return fail(1, "cannot read %s: %s", in, flx_error_msg());
+    int rc = 1; /* from here on: the input file's content, unless a flag is at fault */
     flx_attn_layout_t *lays = NULL;
     void *mem = NULL;
     float *q = NULL, *o = NULL, *lse = NULL, *budgets = NULL;
@@ -196,7 +203,9 @@ int main(int argc, char **argv)
     }
     if (check_finite(tq, "q") || check_finite(tk, "k") || check_finite(tv, "v")) goto out;
 
-    /* configuration: flags over metadata over defaults */
+    /* configuration: flags over metadata over defaults; a bad value is exit 2 when a flag gave it */
+    const int mode_flag = mode_s != NULL, blk_flag = blk_s != NULL, bud_flag = bud_s != NULL,
+              seg_flag = sink_s || local_s;
     if (!mode_s) mode_s = flx_st_metadata(rd, "mode");
     if (!blk_s) blk_s = flx_st_metadata(rd, "blk");
     if (!bud_s) bud_s = flx_st_metadata(rd, "budget");
@@ -209,26 +218,31 @@ int main(int argc, char **argv)
     else if (!strcmp(mode_s, "fixed")) cfg.mode = FLX_ATTN_FIXED;
     else {
         fprintf(stderr, "fluxion-attn: mode \"%s\" is not full, sparse or fixed\n", mode_s);
+        rc = mode_flag ? 2 : 1;
         goto out;
     }
     uint32_t blk = 16, sink = 64, local = 256, threads = 0;
     if (blk_s && (parse_u32(blk_s, &blk) || flx_attn_blk_level(blk) < 0)) {
         fprintf(stderr, "fluxion-attn: blk \"%s\" is not 16, 32, 64 or 128\n", blk_s);
+        rc = blk_flag ? 2 : 1;
         goto out;
     }
     if ((sink_s && parse_u32(sink_s, &sink)) || (local_s && parse_u32(local_s, &local))) {
         fprintf(stderr, "fluxion-attn: sink \"%s\" / local \"%s\" must be non-negative integers\n",
                 sink_s ? sink_s : "", local_s ? local_s : "");
+        rc = seg_flag ? 2 : 1;
         goto out;
     }
     if (thr_s && (parse_u32(thr_s, &threads) || threads > 1024)) {
         fprintf(stderr, "fluxion-attn: threads \"%s\" invalid\n", thr_s);
+        rc = 2;
         goto out;
     }
     if (isa_s) {
         flx_isa_t isa;
         if (flx_isa_parse(isa_s, &isa)) {
             fprintf(stderr, "fluxion-attn: isa \"%s\" is not scalar, avx2, avx512 or avx512bf16\n", isa_s);
+            rc = 2;
             goto out;
         }
         flx_isa_force(isa);
@@ -237,6 +251,7 @@ int main(int argc, char **argv)
     if (cfg.mode == FLX_ATTN_FIXED) {
         if (!bud_s || parse_f(bud_s, &cfg.budget) || !(cfg.budget >= 0 && cfg.budget <= 1)) {
             fprintf(stderr, "fluxion-attn: fixed mode needs budget in [0, 1] (got \"%s\")\n", bud_s ? bud_s : "none");
+            rc = bud_flag ? 2 : 1;
             goto out;
         }
     }
@@ -247,7 +262,6 @@ int main(int argc, char **argv)
     lays = calloc(H_kv, sizeof *lays);
     if (!budgets || !q || !o || !lse || !lays) {
         fprintf(stderr, "fluxion-attn: out of memory\n");
-        rc = 1;
         goto out;
     }
     if (cfg.mode == FLX_ATTN_SPARSE) {
@@ -281,10 +295,8 @@ int main(int argc, char **argv)
     flx_attn_ws_t ws;
     if (!mem || flx_attn_ws_init(&ws, &shape, mem, bytes)) {
         fprintf(stderr, "fluxion-attn: workspace of %zu bytes: %s\n", bytes, flx_error_msg());
-        rc = 1;
         goto out;
     }
-    rc = 1;
     for (uint32_t g = 0; g < H_kv; g++) {
         rows_ctx_t ctx = {.k = tk, .v = tv, .L = (uint32_t)L, .D = (uint32_t)D, .head = g};
         if ((st = flx_attn_layout_build(&lays[g], (uint32_t)L, (uint32_t)D, sink, local, rows, &ctx))) {
@@ -321,7 +333,6 @@ int main(int argc, char **argv)
         flx_attn_layout_free(&lays[g]);
         if (st) {
             fprintf(stderr, "fluxion-attn: kv head %u: %s\n", g, flx_error_msg());
-            rc = st == FLX_ERR_INVALID ? 2 : 1;
             goto out;
         }
     }

@@ -17,6 +17,9 @@
  *             "n_kv_heads", "head_dim", "prompt_len", "n_steps" (decimal strings), optional
  *             "model", "text" (what was dumped). The reader checks every tensor's name, dtype and
  *             shape against the metadata and refuses the file otherwise, naming the tensor.
+ * MEMORY. Opening a dump allocates only the safetensors reader's bound (flx/safetensors.h); the
+ * shape it reports was checked against tensors the file holds, so arrays a caller sizes by it are
+ * bounded by the file (one layer's k, v, q at a time).
  * Teacher-forced: the "decoded" tokens are the text's next tokens, so a dump is one prefill of
  * prompt_len + n_steps tokens.
  */

@@ -121,7 +121,9 @@ flx_status_t flx_mlp_alloc(flx_mlp_t *m);
 void flx_mlp_free(flx_mlp_t *m);
 size_t flx_mlp_param_count(void);   /* 109827 */
 
-/* Weights file I/O. meta_* may be NULL. */
+/* Weights file I/O. meta_* may be NULL. Load reads fixed shapes: it allocates the MLP's arrays
+ * (flx_mlp_param_count floats) plus the safetensors reader's bound (flx/safetensors.h), whatever
+ * the file claims. */
 flx_status_t flx_mlp_save(const flx_mlp_t *m, const char *path, const char *source, const char *criterion,
                           float tau);
 flx_status_t flx_mlp_load(const char *path, flx_mlp_t *m);
@@ -167,7 +169,8 @@ typedef struct flx_dataset {
 
 flx_status_t flx_dataset_save(const flx_dataset_t *d, const char *path);
 /* Loads and appends to d (d zeroed first for a fresh set); rows of a file whose tau or criterion
- * differ from rows already in d are refused. */
+ * differ from rows already in d are refused. d's arrays grow by the rows the file holds, i.e. by
+ * its tensor bytes, plus the safetensors reader's bound (flx/safetensors.h). */
 flx_status_t flx_dataset_load_append(flx_dataset_t *d, const char *path);
 void flx_dataset_free(flx_dataset_t *d);
 
