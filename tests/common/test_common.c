@@ -11,6 +11,7 @@
 #include "flx/bf16.h"
 #include "flx/cpu.h"
 #include "flx/safetensors.h"
+#include "flx/util.h"
 #include "flx_test.h"
 
 static void test_bf16(void)
@@ -77,26 +78,64 @@ static void test_safetensors(void)
     fclose(f);
     CHECK_ST(flx_st_open(path, &r), FLX_ERR_FORMAT);
 
-    /* Hand-written headers with one defect each. */
-    const char *bad[] = {
-        "{\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}",        /* size mismatch */
-        "{\"t\":{\"dtype\":\"Q4\",\"shape\":[1],\"data_offsets\":[0,4]}}",         /* unknown dtype */
-        "{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,400]}}",      /* past the end */
-        "{\"t\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}",       /* negative dim */
-        "[1,2,3]",                                                                  /* not an object */
-        "{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}",          /* offsets arity */
+    /* Hand-written headers with one defect each; the message names the field. */
+    struct {
+        const char *hdr, *msg;
+    } bad[] = {
+        {"{\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}", "do not fill data_offsets"},
+        {"{\"t\":{\"dtype\":\"Q4\",\"shape\":[1],\"data_offsets\":[0,4]}}", "unknown dtype 'Q4'"},
+        {"{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,400]}}", "data_offsets"},
+        {"{\"t\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", "shape[0]"},
+        {"[1,2,3]", "not a JSON object"},
+        {"{\"t\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", "data_offsets"},
+        /* issue 14: what a reader keeps must not depend on which copy of a name it keeps */
+        {"{\"__metadata__\":{\"a\":\"1\",\"b\":\"2\"},\"__metadata__\":{\"c\":\"3\"}}", "'__metadata__' appears twice"},
+        {"{\"__metadata__\":{\"a\":\"1\",\"a\":\"2\"}}", "key 'a' appears twice"},
+        {"{\"t\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
+         "\"t\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}", "tensor 't' appears twice"},
+        {"{\"t\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0.5,1.5]}}", "data_offsets are not whole"},
+        {"{\"t\":{\"dtype\":\"U8\",\"shape\":[1.5],\"data_offsets\":[0,1]}}", "shape[0]"},
+        {"{\"t\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}xyz", "bytes after its JSON object"},
     };
     for (size_t i = 0; i < FLX_ARRAY_SIZE(bad); i++) {
         f = fopen(path, "wb");
-        uint64_t hl = strlen(bad[i]);
+        uint64_t hl = strlen(bad[i].hdr);
         fwrite(&hl, 8, 1, f);
-        fwrite(bad[i], 1, hl, f);
+        fwrite(bad[i].hdr, 1, hl, f);
         float pay[2] = {0, 0};
         fwrite(pay, sizeof pay, 1, f);
         fclose(f);
         CHECK_ST(flx_st_open(path, &r), FLX_ERR_FORMAT);
-        CHECK(strlen(flx_error_msg()) > 0);
+        if (!strstr(flx_error_msg(), bad[i].msg)) fprintf(stderr, "case %zu: '%s'\n", i, flx_error_msg());
+        CHECK(strstr(flx_error_msg(), bad[i].msg));
     }
+    /* Trailing padding spaces are the format's own. */
+    f = fopen(path, "wb");
+    const char *padded = "{\"t\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]}}    ";
+    uint64_t hl = strlen(padded);
+    CHECK(fwrite(&hl, 8, 1, f) == 1 && fwrite(padded, 1, hl, f) == hl && fwrite("xy", 1, 2, f) == 2);
+    fclose(f);
+    CHECK_OK(flx_st_open(path, &r));
+    CHECK(flx_st_find(r, "t") && memcmp(flx_st_find(r, "t")->data, "xy", 2) == 0);
+    flx_st_close(r);
+
+    /* The committed bad inputs of issue 14: a duplicated __metadata__ (once a heap overflow), and an
+     * odd header length putting BF16 data at odd addresses (legal: read through memcpy). */
+    CHECK_ST(flx_st_open(FLX_TEST_DATA "/bad-inputs/02-safetensors-duplicate-metadata.safetensors", &r),
+             FLX_ERR_FORMAT);
+    CHECK(strstr(flx_error_msg(), "'__metadata__' appears twice"));
+    CHECK_OK(flx_st_open(FLX_TEST_DATA "/bad-inputs/03-fluxion-attn-misaligned-bf16.safetensors", &r));
+    const char *names[3] = {"q", "k", "v"};
+    for (int i = 0; i < 3; i++) {
+        const flx_st_tensor_t *tt = flx_st_find(r, names[i]);
+        CHECK(tt && tt->dtype == FLX_DT_BF16 && tt->nbytes == 32 && ((uintptr_t)tt->data & 1) == 1);
+        for (int j = 0; j < 16; j++) {
+            flx_bf16_t h;
+            memcpy(&h, (const uint8_t *)tt->data + 2 * j, 2);
+            CHECK(flx_bf16_to_f32(h) == 1.0f);
+        }
+    }
+    flx_st_close(r);
     CHECK_ST(flx_st_open("/nonexistent/x.safetensors", &r), FLX_ERR_NOT_FOUND);
     unlink(path);
 }
@@ -155,8 +194,24 @@ static void test_rng_cpu_arena(void)
     CHECK(strcmp(flx_status_name(FLX_ERR_CAPACITY), "capacity") == 0);
 }
 
+/* The name index: sorted lookups, repeated names caught. */
+static void test_names(void)
+{
+    flx_name_ent_t e[6] = {{"w", 0}, {"a", 1}, {"m.2", 2}, {"m.10", 3}, {"", 4}, {"z", 5}};
+    const char *dup = NULL;
+    CHECK_OK(flx_names_sort(e, 6, &dup));
+    for (size_t i = 1; i < 6; i++) CHECK(strcmp(e[i - 1].name, e[i].name) < 0);
+    const char *want[] = {"w", "a", "m.2", "m.10", "", "z"};
+    for (size_t i = 0; i < 6; i++) CHECK(flx_names_find(e, 6, want[i]) && flx_names_find(e, 6, want[i])->pos == i);
+    CHECK(!flx_names_find(e, 6, "m") && !flx_names_find(e, 6, "zz") && !flx_names_find(e, 0, "a"));
+    flx_name_ent_t d[3] = {{"x", 0}, {"y", 1}, {"x", 2}};
+    CHECK_ST(flx_names_sort(d, 3, &dup), FLX_ERR_DUPLICATE);
+    CHECK(strcmp(dup, "x") == 0);
+}
+
 int main(void)
 {
+    test_names();
     test_bf16();
     test_safetensors();
     test_rng_cpu_arena();

@@ -22,6 +22,7 @@
 #include "flx/model_load.h"
 #include "flx/safetensors.h"
 #include "flx_test.h"
+#include "gguf_build.h"
 
 static char g_tmp[256];
 static uint64_t g_seed;
@@ -420,113 +421,6 @@ static void test_hf_refusals(void)
  * GGUF files built byte by byte
  * ------------------------------------------------------------------------------------------- */
 
-typedef struct {
-    uint8_t *b;
-    size_t n, cap;
-} buf_t;
-
-static void put(buf_t *b, const void *p, size_t n)
-{
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2 + 64;
-        b->b = realloc(b->b, b->cap);
-        CHECK(b->b);
-    }
-    memcpy(b->b + b->n, p, n);
-    b->n += n;
-}
-static void put_u32(buf_t *b, uint32_t v) { put(b, &v, 4); }
-static void put_u64(buf_t *b, uint64_t v) { put(b, &v, 8); }
-static void put_str(buf_t *b, const char *s)
-{
-    put_u64(b, strlen(s));
-    put(b, s, strlen(s));
-}
-
-typedef struct {
-    buf_t kv;
-    uint64_t n_kv;
-    struct {
-        char name[64];
-        uint32_t n_dims, type;
-        uint64_t ne[2];
-        uint8_t *data;
-        size_t nbytes;
-        int64_t force_offset;  /* >= 0: written instead of the computed offset */
-    } t[40];
-    int n_t;
-} gguf_b_t;
-
-static void kv_u32(gguf_b_t *g, const char *k, uint32_t v)
-{
-    put_str(&g->kv, k), put_u32(&g->kv, FLX_GGUF_U32), put_u32(&g->kv, v), g->n_kv++;
-}
-static void kv_f32(gguf_b_t *g, const char *k, float v)
-{
-    put_str(&g->kv, k), put_u32(&g->kv, FLX_GGUF_F32), put(&g->kv, &v, 4), g->n_kv++;
-}
-static void kv_str(gguf_b_t *g, const char *k, const char *v)
-{
-    put_str(&g->kv, k), put_u32(&g->kv, FLX_GGUF_STRING), put_str(&g->kv, v), g->n_kv++;
-}
-
-static size_t type_bytes(uint32_t type, uint64_t n)
-{
-    uint32_t be, bb;
-    CHECK_OK(flx_ggml_type_block(type, &be, &bb));
-    return (size_t)(n / be * bb);
-}
-
-/* Adds a tensor; data (nbytes of the type) is copied. */
-static void add_t(gguf_b_t *g, const char *name, uint32_t type, uint32_t n_dims, uint64_t ne0, uint64_t ne1,
-                  const void *data)
-{
-    CHECK(g->n_t < 40);
-    typeof(g->t[0]) *t = &g->t[g->n_t++];
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->n_dims = n_dims, t->type = type, t->ne[0] = ne0, t->ne[1] = ne1, t->force_offset = -1;
-    t->nbytes = type_bytes(type, ne0 * ne1);
-    t->data = malloc(t->nbytes);
-    CHECK(t->data);
-    memcpy(t->data, data, t->nbytes);
-}
-
-static void gguf_free(gguf_b_t *g)
-{
-    free(g->kv.b);
-    for (int i = 0; i < g->n_t; i++) free(g->t[i].data);
-    memset(g, 0, sizeof *g);
-}
-
-static void gguf_save(const gguf_b_t *g, const char *path, const char *magic, uint32_t version)
-{
-    buf_t b = {0};
-    put(&b, magic, 4);
-    put_u32(&b, version);
-    put_u64(&b, (uint64_t)g->n_t);
-    put_u64(&b, g->n_kv);
-    put(&b, g->kv.b, g->kv.n);
-    uint64_t off = 0, offs[40];
-    for (int i = 0; i < g->n_t; i++) {
-        offs[i] = off;
-        off = FLX_ALIGN_UP(off + g->t[i].nbytes, 32);
-        put_str(&b, g->t[i].name);
-        put_u32(&b, g->t[i].n_dims);
-        for (uint32_t d = 0; d < g->t[i].n_dims; d++) put_u64(&b, g->t[i].ne[d]);
-        put_u32(&b, g->t[i].type);
-        put_u64(&b, g->t[i].force_offset >= 0 ? (uint64_t)g->t[i].force_offset : offs[i]);
-    }
-    static const uint8_t zeros[32];
-    put(&b, zeros, FLX_ALIGN_UP(b.n, 32) - b.n);
-    size_t base = b.n;
-    for (int i = 0; i < g->n_t; i++) {
-        put(&b, zeros, base + offs[i] - b.n);
-        put(&b, g->t[i].data, g->t[i].nbytes);
-    }
-    write_all(path, b.b, b.n);
-    free(b.b);
-}
-
 /* Reference dequantization of one row of n values (the ggml scalar formulas, written out again). */
 static void ref_dequant(uint32_t type, const uint8_t *p, size_t n, float *x)
 {
@@ -848,7 +742,32 @@ static void test_gguf_rope_freqs(flx_rng_t *rng)
     CHECK_ST(flx_model_load_gguf(p, &m), FLX_ERR_UNSUPPORTED);
     CHECK_MSG("rope_freqs.weight");
     gm_free(&gm);
-    fprintf(stderr, "gguf rope_freqs: llama3 scaling recognised, a mismatch refused\n");
+
+    /* Issue 14: head_dim (attention.key_length) is checked before rope_freqs.weight, whose head_dim/2
+     * divisors are copied into arrays of FLX_MODEL_MAX_HEAD_DIM/2: a key_length of 512 overflowed
+     * them (the committed bad input 01), one of 8192 crashed a release build. */
+    CHECK_ST(flx_model_load(FLX_TEST_DATA "/bad-inputs/01-gguf-rope-freqs-stack-overflow.gguf", &m),
+             FLX_ERR_UNSUPPORTED);
+    CHECK_MSG("key 'llama.attention.key_length' = 512");
+    static float big[4096];
+    for (int i = 0; i < 4096; i++) big[i] = 8;
+    gm_build(&gm, rng, "llama", 1, NULL);
+    kv_u32(&gm.g, "llama.attention.key_length", 8192);
+    kv_u32(&gm.g, "llama.attention.value_length", 8192);
+    kv_u32(&gm.g, "llama.rope.dimension_count", 8192);
+    add_t(&gm.g, "rope_freqs.weight", FLX_GGML_F32, 1, 4096, 1, big);
+    gguf_save(&gm.g, p, "GGUF", 3);
+    CHECK_ST(flx_model_load(p, &m), FLX_ERR_UNSUPPORTED);
+    CHECK_MSG("key 'llama.attention.key_length' = 8192");
+    gm_free(&gm);
+    /* A key given twice is refused (lookups would otherwise depend on which copy they find). */
+    gm_build(&gm, rng, "llama", 1, NULL);
+    kv_u32(&gm.g, "llama.attention.head_count", 1);
+    gguf_save(&gm.g, p, "GGUF", 3);
+    CHECK_ST(flx_model_load(p, &m), FLX_ERR_FORMAT);
+    CHECK_MSG("key 'llama.attention.head_count' appears twice");
+    gm_free(&gm);
+    fprintf(stderr, "gguf rope_freqs: llama3 scaling recognised, a mismatch refused, head_dim checked first\n");
 }
 
 /* Loads a GGUF model expecting st and a message naming the culprits. */

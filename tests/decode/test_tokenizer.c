@@ -11,6 +11,7 @@
 
 #include "flx/tokenizer.h"
 #include "flx_test.h"
+#include "gguf_build.h"
 
 /* GPT-2 bytes_to_unicode, written independently of the library's version. */
 static void byte_char(int b, char out[4])
@@ -331,6 +332,9 @@ static void test_json(void)
         {"\"normalizer\": null", "\"normalizer\": {\"type\": \"NFKC\"}", FLX_ERR_UNSUPPORTED, "normalizer 'NFKC'"},
         {"\"id\": 10,", "\"id\": 3,", FLX_ERR_FORMAT, "added_tokens id 3"},
         {"\"id\": 9,", "\"id\": -1,", FLX_ERR_FORMAT, "added_tokens entry"},
+        /* sparse ids: the id space must not outgrow the tokens the file holds (issue 14) */
+        {"\"b\": 1,", "\"b\": 1073741822,", FLX_ERR_FORMAT, "model.vocab id 1073741822 ('b')"},
+        {"\"id\": 10,", "\"id\": 1000000000,", FLX_ERR_FORMAT, "added_tokens id 1000000000 ('<|im_end|>')"},
     };
     for (size_t i = 0; i < FLX_ARRAY_SIZE(bad); i++) {
         t = NULL;
@@ -340,6 +344,11 @@ static void test_json(void)
                     bad[i].st, bad[i].msg);
         CHECK(st == bad[i].st && strstr(flx_error_msg(), bad[i].msg) && t == NULL);
     }
+    /* bad input 04 of issue 14, as committed: one vocabulary id of 2^30 - 2 (the loader once sized its
+     * tables by it: 10 GB and 27 s before refusing) */
+    t = NULL;
+    CHECK_ST(flx_tok_load(FLX_TEST_DATA "/bad-inputs/04-tokenizer-sparse-vocab-1G.json", &t), FLX_ERR_FORMAT);
+    CHECK(strstr(flx_error_msg(), "model.vocab id 1073741822") && t == NULL);
     /* truncated files: every cut is refused as FORMAT, never crashes */
     for (size_t cut = 0; cut < sizeof(k_json) - 3; cut += 7) {
         const char *p = write_file("cut.json", k_json, cut);
@@ -355,38 +364,6 @@ static void test_json(void)
 
 /* ---- GGUF ------------------------------------------------------------------------------------ */
 
-typedef struct gw {
-    FILE *f;
-} gw_t;
-
-static void gw_u32(gw_t *w, uint32_t v) { CHECK(fwrite(&v, 4, 1, w->f) == 1); }
-static void gw_u64(gw_t *w, uint64_t v) { CHECK(fwrite(&v, 8, 1, w->f) == 1); }
-static void gw_str(gw_t *w, const char *s)
-{
-    gw_u64(w, strlen(s));
-    CHECK(fwrite(s, 1, strlen(s), w->f) == strlen(s));
-}
-static void gw_kv_str(gw_t *w, const char *k, const char *v)
-{
-    gw_str(w, k);
-    gw_u32(w, 8);
-    gw_str(w, v);
-}
-static void gw_kv_u32(gw_t *w, const char *k, uint32_t v)
-{
-    gw_str(w, k);
-    gw_u32(w, 4);
-    gw_u32(w, v);
-}
-static void gw_kv_strs(gw_t *w, const char *k, const char *const *v, size_t n)
-{
-    gw_str(w, k);
-    gw_u32(w, 9);
-    gw_u32(w, 8);
-    gw_u64(w, n);
-    for (size_t i = 0; i < n; i++) gw_str(w, v[i]);
-}
-
 /* A GGUF holding only a tokenizer: tokens a b ab <s>, merge "a b"; 'omit' leaves one key out. */
 static const char *write_gguf(const char *model, const char *pre, const char *omit, uint32_t eos)
 {
@@ -394,34 +371,23 @@ static const char *write_gguf(const char *model, const char *pre, const char *om
     snprintf(path, sizeof(path), "%s/tok.gguf", g_dir);
     static const char *const toks[] = {"a", "b", "ab", "<s>"};
     static const char *const merges[] = {"a b"};
+    static const int32_t types[] = {1, 1, 1, 3};
     const char *keys[] = {"tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
                           "tokenizer.ggml.token_type", "tokenizer.ggml.merges", "tokenizer.ggml.eos_token_id"};
-    uint64_t n_kv = 0;
-    for (size_t i = 0; i < FLX_ARRAY_SIZE(keys); i++) n_kv += !(omit && strcmp(omit, keys[i]) == 0);
-    gw_t w = {fopen(path, "wb")};
-    CHECK(w.f != NULL);
-    CHECK(fwrite("GGUF", 1, 4, w.f) == 4);
-    gw_u32(&w, 3);
-    gw_u64(&w, 0);
-    gw_u64(&w, n_kv);
+    gguf_b_t g = {0};
     for (size_t i = 0; i < FLX_ARRAY_SIZE(keys); i++) {
         if (omit && strcmp(omit, keys[i]) == 0) continue;
         switch (i) {
-        case 0: gw_kv_str(&w, keys[i], model); break;
-        case 1: gw_kv_str(&w, keys[i], pre); break;
-        case 2: gw_kv_strs(&w, keys[i], toks, 4); break;
-        case 3:
-            gw_str(&w, keys[i]);
-            gw_u32(&w, 9);
-            gw_u32(&w, 5);
-            gw_u64(&w, 4);
-            for (int k = 0; k < 4; k++) gw_u32(&w, k == 3 ? 3 : 1);
-            break;
-        case 4: gw_kv_strs(&w, keys[i], merges, 1); break;
-        case 5: gw_kv_u32(&w, keys[i], eos); break;
+        case 0: kv_str(&g, keys[i], model); break;
+        case 1: kv_str(&g, keys[i], pre); break;
+        case 2: kv_strs(&g, keys[i], toks, 4); break;
+        case 3: kv_i32s(&g, keys[i], types, 4); break;
+        case 4: kv_strs(&g, keys[i], merges, 1); break;
+        case 5: kv_u32(&g, keys[i], eos); break;
         }
     }
-    CHECK(fclose(w.f) == 0);
+    gguf_save(&g, path, "GGUF", 3);
+    gguf_free(&g);
     return path;
 }
 

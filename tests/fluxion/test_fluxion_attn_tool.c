@@ -198,6 +198,28 @@ int main(int argc, char **argv)
     snprintf(args, sizeof args, "%s/does-not-exist.safetensors %s", dir, out);
     CHECK(run_tool(args, err) == 1);
     CHECK(run_tool("onlyone", err) == 2);
+
+    /* The committed bad inputs of issue 14. 02: a duplicated __metadata__ (once a heap overflow in the
+     * reader) is refused. 03: an odd header length puts the BF16 data at odd addresses, which the
+     * format allows (the tool once loaded it through a misaligned flx_bf16_t pointer): q = k = v = 1
+     * over D = 16 and one token, so o = 1 and lse = q.k / sqrt(16) = 4. */
+    snprintf(args, sizeof args, "%s/bad-inputs/02-safetensors-duplicate-metadata.safetensors %s", FLX_TEST_DATA, out);
+    CHECK(run_tool(args, err) == 1 && file_has(err, "'__metadata__' appears twice"));
+    snprintf(args, sizeof args, "%s/bad-inputs/03-fluxion-attn-misaligned-bf16.safetensors %s", FLX_TEST_DATA, out);
+    CHECK(run_tool(args, err) == 0);
+    flx_st_reader_h r;
+    CHECK_OK(flx_st_open(out, &r));
+    const flx_st_tensor_t *to, *tl;
+    int64_t so[2] = {1, 16}, sl[1] = {1};
+    CHECK_OK(flx_st_expect(r, "o", FLX_DT_F32, 2, so, &to));
+    CHECK_OK(flx_st_expect(r, "lse", FLX_DT_F32, 1, sl, &tl));
+    float o1[16], lse1, ones[16];
+    memcpy(o1, to->data, sizeof o1);
+    memcpy(&lse1, tl->data, 4);
+    flx_st_close(r);
+    for (int i = 0; i < 16; i++) ones[i] = 1.0f;
+    CHECK_CLOSE("misaligned bf16 o", o1, ones, 16, 1e-6, 1e-6);
+    CHECK_CLOSE("misaligned bf16 lse", &lse1, &(float){4.0f}, 1, 1e-5, 1e-6);
     fprintf(stderr, "test_fluxion_attn_tool: ok\n");
     return 0;
 }
