@@ -280,7 +280,7 @@ int main(int argc, char **argv)
         if (!pred_path) pred_path = FLX_DEFAULT_PREDICTOR;
         if (flx_predictor_load(pred_path, &pred)) {
             fprintf(stderr, PROG ": --predictor %s: %s\n", pred_path, flx_error_msg());
-            return 2;
+            return 1;
         }
         ep.predictor = pred;
     }

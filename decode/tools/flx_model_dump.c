@@ -10,7 +10,8 @@
  * then the full rows of the first F positions.
  *
  * usage: flx-model-dump -m MODEL(.gguf | HF dir) --tokens FILE [-n N] [--full F] -o OUT
- * Exit status: 0 done, 2 bad usage or input, 1 a runtime failure.
+ * Exit status: 0 done, 2 bad usage, 1 a runtime failure (an input file that cannot be read or used
+ * included).
  */
 #include <ctype.h>
 #include <errno.h>
@@ -138,7 +139,7 @@ int main(int argc, char **argv)
     }
     size_t n_all;
     int32_t *ids = read_ids(ids_path, &n_all);
-    if (!ids) return 2;
+    if (!ids) return 1;
     uint32_t n = n_req ? n_req : (uint32_t)n_all;
     if (n == 0 || n > n_all) {
         fprintf(stderr, "flx-model-dump: %u positions asked, %s holds %zu ids\n", n, ids_path, n_all);
@@ -155,7 +156,7 @@ int main(int argc, char **argv)
     if (flx_model_load(model_path, &m) != FLX_OK) {
         fprintf(stderr, "flx-model-dump: %s\n", flx_error_msg());
         free(ids);
-        return 2;
+        return 1;
     }
     const uint32_t V = m->cfg.vocab;
     int rc = 1;
@@ -180,7 +181,6 @@ int main(int argc, char **argv)
     flx_status_t st = flx_model_prefill(m, ws, &pa);
     if (st != FLX_OK) {
         fprintf(stderr, "flx-model-dump: prefill: %s\n", flx_error_msg());
-        rc = st == FLX_ERR_INVALID ? 2 : 1;
         goto out;
     }
     double secs = (flx_now_ns() - t0) * 1e-9;

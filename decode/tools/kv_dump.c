@@ -10,7 +10,8 @@
  *
  * usage: flx-kv-dump --model MODEL(.gguf | HF dir) --text FILE --prompt-len N --steps S
  *                    [--offset TOKENS] --out FILE
- * Exit status: 0 done, 2 bad usage or input, 1 a runtime failure.
+ * Exit status: 0 done, 2 bad usage, 1 a runtime failure (an input file that cannot be read or used
+ * included).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -114,8 +115,8 @@ int main(int argc, char **argv)
     const uint32_t n = (uint32_t)(P + S);
     size_t tlen;
     char *text = read_file(text_path, &tlen);
-    if (!text) return 2;
-    int rc = 2;
+    if (!text) return 1;
+    int rc = 1; /* from here on, files that cannot be read or used: runtime failures */
     flx_model_t *m = NULL;
     flx_tok_h tok = NULL;
     int32_t *ids = NULL;
@@ -139,7 +140,6 @@ int main(int argc, char **argv)
         goto out;
     }
     const flx_model_config_t *c = &m->cfg;
-    rc = 1;
     flx_fwd_shape_t shape = {.max_prompt = n, .max_batch = 1, .n_threads = 0};
     size_t wsb;
     flx_fwd_ws_t *ws;
@@ -176,7 +176,6 @@ int main(int argc, char **argv)
     goto out;
 oom:
     fprintf(stderr, "flx-kv-dump: out of memory\n");
-    rc = 1;
 out:
     flx_kvdump_writer_destroy(w);
     free(q_all), free(q);

@@ -15,7 +15,8 @@
  * every row and, when the files carry their shape, the selector estimate at the weights' operating
  * point and at the paper's rule.
  * Deterministic for a seed and OPENBLAS_NUM_THREADS.
- * Exit status: 0 ok, 2 bad arguments or input files, 1 other failures.
+ * Exit status: 0 ok, 2 bad arguments, 1 other failures (an input file that cannot be read or used
+ * included).
  */
 #include <errno.h>
 #include <math.h>
@@ -49,14 +50,6 @@ __attribute__((unused)) static int parse_u(const char *flag, const char *s, uint
         return 0;
     }
     return 1;
-}
-
-static int status_exit(flx_status_t st)
-{
-    return st == FLX_ERR_INVALID || st == FLX_ERR_FORMAT || st == FLX_ERR_NOT_FOUND || st == FLX_ERR_IO ||
-                   st == FLX_ERR_UNSUPPORTED
-               ? 2
-               : 1;
 }
 
 #ifndef FLX_PREDICT_TOOL
@@ -181,7 +174,7 @@ int main(int argc, char **argv)
     if (st) {
         fprintf(stderr, "error: %s\n", flx_error_msg());
         flx_dataset_free(&d);
-        return status_exit(st);
+        return 1; /* a file that cannot be read or used: a runtime failure, not a usage error */
     }
 #ifdef FLX_PREDICT_TOOL
     flx_predictor_h p = NULL;
@@ -232,7 +225,7 @@ int main(int argc, char **argv)
     flx_dataset_free(&d);
     if (st) {
         fprintf(stderr, "error: %s\n", flx_error_msg());
-        return status_exit(st);
+        return 1;
     }
     return 0;
 }

@@ -19,7 +19,8 @@
  *
  * usage: flx-synth-calibrate (--dump FILE | --synth L,HQ,HKV,D,LEN,STEPS[,SEED[,SHARE]])
  *                            [--theta THETA] [--csv FILE]
- * Exit status: 0 done, 2 bad usage or input, 1 a runtime failure.
+ * Exit status: 0 done, 2 bad usage, 1 a runtime failure (an input file that cannot be read or used
+ * included).
  */
 #include <errno.h>
 #include <math.h>
@@ -189,7 +190,7 @@ int main(int argc, char **argv)
     if (dump) {
         if (flx_kvsrc_open_dump(dump, &src) != FLX_OK) {
             fprintf(stderr, "flx-synth-calibrate: %s\n", flx_error_msg());
-            return 2;
+            return 1;
         }
     } else {
         char buf[256], *save = NULL;
@@ -248,7 +249,6 @@ int main(int argc, char **argv)
     }
     if (csv && !(cf = fopen(csv, "w"))) {
         fprintf(stderr, "flx-synth-calibrate: %s: %s\n", csv, strerror(errno));
-        rc = 2;
         goto out;
     }
     if (cf) fprintf(cf, "layer,stream_pairs,stream_heads,kind_agree,sink64,sink4,z_mean,z_var,z_skew,z_kurt,vnorm_sink,vnorm_other\n");

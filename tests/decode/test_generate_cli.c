@@ -60,7 +60,6 @@ int main(int argc, char **argv)
             {"", "--model"},
             {"--model /nonexistent.gguf", "--prompt-file"},
             {"--model M --prompt-file P --mode sparse", "sparse"},
-            {"--model M --prompt-file P --mode fluxion --predictor /nonexistent.safetensors", "--predictor"},
             {"--model M --prompt-file P --tau 1.5", "--tau"},
             {"--model M --prompt-file P --mode fluxion --stream-threshold 0.3", "--stream-threshold"},
             {"--model M --prompt-file P --mode fluxion --budget-scale 0", "--budget-scale"},
@@ -98,6 +97,10 @@ int main(int argc, char **argv)
         CHECK(strstr(slurp(err), "missing.gguf"));
         snprintf(args, sizeof args, "--model %s/missing.gguf --prompt-file %s/missing.txt", dir, dir);
         CHECK(run(args, out, err) == 1);
+        /* a predictor file that cannot be read is a runtime failure like a bad model (issue 14) */
+        snprintf(args, sizeof args, "--model M --prompt-file P --mode fluxion --predictor %s/missing.safetensors", dir);
+        CHECK(run(args, out, err) == 1);
+        CHECK(strstr(slurp(err), "--predictor"));
         fprintf(stderr, "test_generate_cli: ok\n");
         return 0;
     }
