@@ -6,6 +6,8 @@
  *
  * usage: test_bad_inputs FLX_GENERATE FLUXION_ATTN FLX_GEN_CKPT SCRATCH_DIR
  */
+#define _GNU_SOURCE
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +45,12 @@ static void expect(const char *label, char *const argv[], int want_code, const c
     static const char *const sanitizers[] = {"AddressSanitizer", "LeakSanitizer", "UndefinedBehaviorSanitizer",
                                              "runtime error:"};
     for (size_t i = 0; i < FLX_ARRAY_SIZE(sanitizers); i++) CHECK(strstr(text, sanitizers[i]) == NULL);
+}
+
+static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
 }
 
 static void write_file(const char *path, const char *text)
@@ -105,6 +113,7 @@ int main(int argc, char **argv)
                      "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"use_regex\":true}}");
     expect("04b", (char *[]){(char *)g_gen, "--model", hf, "--prompt-file", prompt, NULL}, 1,
            "added_tokens id 1000000000 ('<x>')");
+    nftw(g_dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
     fprintf(stderr, "test_bad_inputs: ok\n");
     return 0;
 }
