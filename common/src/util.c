@@ -5,8 +5,10 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 uint64_t flx_now_ns(void)
@@ -139,4 +141,39 @@ const flx_name_ent_t *flx_names_find(const flx_name_ent_t *e, size_t n, const ch
         else hi = mid;
     }
     return NULL;
+}
+
+flx_status_t flx_file_read(const char *path, size_t max_bytes, char **buf_p, size_t *len_p)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return flx_error_set(flx_status_from_errno(errno), "%s: cannot open: %s", path, strerror(errno));
+    flx_status_t st = FLX_OK;
+    char *buf = NULL;
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        st = flx_error_set(FLX_ERR_IO, "%s: not a regular file", path);
+        goto out;
+    }
+    if ((uint64_t)sb.st_size > max_bytes) {
+        st = flx_error_set(FLX_ERR_FORMAT, "%s: %lld bytes, above the %zu this file may have", path,
+                           (long long)sb.st_size, max_bytes);
+        goto out;
+    }
+    size_t len = (size_t)sb.st_size;
+    if (!(buf = malloc(len + 1))) {
+        st = flx_error_set(FLX_ERR_NOMEM, "%s: %zu bytes", path, len);
+        goto out;
+    }
+    if (fread(buf, 1, len, f) != len) {
+        st = flx_error_set(FLX_ERR_IO, "%s: short read", path);
+        goto out;
+    }
+    buf[len] = '\0';
+    *buf_p = buf;
+    if (len_p) *len_p = len;
+    buf = NULL;
+out:
+    free(buf);
+    fclose(f);
+    return st;
 }

@@ -37,46 +37,10 @@
 #define HF_MAX_INDEX (16u << 20)
 #define HF_MAX_SHARDS 4096
 
-/* Reads a whole (small) regular file of at most cap bytes; NUL-terminated. */
-static flx_status_t read_text(const char *path, size_t cap, char **out)
-{
-    flx_status_t st = FLX_OK;
-    FILE *f = fopen(path, "rb");
-    if (!f) return flx_error_set(flx_status_from_errno(errno), "file %s: cannot open: %s", path, strerror(errno));
-    char *buf = NULL;
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        st = flx_error_set(FLX_ERR_IO, "file %s: not a regular file", path);
-        goto out;
-    }
-    if ((uint64_t)sb.st_size > cap) {
-        st = flx_error_set(FLX_ERR_FORMAT, "file %s: %lld bytes, above the %zu this loader reads", path,
-                           (long long)sb.st_size, cap);
-        goto out;
-    }
-    size_t len = (size_t)sb.st_size;
-    buf = malloc(len + 1);
-    if (!buf) {
-        st = flx_error_set(FLX_ERR_NOMEM, "file %s: %zu bytes", path, len);
-        goto out;
-    }
-    if (fread(buf, 1, len, f) != len) {
-        st = flx_error_set(FLX_ERR_IO, "file %s: short read", path);
-        goto out;
-    }
-    buf[len] = '\0';
-    *out = buf;
-    buf = NULL;
-out:
-    free(buf);
-    fclose(f);
-    return st;
-}
-
 static flx_status_t read_json(const char *path, size_t cap, cJSON **out)
 {
     char *txt = NULL;
-    flx_status_t st = read_text(path, cap, &txt);
+    flx_status_t st = flx_file_read(path, cap, &txt, NULL);
     if (st != FLX_OK) return st;
     cJSON *j = cJSON_Parse(txt);
     free(txt);

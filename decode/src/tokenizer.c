@@ -1049,43 +1049,6 @@ static const char k_pat_qwen2[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\
                                   "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 static const char k_pat_gpt2[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-/* Reads a whole regular file of at most TOK_MAX_FILE bytes into a NUL-terminated buffer the caller
- * frees. */
-static flx_status_t read_file(const char *path, char **buf_p, size_t *len_p)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return flx_error_set(flx_status_from_errno(errno), "%s: %s", path, strerror(errno));
-    flx_status_t st = FLX_OK;
-    char *buf = NULL;
-    struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        st = flx_error_set(FLX_ERR_IO, "%s: not a regular file", path);
-        goto out;
-    }
-    if ((uint64_t)sb.st_size > TOK_MAX_FILE) {
-        st = flx_error_set(FLX_ERR_FORMAT, "%s: %lld bytes, above the %u a tokenizer file may have", path,
-                           (long long)sb.st_size, TOK_MAX_FILE);
-        goto out;
-    }
-    size_t sz = (size_t)sb.st_size;
-    buf = malloc(sz + 1);
-    if (!buf) {
-        st = flx_error_set(FLX_ERR_NOMEM, "%s: no memory for %zu bytes", path, sz);
-        goto out;
-    }
-    if (fread(buf, 1, sz, f) != sz) {
-        free(buf);
-        st = flx_error_set(FLX_ERR_IO, "%s: short read", path);
-        goto out;
-    }
-    buf[sz] = '\0';
-    *buf_p = buf;
-    *len_p = sz;
-out:
-    fclose(f);
-    return st;
-}
-
 /* A token named by a config field: a string or {"content": "..."}. NULL if absent or neither. */
 static const char *json_token_content(const cJSON *v)
 {
@@ -1209,7 +1172,7 @@ flx_status_t flx_tok_load_json(const char *json_path, const char *config_path, f
     const char *P = json_path;
 
     if (!json_path || !tok_p) return flx_error_set(FLX_ERR_INVALID, "tokenizer: NULL path");
-    if ((st = read_file(json_path, &text, &len))) goto out;
+    if ((st = flx_file_read(json_path, TOK_MAX_FILE, &text, &len))) goto out;
     const char *stop = NULL;
     root = cJSON_ParseWithLengthOpts(text, len, &stop, 0);
     if (!cJSON_IsObject(root)) {
@@ -1358,7 +1321,7 @@ flx_status_t flx_tok_load_json(const char *json_path, const char *config_path, f
     const char *eos = NULL;
     int add_bos = bos != NULL;
     if (config_path) {
-        if ((st = read_file(config_path, &ctext, &clen))) goto out;
+        if ((st = flx_file_read(config_path, TOK_MAX_FILE, &ctext, &clen))) goto out;
         conf = cJSON_ParseWithLength(ctext, clen);
         if (!cJSON_IsObject(conf)) {
             st = flx_error_set(FLX_ERR_FORMAT, "%s: not a JSON object", config_path);

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "flx/model.h"
+#include "flx/model_load.h"
 #include "flx/tokenizer.h"
 #include "tok_bytes.h"
 
@@ -26,6 +27,18 @@ static inline flx_model_config_t fuzz_tiny_cfg(flx_arch_t arch, int tied)
                             .rope_theta = 10000.0f, .tied_embeddings = tied, .qkv_bias = arch == FLX_ARCH_QWEN2};
     snprintf(c.name, sizeof c.name, "fuzz-tiny-%s", arch == FLX_ARCH_QWEN2 ? "qwen2" : "llama");
     return c;
+}
+
+/* Writes the Hugging Face targets' checkpoint (Qwen2, untied, seed 1) into dir in n_shards shards;
+ * 0 on success. */
+static inline int fuzz_tiny_checkpoint(const char *dir, uint32_t n_shards)
+{
+    flx_model_config_t c = fuzz_tiny_cfg(FLX_ARCH_QWEN2, 0);
+    flx_model_t *m = NULL;
+    if (flx_model_init_random(&c, 1, &m) != FLX_OK) return -1;
+    flx_status_t st = flx_model_save_hf(m, dir, FLX_DT_BF16, n_shards);
+    flx_model_destroy(m);
+    return st == FLX_OK ? 0 : -1;
 }
 
 /* Merges in rank order; each part is a byte token or an earlier merge's result. */

@@ -15,7 +15,6 @@
 static fuzz_vocab_t g_v;
 static flx_tok_h g_tok[4];
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc, (void)argv;
@@ -55,7 +54,6 @@ static char *decode(flx_tok_h tok, const int32_t *ids, size_t n, size_t *len_p)
     return out;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size == 0) return 0;

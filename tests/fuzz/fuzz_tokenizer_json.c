@@ -7,15 +7,8 @@
 
 #include "flx/tokenizer.h"
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc, (void)argv;
-    fuzz_quiet();
-    return 0;
-}
+FUZZ_QUIET_INIT
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     flx_tok_h tok = NULL;

@@ -109,4 +109,17 @@ static inline void fuzz_quiet(void)
     flx_log_set_level(FLX_LOG_ERROR);
 }
 
+/* libFuzzer's entry points (replay_main.c calls them too). */
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* The initializer of a target that has nothing to set up but quiet logs. */
+#define FUZZ_QUIET_INIT                                    \
+    int LLVMFuzzerInitialize(int *argc, char ***argv)      \
+    {                                                      \
+        (void)argc, (void)argv;                            \
+        fuzz_quiet();                                      \
+        return 0;                                          \
+    }
+
 #endif

@@ -215,7 +215,7 @@ static void save_tiny(const char *dir, flx_model_config_t c, uint32_t shards)
 static void hf_configs(void)
 {
     const char *weights = scratch("hf-weights"), *cfgdir = scratch("hf-config");
-    save_tiny(weights, fuzz_tiny_cfg(FLX_ARCH_QWEN2, 0), 1);
+    CHECK(fuzz_tiny_checkpoint(weights, 1) == 0);
     struct {
         const char *name;
         flx_arch_t arch;
@@ -247,7 +247,7 @@ static void hf_configs(void)
 static void hf_index(void)
 {
     const char *dir = scratch("hf-index");
-    save_tiny(dir, fuzz_tiny_cfg(FLX_ARCH_QWEN2, 0), 3);
+    CHECK(fuzz_tiny_checkpoint(dir, 3) == 0);
     char p[1024];
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
     char *txt = read_text(p);

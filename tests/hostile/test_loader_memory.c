@@ -28,6 +28,7 @@
 #include "flx/safetensors.h"
 #include "flx/tokenizer.h"
 #include "flx_test.h"
+#include "fuzz/fuzz_seeds.h"
 #include "gguf_build.h"
 #include "memcap.h"
 
@@ -260,13 +261,7 @@ static void test_tiny_hostile(void)
     char hf[600];
     snprintf(hf, sizeof hf, "%s/hf", g_dir);
     CHECK(mkdir(hf, 0755) == 0);
-    flx_model_config_t c = {.arch = FLX_ARCH_LLAMA, .n_layers = 1, .hidden = 32, .n_heads = 2, .n_kv_heads = 1,
-                            .head_dim = 16, .ffn = 32, .vocab = 64, .max_ctx = 256, .rms_eps = 1e-5f,
-                            .rope_theta = 10000.0f};
-    flx_model_t *m;
-    CHECK_OK(flx_model_init_random(&c, 1, &m));
-    CHECK_OK(flx_model_save_hf(m, hf, FLX_DT_BF16, 1));
-    flx_model_destroy(m);
+    CHECK(fuzz_tiny_checkpoint(hf, 1) == 0);
     char cfg[700];
     snprintf(cfg, sizeof cfg, "%s/config.json", hf);
     const char *big_cfg = "{\"model_type\":\"llama\",\"hidden_size\":65536,\"intermediate_size\":262144,"

@@ -61,6 +61,12 @@ flx_status_t flx_names_sort(flx_name_ent_t *e, size_t n, const char **dup_p);
 /* The entry called name in a sorted index, or NULL. */
 const flx_name_ent_t *flx_names_find(const flx_name_ent_t *e, size_t n, const char *name);
 
+/* Reads the whole regular file path of at most max_bytes bytes (larger files are FLX_ERR_FORMAT, a
+ * non-regular one FLX_ERR_IO) into a NUL-terminated buffer *buf_p that the caller frees; *len_p
+ * (may be NULL) is its length without the NUL. Messages name the path. For the small text files
+ * loaders parse whole (JSON configs, vocabularies), whose cap bounds what parsing them allocates. */
+flx_status_t flx_file_read(const char *path, size_t max_bytes, char **buf_p, size_t *len_p);
+
 /* Aligned allocation (alignment a power of two >= sizeof(void*)); free with flx_aligned_free. */
 void *flx_aligned_alloc(size_t align, size_t size);
 void flx_aligned_free(void *p);
