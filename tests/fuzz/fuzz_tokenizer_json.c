@@ -1,7 +1,9 @@
 /*
- * fuzz_tokenizer_json - a tokenizer.json through flx_tok_load_json (what flx_tok_load runs for a
- * Hugging Face folder or file); a vocabulary that loads encodes and decodes a fixed text of every
- * pre-tokenizer's cases and renders a chat.
+ * fuzz_tokenizer_json - a Hugging Face folder's tokenizer.json, and optionally its
+ * tokenizer_config.json, through flx_tok_load (what flx-generate runs on a checkpoint folder). The
+ * input is the tokenizer.json, or the tokenizer.json, the line "#tokenizer_config.json" and the
+ * config. A vocabulary that loads encodes and decodes a fixed text of every pre-tokenizer's cases
+ * and renders a chat; every token string is found again by lookup.
  */
 #include "fuzz_util.h"
 
@@ -9,10 +11,24 @@
 
 FUZZ_QUIET_INIT
 
+static const char k_sep[] = "\n#tokenizer_config.json\n";
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    const char *dir = fuzz_dir();
+    const uint8_t *sep = memmem(data, size, k_sep, sizeof k_sep - 1);
+    size_t json_len = sep ? (size_t)(sep - data) : size;
+    fuzz_write_file(dir, "tokenizer.json", data, json_len);
+    char conf[256];
+    snprintf(conf, sizeof conf, "%s/tokenizer_config.json", dir);
+    if (sep) {
+        const size_t skip = json_len + sizeof k_sep - 1;
+        fuzz_write_file(dir, "tokenizer_config.json", data + skip, size - skip);
+    } else {
+        unlink(conf);
+    }
     flx_tok_h tok = NULL;
-    if (flx_tok_load_json(fuzz_path(data, size), NULL, &tok) != FLX_OK) return 0;
+    if (flx_tok_load(dir, &tok) != FLX_OK) return 0;
     static const char text[] = "What is 2+2? <|im_start|>café 12345 it's  \n\n x\xff\xc3(";
     int32_t ids[256];
     size_t n = 0, len = 0;

@@ -345,8 +345,9 @@ static cJSON *sequence(cJSON *a, cJSON *b)
     return o;
 }
 
-/* The fuzz vocabulary as a tokenizer.json of the given flavour. */
-static void tok_json(const char *name, flx_tok_pre_t pre, int pair_merges, int added_in_vocab)
+/* The fuzz vocabulary as a tokenizer.json of the given flavour; config (or NULL) is appended as the
+ * tokenizer_config.json part of the input (fuzz_tokenizer_json.c). */
+static void tok_json(const char *name, flx_tok_pre_t pre, int pair_merges, int added_in_vocab, const char *config)
 {
     fuzz_vocab_t v;
     fuzz_vocab(&v);
@@ -427,16 +428,37 @@ static void tok_json(const char *name, flx_tok_pre_t pre, int pair_merges, int a
     cJSON_AddItemToObject(root, "model", model);
     char *txt = cJSON_PrintUnformatted(root);
     CHECK(txt);
-    const char *p = out_path("tokenizer_json", name);
-    write_text(p, txt);
+    const char *dir = scratch("tok");
+    char jp[1024], cp[1024];
+    snprintf(jp, sizeof jp, "%s/tokenizer.json", dir);
+    snprintf(cp, sizeof cp, "%s/tokenizer_config.json", dir);
+    write_text(jp, txt);
+    remove(cp);
+    if (config) write_text(cp, config);
+    flx_tok_h t;
+    CHECK_OK(flx_tok_load(dir, &t));
+    CHECK(flx_tok_pre(t) == pre && flx_tok_vocab_size(t) == FUZZ_N_TOKENS);
+    CHECK(flx_tok_bos(t) == (config || pre == FLX_TOK_PRE_LLAMA3 ? FUZZ_ID_IM_START : -1));
+    CHECK(!config || (flx_tok_eos(t) == FUZZ_ID_IM_END && flx_tok_chat_template(t)));
+    flx_tok_destroy(t);
+    FILE *f = fopen(out_path("tokenizer_json", name), "wb");
+    CHECK(f && fputs(txt, f) >= 0);
+    if (config) CHECK(fputs("\n#tokenizer_config.json\n", f) >= 0 && fputs(config, f) >= 0);
+    CHECK(fclose(f) == 0);
     free(txt);
     cJSON_Delete(root);
-    flx_tok_h t;
-    CHECK_OK(flx_tok_load_json(p, NULL, &t));
-    CHECK(flx_tok_pre(t) == pre && flx_tok_vocab_size(t) == FUZZ_N_TOKENS);
-    CHECK(flx_tok_bos(t) == (pre == FLX_TOK_PRE_LLAMA3 ? FUZZ_ID_IM_START : -1));
-    flx_tok_destroy(t);
 }
+
+/* tokenizer_config.json: bos/eos as strings or {"content"}, the chat template as a string or a
+ * named list. */
+static const char k_conf_smollm[] =
+    "{\"add_bos_token\": false, \"bos_token\": \"<|im_start|>\", \"eos_token\": \"<|im_end|>\", "
+    "\"chat_template\": \"{% for message in messages %}<|im_start|>{{ message['role'] }}\\n{{ message['content'] }}"
+    "<|im_end|>\\n{% endfor %}\"}";
+static const char k_conf_llama3[] =
+    "{\"bos_token\": {\"content\": \"<|im_start|>\", \"special\": true}, \"eos_token\": {\"content\": "
+    "\"<|im_end|>\"}, \"add_bos_token\": true, \"chat_template\": [{\"name\": \"tool_use\", \"template\": "
+    "\"<|im_start|>tools\"}, {\"name\": \"default\", \"template\": \"{{ '<|im_start|>' + message['role'] }}\"}]}";
 
 /* Texts for the encoder: first byte = pre-tokenizer (bits 0-1), add_bos (bit 2), system message
  * (bit 3); see fuzz_tokenizer_encode.c. */
@@ -556,10 +578,12 @@ int main(int argc, char **argv)
     st_seeds();
     hf_configs();
     hf_index();
-    tok_json("gpt2.json", FLX_TOK_PRE_GPT2, 0, 0);
-    tok_json("smollm.json", FLX_TOK_PRE_SMOLLM, 1, 1);
-    tok_json("llama3.json", FLX_TOK_PRE_LLAMA3, 1, 0);
-    tok_json("qwen2-nfc.json", FLX_TOK_PRE_QWEN2, 0, 0);
+    tok_json("gpt2.json", FLX_TOK_PRE_GPT2, 0, 0, NULL);
+    tok_json("smollm.json", FLX_TOK_PRE_SMOLLM, 1, 1, NULL);
+    tok_json("smollm-config.json", FLX_TOK_PRE_SMOLLM, 0, 1, k_conf_smollm);
+    tok_json("llama3.json", FLX_TOK_PRE_LLAMA3, 1, 0, NULL);
+    tok_json("llama3-config.json", FLX_TOK_PRE_LLAMA3, 1, 0, k_conf_llama3);
+    tok_json("qwen2-nfc.json", FLX_TOK_PRE_QWEN2, 0, 0, NULL);
     encode_seeds();
     predictor_seed();
     dataset_seed("rows-8.safetensors", 8, 4, 2);
