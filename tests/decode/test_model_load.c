@@ -371,6 +371,35 @@ static void test_hf_refusals(void)
     edit_config(d, "intermediate_size", cJSON_CreateNumber(48));
     expect_hf_fail(d, FLX_ERR_FORMAT, "model.layers.0.mlp.gate_proj.weight", "[32, 64], expected [48, 64]");
 
+    /* Issue 14: an index naming a tensor twice (which copy a reader keeps would decide the weights),
+     * a context above what the engine sizes workspaces for, a config.json above its 1 MiB cap. */
+    d = subdir("dup_index");
+    gen_small(d, FLX_ARCH_LLAMA, 3, FLX_DT_BF16);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", d);
+    txt = read_all(p);
+    cJSON *idx = cJSON_Parse(txt);
+    free(txt);
+    CHECK(cJSON_AddStringToObject(cJSON_GetObjectItem(idx, "weight_map"), "model.norm.weight",
+                                  "model-00001-of-00003.safetensors"));
+    txt = cJSON_Print(idx);
+    write_all(p, txt, strlen(txt));
+    free(txt);
+    cJSON_Delete(idx);
+    expect_hf_fail(d, FLX_ERR_FORMAT, "weight_map names tensor 'model.norm.weight' twice", NULL);
+    d = subdir("long_ctx");
+    gen_small(d, FLX_ARCH_LLAMA, 1, FLX_DT_BF16);
+    edit_config(d, "max_position_embeddings", cJSON_CreateNumber(16777217));
+    expect_hf_fail(d, FLX_ERR_UNSUPPORTED, "max_ctx 16777217", "config.json");
+    d = subdir("big_config");
+    gen_small(d, FLX_ARCH_LLAMA, 1, FLX_DT_BF16);
+    char *pad = malloc((1u << 20) + 1);
+    CHECK(pad);
+    memset(pad, 'x', 1u << 20);
+    pad[1u << 20] = 0;
+    edit_config(d, "_name_or_path", cJSON_CreateString(pad));
+    free(pad);
+    expect_hf_fail(d, FLX_ERR_FORMAT, "config.json", "above the 1048576");
+
     /* A tensor of the wrong dtype (I16 in place of a bf16 matrix) and a missing tensor. */
     d = subdir("bad_dtype");
     char *src = subdir("bad_dtype_src");
