@@ -20,6 +20,9 @@
  * FLX_ERR_UNSUPPORTED for a well-formed file this runtime does not handle (architecture, ggml type,
  * rope scaling kind). *model_p is written only on success; destroy it with flx_model_destroy.
  *
+ * The loaders report each layer loaded to the calling thread's progress observer (flx/progress.h,
+ * stage "loading model").
+ *
  * Thread mode: loaders share nothing; several may run at once.
  */
 #ifndef FLX_MODEL_LOAD_H
