@@ -519,3 +519,41 @@ flx_status_t flx_cli_u64_list(const char *opt, const char *s, uint64_t lo, uint6
     *n_p = n;
     return FLX_OK;
 }
+
+flx_status_t flx_cli_read_file(const char *path, size_t max_bytes, char **buf_p, size_t *len_p)
+{
+    if (!path || !buf_p || !len_p) return flx_error_set(FLX_ERR_INVALID, "read file: NULL argument");
+    int from_stdin = !strcmp(path, "-");
+    FILE *f = from_stdin ? stdin : fopen(path, "rb");
+    if (!f) return flx_error_set(flx_status_from_errno(errno), "cannot open %s: %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    flx_status_t st = buf ? FLX_OK : flx_error_set(FLX_ERR_NOMEM, "reading %s: out of memory", path);
+    while (!st) {
+        if (n + 1 >= cap) {
+            char *nb = cap <= max_bytes ? realloc(buf, cap * 2) : NULL;
+            if (!nb) {
+                st = cap > max_bytes ? flx_error_set(FLX_ERR_CAPACITY, "%s is larger than %zu bytes", path, max_bytes)
+                                     : flx_error_set(FLX_ERR_NOMEM, "reading %s: out of memory at %zu bytes", path, cap);
+                break;
+            }
+            buf = nb, cap *= 2;
+        }
+        size_t r = fread(buf + n, 1, cap - 1 - n, f);
+        n += r;
+        if (r == 0) {
+            if (ferror(f)) st = flx_error_set(FLX_ERR_IO, "reading %s failed: %s", path, strerror(errno));
+            break;
+        }
+    }
+    if (!from_stdin) fclose(f);
+    if (!st && n > max_bytes) st = flx_error_set(FLX_ERR_CAPACITY, "%s is larger than %zu bytes", path, max_bytes);
+    if (st) {
+        free(buf);
+        return st;
+    }
+    buf[n] = '\0';
+    *buf_p = buf;
+    *len_p = n;
+    return FLX_OK;
+}

@@ -208,6 +208,11 @@ int flx_cli_fail(const flx_cli_t *cli, const char *fmt, ...) __attribute__((form
 flx_status_t flx_cli_u64_list(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out, uint32_t cap,
                               uint32_t *n_p);
 
+/* Reads a whole file (path "-": stdin) into a new NUL-terminated buffer (free() it): for prompts,
+ * texts and id lists the tools take. FLX_ERR_NOT_FOUND / FLX_ERR_IO naming the path and the system's
+ * reason; FLX_ERR_CAPACITY above max_bytes; *buf_p and *len_p written only on success. */
+flx_status_t flx_cli_read_file(const char *path, size_t max_bytes, char **buf_p, size_t *len_p);
+
 /* The project's version (CMake's PROJECT_VERSION) and `git describe` of the checkout it was built
  * from ("" when it was not built from one). */
 const char *flx_version(void);
