@@ -79,13 +79,11 @@ static flx_status_t conv_uint(const flx_cli_opt_t *o, const char *who, const cha
 
 static flx_status_t conv_float(const flx_cli_opt_t *o, const char *who, const char *v, double *out)
 {
-    errno = 0;
-    char *end = NULL;
     double x = NAN;
-    if (*v && !isspace((unsigned char)*v)) x = strtod(v, &end);
+    flx_status_t st = flx_parse_f64(v, &x);
     int lo_ok = (o->flags & FLX_CLI_LO_OPEN) ? x > o->lo : x >= o->lo;
     int hi_ok = (o->flags & FLX_CLI_HI_OPEN) ? x < o->hi : x <= o->hi;
-    if (!end || *end || errno == ERANGE || !isfinite(x) || !lo_ok || !hi_ok)
+    if (st || !lo_ok || !hi_ok)
         return flx_error_set(FLX_ERR_INVALID, "%s '%s' is not a number in %s%g, %g%s", who, v,
                              (o->flags & FLX_CLI_LO_OPEN) ? "(" : "[", o->lo, o->hi,
                              (o->flags & FLX_CLI_HI_OPEN) ? ")" : "]");

@@ -3,6 +3,7 @@
  */
 #include "flx/util.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -107,6 +108,17 @@ flx_status_t flx_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *ou
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
     if (*end || errno || v < lo || v > hi) return FLX_ERR_INVALID;
+    *out = v;
+    return FLX_OK;
+}
+
+flx_status_t flx_parse_f64(const char *s, double *out)
+{
+    if (!s || !*s || isspace((unsigned char)*s)) return FLX_ERR_INVALID;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (*end || errno == ERANGE || !isfinite(v)) return FLX_ERR_INVALID;
     *out = v;
     return FLX_OK;
 }

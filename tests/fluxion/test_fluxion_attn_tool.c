@@ -2,8 +2,8 @@
  * test_fluxion_attn_tool - runs the fluxion-attn binary end to end: writes inputs with
  * flx_st_writer, runs the tool (fast kernels and --ref), compares with each other and, for FULL, with
  * a dense softmax computed here from the input arrays (window = first sink + last local tokens, host
- * = the rest: all of them in FULL). Then feeds broken files: each must exit 2 with a message naming
- * the tensor or field, never crash.
+ * = the rest: all of them in FULL). Then feeds broken files: each must exit 1 (a runtime failure)
+ * with a message naming the tensor or field, never crash; a bad command line exits 2.
  * argv[1] = path of the fluxion-attn binary; argv[2] = scratch directory.
  */
 #include <math.h>
@@ -165,7 +165,7 @@ int main(int argc, char **argv)
             CHECK_CLOSE("lse", lse, lse_ref, H, 1e-4, 1e-5);
         }
 
-    /* broken inputs: exit status 2 and a message naming the culprit */
+    /* broken inputs: exit status 1 and a message naming the culprit */
     struct { int mutate; const char *mode; const char *needle; } bad[] = {
         {2, NULL, "\"v\""}, {3, NULL, "head_dim"}, {4, NULL, "kv heads"}, {5, NULL, "budgets"},
         {6, NULL, "budgets"}, {7, NULL, "blk"}, {8, NULL, "\"q\""}, {9, NULL, "\"k\""}, {11, NULL, "v shape"},
@@ -176,28 +176,36 @@ int main(int argc, char **argv)
         snprintf(args, sizeof args, "%s %s", in, out);
         int rc = run_tool(args, err);
         fprintf(stderr, "  broken case %zu: exit %d\n", i, rc);
-        CHECK(rc == 2);
+        CHECK(rc == 1);
         CHECK(file_has(err, bad[i].needle));
     }
-    /* fixed without a budget; a budget out of range on the command line */
+    /* fixed without a budget (the input's fault: 1); a budget out of range on the command line (2);
+     * options without effect in the input's mode (1) or in the command line's (2) */
     write_input(in, 0, "fixed", "16");
     snprintf(args, sizeof args, "%s %s", in, out);
-    CHECK(run_tool(args, err) == 2 && file_has(err, "budget"));
+    CHECK(run_tool(args, err) == 1 && file_has(err, "budget"));
     snprintf(args, sizeof args, "%s %s --budget 2", in, out);
-    CHECK(run_tool(args, err) == 2 && file_has(err, "budget"));
+    CHECK(run_tool(args, err) == 2 && file_has(err, "--budget '2'"));
+    write_input(in, 0, "full", "16");
+    snprintf(args, sizeof args, "%s %s --budget 0.5", in, out);
+    CHECK(run_tool(args, err) == 1 && file_has(err, "--budget has no effect"));
+    snprintf(args, sizeof args, "%s %s --mode sparse --budget 0.5", in, out);
+    CHECK(run_tool(args, err) == 2 && file_has(err, "--budget has no effect"));
+    snprintf(args, sizeof args, "%s %s --ref --isa avx2", in, out);
+    CHECK(run_tool(args, err) == 2 && file_has(err, "--isa has no effect with --ref"));
     /* not a safetensors file; a truncated one; a missing one */
     FILE *f = fopen(in, "wb");
     CHECK(f);
     fputs("this is not a safetensors file at all", f);
     fclose(f);
     snprintf(args, sizeof args, "%s %s", in, out);
-    CHECK(run_tool(args, err) == 2 && file_has(err, "cannot read"));
+    CHECK(run_tool(args, err) == 1 && file_has(err, "cannot read"));
     write_input(in, 0, NULL, "16");
     CHECK(truncate(in, 2000) == 0);
-    CHECK(run_tool(args, err) == 2 && file_has(err, "cannot read"));
+    CHECK(run_tool(args, err) == 1 && file_has(err, "cannot read"));
     snprintf(args, sizeof args, "%s/does-not-exist.safetensors %s", dir, out);
-    CHECK(run_tool(args, err) == 2);
-    CHECK(run_tool("onlyone", err) == 2);
+    CHECK(run_tool(args, err) == 1);
+    CHECK(run_tool("onlyone", err) == 2 && file_has(err, "missing argument OUT"));
     fprintf(stderr, "test_fluxion_attn_tool: ok\n");
     return 0;
 }
