@@ -62,19 +62,11 @@ static int all_digits(const char *s)
 
 static flx_status_t conv_uint(const flx_cli_opt_t *o, const char *who, const char *v, uint64_t *out)
 {
-    errno = 0;
-    char *end = NULL;
-    unsigned long long x = all_digits(v) ? strtoull(v, &end, 10) : 0;
-    int ok = all_digits(v) && errno == 0 && end && *end == '\0' && x >= o->ilo && x <= o->ihi;
-    if (!ok) {
-        if (o->ihi == UINT64_MAX)
-            return flx_error_set(FLX_ERR_INVALID, "%s '%s' is not an integer >= %llu", who, v,
-                                 (unsigned long long)o->ilo);
-        return flx_error_set(FLX_ERR_INVALID, "%s '%s' is not an integer in %llu..%llu", who, v,
-                             (unsigned long long)o->ilo, (unsigned long long)o->ihi);
-    }
-    *out = x;
-    return FLX_OK;
+    if (flx_parse_u64(v, o->ilo, o->ihi, out) == FLX_OK) return FLX_OK;
+    if (o->ihi == UINT64_MAX)
+        return flx_error_set(FLX_ERR_INVALID, "%s '%s' is not an integer >= %llu", who, v, (unsigned long long)o->ilo);
+    return flx_error_set(FLX_ERR_INVALID, "%s '%s' is not an integer in %llu..%llu", who, v, (unsigned long long)o->ilo,
+                         (unsigned long long)o->ihi);
 }
 
 static flx_status_t conv_float(const flx_cli_opt_t *o, const char *who, const char *v, double *out)
@@ -488,32 +480,29 @@ flx_status_t flx_cli_u64_list(const char *opt, const char *s, uint64_t lo, uint6
                               uint32_t *n_p)
 {
     if (!opt || !s || !out || !n_p) return flx_error_set(FLX_ERR_INVALID, "cli list: NULL argument");
-    uint64_t tmp[256];
     uint32_t n = 0;
-    const char *p = s;
-    if (cap > FLX_ARRAY_SIZE(tmp)) cap = FLX_ARRAY_SIZE(tmp);
-    for (;;) {
-        size_t len = strcspn(p, ",");
-        char item[32];
-        if (len == 0 || len >= sizeof item || n == cap) {
-            if (n == cap && len)
-                return flx_error_set(FLX_ERR_INVALID, "--%s '%.200s' has more than %u items", opt, s, cap);
-            return flx_error_set(FLX_ERR_INVALID, "--%s '%.200s': item %u is empty or too long", opt, s, n + 1);
+    for (int commit = 0; commit < 2; commit++) {   /* check everything, then write */
+        const char *p = s;
+        n = 0;
+        for (;;) {
+            size_t len = strcspn(p, ",");
+            char item[32];
+            if (len == 0 || len >= sizeof item)
+                return flx_error_set(FLX_ERR_INVALID, "--%s '%.200s': item %u is empty or too long", opt, s, n + 1);
+            if (n == cap) return flx_error_set(FLX_ERR_INVALID, "--%s '%.200s' has more than %u items", opt, s, cap);
+            memcpy(item, p, len);
+            item[len] = '\0';
+            uint64_t x;
+            if (flx_parse_u64(item, lo, hi, &x))
+                return flx_error_set(FLX_ERR_INVALID, "--%s '%.200s': item '%s' is not an integer in %llu..%llu", opt, s,
+                                     item, (unsigned long long)lo, (unsigned long long)hi);
+            if (commit) out[n] = x;
+            n++;
+            p += len;
+            if (!*p) break;
+            p++;   /* the comma */
         }
-        memcpy(item, p, len);
-        item[len] = '\0';
-        errno = 0;
-        char *end = NULL;
-        unsigned long long x = all_digits(item) ? strtoull(item, &end, 10) : 0;
-        if (!all_digits(item) || errno || !end || *end || x < lo || x > hi)
-            return flx_error_set(FLX_ERR_INVALID, "--%s '%.200s': item '%s' is not an integer in %llu..%llu", opt, s,
-                                 item, (unsigned long long)lo, (unsigned long long)hi);
-        tmp[n++] = x;
-        p += len;
-        if (!*p) break;
-        p++;   /* the comma */
     }
-    memcpy(out, tmp, n * sizeof *out);
     *n_p = n;
     return FLX_OK;
 }
