@@ -370,9 +370,9 @@ static void help_line(FILE *f, const char *head, const char *help, const char *t
 
 void flx_cli_help(const flx_cli_t *cli, FILE *f)
 {
-    fprintf(f, "usage: %s ", cli->prog);
+    fprintf(f, "usage: %s", cli->prog);
     if (cli->synopsis) {
-        fputs(cli->synopsis, f);
+        fprintf(f, " %s", cli->synopsis);
     } else {
         int any_optional = cli->progress;
         for (uint32_t i = 0; i < cli->n_opts; i++) {
@@ -383,10 +383,10 @@ void flx_cli_help(const flx_cli_t *cli, FILE *f)
             }
             char meta[256];
             opt_meta(o, meta, sizeof meta);
-            if (o->short_name) fprintf(f, "-%c%s ", o->short_name, meta);
-            else fprintf(f, "--%s%s ", o->name, meta);
+            if (o->short_name) fprintf(f, " -%c%s", o->short_name, meta);
+            else fprintf(f, " --%s%s", o->name, meta);
         }
-        fputs(any_optional ? "[options]" : "", f);
+        if (any_optional) fputs(" [options]", f);
         for (uint32_t i = 0; i < cli->n_pos; i++)
             fprintf(f, cli->pos[i].optional ? " [%s]" : " %s", cli->pos[i].name);
     }

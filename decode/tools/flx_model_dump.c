@@ -12,7 +12,6 @@
  * usage: flx-model-dump -m MODEL(.gguf | HF dir) --tokens FILE [-n N] [--full F] -o OUT
  * Exit status (flx/cli.h): 0 done, 1 a runtime failure (a file, the model), 2 a usage error.
  */
-#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -24,52 +23,11 @@
 #include "flx/forward.h"
 #include "flx/model.h"
 #include "flx/model_load.h"
+#include "flx/tokenizer.h"
 #include "flx/util.h"
 
 #define FLXL_VERSION 1u
 #define PROG "flx-model-dump"
-
-/* Parses ids as text (digits, '-', whitespace only) or raw i32 from buf (len bytes). Returns NULL
- * with a message in flx_error_msg(). */
-static int32_t *parse_ids(const char *path, const char *buf, size_t len, size_t *n_p)
-{
-    int text = 1;
-    for (size_t i = 0; i < len && text; i++)
-        text = isdigit((unsigned char)buf[i]) || buf[i] == '-' || isspace((unsigned char)buf[i]);
-    int32_t *ids = malloc((len / 2 + 2) * sizeof *ids);
-    size_t n = 0;
-    if (!ids) {
-        flx_error_set(FLX_ERR_NOMEM, "%s: out of memory for %zu bytes of ids", path, len);
-        return NULL;
-    }
-    if (text) {
-        const char *p = buf;
-        char *end;
-        for (;;) {
-            while (isspace((unsigned char)*p)) p++;
-            if (!*p) break;
-            errno = 0;
-            long v = strtol(p, &end, 10);
-            if (end == p || errno || v < INT32_MIN || v > INT32_MAX) {
-                flx_error_set(FLX_ERR_FORMAT, "%s: bad token id near byte %zu", path, (size_t)(p - buf));
-                free(ids);
-                return NULL;
-            }
-            ids[n++] = (int32_t)v;
-            p = end;
-        }
-    } else {
-        if (len % 4) {
-            flx_error_set(FLX_ERR_FORMAT, "%s: %zu bytes is not a whole number of i32 ids", path, len);
-            free(ids);
-            return NULL;
-        }
-        n = len / 4;
-        memcpy(ids, buf, len);
-    }
-    *n_p = n;
-    return ids;
-}
 
 int main(int argc, char **argv)
 {
@@ -91,15 +49,9 @@ int main(int argc, char **argv)
     if (flx_cli_given(&cli, "positions") && flx_cli_given(&cli, "full") && full_req > n_req)
         return flx_cli_usage_error(&cli, "--full %llu exceeds --positions %llu", (unsigned long long)full_req,
                                    (unsigned long long)n_req);
-    char *raw = NULL;
-    size_t raw_len = 0, n_all = 0;
+    size_t n_all = 0;
     int32_t *ids = NULL;
-    if (flx_cli_read_file(ids_path, (size_t)1 << 31, &raw, &raw_len) ||
-        !(ids = parse_ids(ids_path, raw, raw_len, &n_all))) {
-        free(raw);
-        return flx_cli_fail(&cli, "--tokens: %s", flx_error_msg());
-    }
-    free(raw);
+    if (flx_tok_ids_read(ids_path, &ids, &n_all)) return flx_cli_fail(&cli, "--tokens: %s", flx_error_msg());
     const uint32_t n = n_req ? (uint32_t)n_req : (uint32_t)FLX_MIN(n_all, UINT32_MAX);
     if (n == 0 || n > n_all) {
         free(ids);
