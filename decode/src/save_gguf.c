@@ -6,8 +6,9 @@
  * Tests and fuzz seeds need small GGUF files that flx-generate takes as a whole model, tokenizer
  * included, without any file from outside: flx-gen-ckpt --format gguf writes them through this. The
  * vocabulary is GPT-2's 256 byte tokens (the byte-to-unicode map every byte-level BPE starts from),
- * no merges, and one control token <|endoftext|> as end of sequence, so any UTF-8 text encodes to
- * one token per byte: a prompt's length in tokens is its length in bytes (plus nothing: no BOS).
+ * no merges, the control token <|endoftext|> as end of sequence and control tokens <|pad_N|> up to
+ * the model's vocabulary (so every id the model can sample decodes), so any text encodes to one
+ * token per byte: a prompt's length in tokens is its length in bytes (no BOS).
  * Layout as flx/gguf.h documents it: version 3, alignment 32, matrices as F32, F16 or BF16 with
  * ne = [in, out], norms and biases F32, Llama wq/wk rows permuted into llama.cpp's interleaved
  * RoPE layout (load_gguf.c un-permutes them), so a save and a load give the same weights.
@@ -190,7 +191,7 @@ flx_status_t flx_model_save_gguf(const flx_model_t *m, const char *path, flx_dty
         free(t), free(row);
         return st;
     }
-    const uint32_t n_kv = 19;   /* the keys below */
+    const uint32_t n_kv = 20;   /* the keys below */
     put(&o, "GGUF", 4);
     put_u32(&o, 3);
     put_u64(&o, n);
@@ -215,13 +216,21 @@ flx_status_t flx_model_save_gguf(const flx_model_t *m, const char *path, flx_dty
     kv_str(&o, "tokenizer.ggml.model", "gpt2");
     kv_str(&o, "tokenizer.ggml.pre", "gpt2");
     put_str(&o, "tokenizer.ggml.tokens");
-    put_u32(&o, FLX_GGUF_ARRAY), put_u32(&o, FLX_GGUF_STRING), put_u64(&o, N_BYTE_TOKENS + 1);
+    put_u32(&o, FLX_GGUF_ARRAY), put_u32(&o, FLX_GGUF_STRING), put_u64(&o, c->vocab);
     for (uint32_t b = 0; b < N_BYTE_TOKENS; b++) {
         char tok[4];
         byte_token(b, tok);
         put_str(&o, tok);
     }
     put_str(&o, "<|endoftext|>");
+    for (uint32_t i = N_BYTE_TOKENS + 1; i < c->vocab; i++) {
+        char tok[32];
+        snprintf(tok, sizeof tok, "<|pad_%u|>", i);
+        put_str(&o, tok);
+    }
+    put_str(&o, "tokenizer.ggml.token_type");   /* 1 normal (the bytes), 3 control */
+    put_u32(&o, FLX_GGUF_ARRAY), put_u32(&o, FLX_GGUF_I32), put_u64(&o, c->vocab);
+    for (uint32_t i = 0; i < c->vocab; i++) put_u32(&o, i < N_BYTE_TOKENS ? 1 : 3);
     put_str(&o, "tokenizer.ggml.merges");
     put_u32(&o, FLX_GGUF_ARRAY), put_u32(&o, FLX_GGUF_STRING), put_u64(&o, 0);
     kv_u32(&o, "tokenizer.ggml.eos_token_id", N_BYTE_TOKENS);

@@ -57,9 +57,10 @@ flx_status_t flx_model_save_hf(const flx_model_t *model, const char *dir, flx_dt
  * Writes model as one GGUF file at path (version 3, alignment 32; atomically): metadata keys of its
  * architecture ("llama" or "qwen2", context_length = max_ctx), matrices as dtype (FLX_DT_BF16,
  * FLX_DT_F16 or FLX_DT_F32; Llama wq/wk rows permuted as llama.cpp's converter does), norms and
- * biases as F32, and a tokenizer: GPT-2 byte-level BPE with the 256 byte tokens, no merges and
- * <|endoftext|> (id 256) as end of sequence, so text encodes to one token per byte. Needs vocab >=
- * 257; llama3 rope scaling is refused (FLX_ERR_UNSUPPORTED).
+ * biases as F32, and a tokenizer of the model's vocabulary: GPT-2 byte-level BPE with the 256 byte
+ * tokens, no merges, <|endoftext|> (id 256, control) as end of sequence and control tokens
+ * <|pad_N|> for the other ids, so text encodes to one token per byte. Needs vocab >= 257; llama3
+ * rope scaling is refused (FLX_ERR_UNSUPPORTED).
  */
 flx_status_t flx_model_save_gguf(const flx_model_t *model, const char *path, flx_dtype_t dtype);
 
