@@ -426,7 +426,7 @@ int main(int argc, char **argv)
                 top[t].l1, top[t].l1 - top[t].l2);
     }
 
-    int rc = 0;
+    rc = 0;
     if (out_path) {
         FILE *out = fopen(out_path, "wb");
         if (!out) {
