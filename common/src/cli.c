@@ -43,6 +43,31 @@ static spelled_t spell(const flx_cli_opt_t *o, int as_short)
     return w;
 }
 
+/* A word of the command line as a message shows it: on one line (control bytes and bytes above
+ * 0x7e as \xNN), at most 80 bytes of it (then "..."). Messages are one line whatever was typed. */
+typedef struct shown {
+    char s[4 * 80 + 4];
+} shown_t;
+
+static shown_t shown_n(const char *w, size_t len)
+{
+    shown_t r;
+    size_t o = 0;
+    for (size_t i = 0; i < len && i < 80; i++) {
+        unsigned char c = (unsigned char)w[i];
+        if (c >= 0x20 && c < 0x7f && c != '\\') r.s[o++] = (char)c;
+        else o += (size_t)snprintf(r.s + o, sizeof r.s - o, "\\x%02x", c);
+    }
+    if (len > 80) memcpy(r.s + o, "...", 3), o += 3;
+    r.s[o] = '\0';
+    return r;
+}
+
+static shown_t shown(const char *w)
+{
+    return shown_n(w, strlen(w));
+}
+
 /* A word that is an option rather than a value: "-x...", "--x...". "-" alone and negative numbers
  * ("-1", "-0.5", "-.5") are values. */
 static int looks_like_option(const char *s)
@@ -64,9 +89,10 @@ static flx_status_t conv_uint(const flx_cli_opt_t *o, const char *who, const cha
 {
     if (flx_parse_u64(v, o->ilo, o->ihi, out) == FLX_OK) return FLX_OK;
     if (o->ihi == UINT64_MAX)
-        return flx_error_set(FLX_ERR_INVALID, "%s '%s' is not an integer >= %llu", who, v, (unsigned long long)o->ilo);
-    return flx_error_set(FLX_ERR_INVALID, "%s '%s' is not an integer in %llu..%llu", who, v, (unsigned long long)o->ilo,
-                         (unsigned long long)o->ihi);
+        return flx_error_set(FLX_ERR_INVALID, "%s '%s' is not an integer >= %llu", who, shown(v).s,
+                             (unsigned long long)o->ilo);
+    return flx_error_set(FLX_ERR_INVALID, "%s '%s' is not an integer in %llu..%llu", who, shown(v).s,
+                         (unsigned long long)o->ilo, (unsigned long long)o->ihi);
 }
 
 static flx_status_t conv_float(const flx_cli_opt_t *o, const char *who, const char *v, double *out)
@@ -76,7 +102,7 @@ static flx_status_t conv_float(const flx_cli_opt_t *o, const char *who, const ch
     int lo_ok = (o->flags & FLX_CLI_LO_OPEN) ? x > o->lo : x >= o->lo;
     int hi_ok = (o->flags & FLX_CLI_HI_OPEN) ? x < o->hi : x <= o->hi;
     if (st || !lo_ok || !hi_ok)
-        return flx_error_set(FLX_ERR_INVALID, "%s '%s' is not a number in %s%g, %g%s", who, v,
+        return flx_error_set(FLX_ERR_INVALID, "%s '%s' is not a number in %s%g, %g%s", who, shown(v).s,
                              (o->flags & FLX_CLI_LO_OPEN) ? "(" : "[", o->lo, o->hi,
                              (o->flags & FLX_CLI_HI_OPEN) ? ")" : "]");
     *out = x;
@@ -139,7 +165,7 @@ static flx_status_t take_value(flx_cli_opt_t *o, const char *who, const char *v,
         {
             char list[256];
             choices_text(o->choices, " or ", list, sizeof list);
-            return flx_error_set(FLX_ERR_INVALID, "%s '%s' is not %s", who, v, list);
+            return flx_error_set(FLX_ERR_INVALID, "%s '%s' is not %s", who, shown(v).s, list);
         }
     }
     return flx_error_set(FLX_ERR_INTERNAL, "%s: option kind %d", who, (int)o->kind);
@@ -175,9 +201,9 @@ static flx_status_t unknown_long(const flx_cli_t *cli, const char *name, size_t 
         }
     }
     if (k)
-        return flx_error_set(FLX_ERR_INVALID, "unknown option --%.*s (names are matched exactly: did you mean %s?)",
-                             (int)FLX_MIN(len, 64), name, near);
-    return flx_error_set(FLX_ERR_INVALID, "unknown option --%.*s", (int)FLX_MIN(len, 64), name);
+        return flx_error_set(FLX_ERR_INVALID, "unknown option --%s (names are matched exactly: did you mean %s?)",
+                             shown_n(name, len).s, near);
+    return flx_error_set(FLX_ERR_INVALID, "unknown option --%s", shown_n(name, len).s);
 }
 
 static flx_status_t scan(flx_cli_t *cli, int argc, char *const *argv, int commit, flx_cli_action_t *action_p)
@@ -199,8 +225,9 @@ static flx_status_t scan(flx_cli_t *cli, int argc, char *const *argv, int commit
         if (options_done || !looks_like_option(a)) {
             if (n_pos >= cli->n_pos) {
                 if (cli->n_pos == 0)
-                    return flx_error_set(FLX_ERR_INVALID, "unexpected argument '%.200s' (this tool takes options only)", a);
-                return flx_error_set(FLX_ERR_INVALID, "unexpected argument '%.200s' after %s", a,
+                    return flx_error_set(FLX_ERR_INVALID, "unexpected argument '%s' (this tool takes options only)",
+                                         shown(a).s);
+                return flx_error_set(FLX_ERR_INVALID, "unexpected argument '%s' after %s", shown(a).s,
                                      cli->pos[cli->n_pos - 1].name);
             }
             if (commit) *cli->pos[n_pos].dst = a;
@@ -217,7 +244,7 @@ static flx_status_t scan(flx_cli_t *cli, int argc, char *const *argv, int commit
             int is_help = len == 4 && !memcmp(name, "help", 4), is_version = len == 7 && !memcmp(name, "version", 7);
             int is_progress = cli->progress && len == 8 && !memcmp(name, "progress", 8);
             if ((is_help || is_version || is_progress) && eq)
-                return flx_error_set(FLX_ERR_INVALID, "--%.*s takes no value", (int)len, name);
+                return flx_error_set(FLX_ERR_INVALID, "--%s takes no value", shown_n(name, len).s);
             if (is_help || is_version) {
                 *action_p = is_help ? FLX_CLI_HELP : FLX_CLI_VERSION;
                 return FLX_OK;
@@ -229,19 +256,20 @@ static flx_status_t scan(flx_cli_t *cli, int argc, char *const *argv, int commit
             if (!(o = find_long(cli, name, len))) return unknown_long(cli, name, len);
         } else {
             if (a[1] == 'h' && !find_short(cli, 'h')) {
-                if (a[2]) return flx_error_set(FLX_ERR_INVALID, "-h takes no value (got '%.200s')", a);
+                if (a[2]) return flx_error_set(FLX_ERR_INVALID, "-h takes no value (got '%s')", shown(a).s);
                 *action_p = FLX_CLI_HELP;
                 return FLX_OK;
             }
             if (!(o = find_short(cli, a[1])))
-                return a[2] ? flx_error_set(FLX_ERR_INVALID, "unknown option -%c (in '%.200s')", a[1], a)
-                            : flx_error_set(FLX_ERR_INVALID, "unknown option -%c", a[1]);
+                return a[2] ? flx_error_set(FLX_ERR_INVALID, "unknown option -%s (in '%s')", shown_n(a + 1, 1).s,
+                                            shown(a).s)
+                            : flx_error_set(FLX_ERR_INVALID, "unknown option -%s", shown_n(a + 1, 1).s);
             if (a[2]) inl = a + 2;
         }
         const spelled_t who = spell(o, as_short);
         o->n_given++;
         if (o->kind == FLX_CLI_KIND_FLAG) {
-            if (inl) return flx_error_set(FLX_ERR_INVALID, "%s takes no value (got '%.200s')", who.s, a);
+            if (inl) return flx_error_set(FLX_ERR_INVALID, "%s takes no value (got '%s')", who.s, shown(a).s);
             if ((st = take_value(o, who.s, "", commit))) return st;
             continue;
         }
@@ -254,8 +282,8 @@ static flx_status_t scan(flx_cli_t *cli, int argc, char *const *argv, int commit
             if (i + 1 >= argc || !argv[i + 1])
                 return flx_error_set(FLX_ERR_INVALID, "%s needs a value", who.s);
             if (looks_like_option(argv[i + 1]))
-                return flx_error_set(FLX_ERR_INVALID, "%s needs a value, got the option '%.200s' (write %s=VALUE for a "
-                                     "value that starts with '-')", who.s, argv[i + 1], who.s);
+                return flx_error_set(FLX_ERR_INVALID, "%s needs a value, got the option '%s' (write %s=VALUE for a "
+                                     "value that starts with '-')", who.s, shown(argv[i + 1]).s, who.s);
             v = argv[++i];
         }
         if ((st = take_value(o, who.s, v, commit))) return st;
@@ -450,6 +478,20 @@ flx_status_t flx_cli_applies(const flx_cli_t *cli, int applies, const char *cont
     return st;
 }
 
+/* "PROG: msg" on stderr as one line: control bytes a tool's message quotes from the command line or
+ * a file are shown as \xNN. */
+static void print_line(const char *prog, const char *msg)
+{
+    char line[FLX_ERROR_MSG_MAX * 4 + 8];
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)msg; *p && o + 5 < sizeof line; p++) {
+        if (*p >= 0x20 && *p != 0x7f) line[o++] = (char)*p;
+        else o += (size_t)snprintf(line + o, sizeof line - o, "\\x%02x", *p);
+    }
+    line[o] = '\0';
+    fprintf(stderr, "%s: %s\n", prog, line);
+}
+
 int flx_cli_usage_error(const flx_cli_t *cli, const char *fmt, ...)
 {
     char msg[FLX_ERROR_MSG_MAX];
@@ -461,7 +503,8 @@ int flx_cli_usage_error(const flx_cli_t *cli, const char *fmt, ...)
     } else {
         snprintf(msg, sizeof msg, "%s", flx_error_msg());
     }
-    fprintf(stderr, "%s: %s\ntry '%s --help'\n", cli->prog, msg, cli->prog);
+    print_line(cli->prog, msg);
+    fprintf(stderr, "try '%s --help'\n", cli->prog);
     return FLX_EXIT_USAGE;
 }
 
@@ -472,7 +515,7 @@ int flx_cli_fail(const flx_cli_t *cli, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "%s: %s\n", cli->prog, msg);
+    print_line(cli->prog, msg);
     return FLX_EXIT_FAILURE;
 }
 
@@ -488,14 +531,14 @@ flx_status_t flx_cli_u64_list(const char *opt, const char *s, uint64_t lo, uint6
             size_t len = strcspn(p, ",");
             char item[32];
             if (len == 0 || len >= sizeof item)
-                return flx_error_set(FLX_ERR_INVALID, "--%s '%.200s': item %u is empty or too long", opt, s, n + 1);
-            if (n == cap) return flx_error_set(FLX_ERR_INVALID, "--%s '%.200s' has more than %u items", opt, s, cap);
+                return flx_error_set(FLX_ERR_INVALID, "--%s '%s': item %u is empty or too long", opt, shown(s).s, n + 1);
+            if (n == cap) return flx_error_set(FLX_ERR_INVALID, "--%s '%s' has more than %u items", opt, shown(s).s, cap);
             memcpy(item, p, len);
             item[len] = '\0';
             uint64_t x;
             if (flx_parse_u64(item, lo, hi, &x))
-                return flx_error_set(FLX_ERR_INVALID, "--%s '%.200s': item '%s' is not an integer in %llu..%llu", opt, s,
-                                     item, (unsigned long long)lo, (unsigned long long)hi);
+                return flx_error_set(FLX_ERR_INVALID, "--%s '%s': item '%s' is not an integer in %llu..%llu", opt,
+                                     shown(s).s, shown(item).s, (unsigned long long)lo, (unsigned long long)hi);
             if (commit) out[n] = x;
             n++;
             p += len;
