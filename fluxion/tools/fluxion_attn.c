@@ -92,6 +92,23 @@ static int check_finite(const flx_st_tensor_t *t, const char *name)
     return 0;
 }
 
+/* The integer metadata key of the input in [lo, hi] into *out, unless the command line gave the
+ * option of that name (or the key is absent): -1 with the message printed when it is malformed. */
+static int meta_u32(const flx_cli_t *cli, flx_st_reader_h rd, const char *in, const char *key, uint64_t lo,
+                    uint64_t hi, uint32_t *out)
+{
+    const char *s = flx_st_metadata(rd, key);
+    uint64_t v;
+    if (flx_cli_given(cli, key) || !s) return 0;
+    if (flx_parse_u64(s, lo, hi, &v)) {
+        fprintf(stderr, "fluxion-attn: %s: metadata \"%s\" = \"%.64s\" is not an integer in %llu..%llu\n", in, key, s,
+                (unsigned long long)lo, (unsigned long long)hi);
+        return -1;
+    }
+    *out = (uint32_t)v;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const char *const modes[] = {"full", "sparse", "fixed", NULL}, *const blks[] = {"16", "32", "64", "128", NULL},
@@ -175,9 +192,7 @@ int main(int argc, char **argv)
 
     /* configuration: the command line over the input's metadata over the defaults; the metadata's
      * values are checked here (the command line's were by the parser) */
-    const char *m_mode = flx_st_metadata(rd, "mode"), *m_blk = flx_st_metadata(rd, "blk"),
-               *m_bud = flx_st_metadata(rd, "budget"), *m_sink = flx_st_metadata(rd, "sink"),
-               *m_local = flx_st_metadata(rd, "local");
+    const char *m_mode = flx_st_metadata(rd, "mode"), *m_bud = flx_st_metadata(rd, "budget");
     if (!flx_cli_given(&cli, "mode")) {
         for (mode_i = 0; m_mode && modes[mode_i] && strcmp(m_mode, modes[mode_i]); mode_i++) continue;
         if (m_mode && !modes[mode_i]) {
@@ -188,30 +203,13 @@ int main(int argc, char **argv)
     }
     const char *mode_s = modes[mode_i];
     flx_attn_cfg_t cfg = {.mode = mode_i == 0 ? FLX_ATTN_FULL : mode_i == 1 ? FLX_ATTN_SPARSE : FLX_ATTN_FIXED};
-    uint64_t v;
     uint32_t blk = 16u << blk_i, sink = (uint32_t)sink_u, local = (uint32_t)local_u, threads = (uint32_t)threads_u;
-    if (!flx_cli_given(&cli, "blk") && m_blk) {
-        if (flx_parse_u64(m_blk, 16, 128, &v) || flx_attn_blk_level((uint32_t)v) < 0) {
-            fprintf(stderr, "fluxion-attn: %s: metadata \"blk\" = \"%.64s\" is not 16, 32, 64 or 128\n", in, m_blk);
-            goto out;
-        }
-        blk = (uint32_t)v;
-    }
-    if (!flx_cli_given(&cli, "sink") && m_sink) {
-        if (flx_parse_u64(m_sink, 0, UINT32_MAX, &v)) {
-            fprintf(stderr, "fluxion-attn: %s: metadata \"sink\" = \"%.64s\" is not a non-negative integer\n", in,
-                    m_sink);
-            goto out;
-        }
-        sink = (uint32_t)v;
-    }
-    if (!flx_cli_given(&cli, "local") && m_local) {
-        if (flx_parse_u64(m_local, 0, UINT32_MAX, &v)) {
-            fprintf(stderr, "fluxion-attn: %s: metadata \"local\" = \"%.64s\" is not a non-negative integer\n", in,
-                    m_local);
-            goto out;
-        }
-        local = (uint32_t)v;
+    if (meta_u32(&cli, rd, in, "blk", 16, 128, &blk) || meta_u32(&cli, rd, in, "sink", 0, UINT32_MAX, &sink) ||
+        meta_u32(&cli, rd, in, "local", 0, UINT32_MAX, &local))
+        goto out;
+    if (flx_attn_blk_level(blk) < 0) {
+        fprintf(stderr, "fluxion-attn: %s: metadata \"blk\" = %u is not 16, 32, 64 or 128\n", in, blk);
+        goto out;
     }
     if (cfg.mode != FLX_ATTN_FIXED && flx_cli_given(&cli, "budget")) {
         fprintf(stderr, "fluxion-attn: --budget has no effect: %s sets mode %s (only fixed reads it)\n", in, mode_s);

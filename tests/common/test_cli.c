@@ -191,6 +191,11 @@ static void test_values(void)
     bad("-m M --mode sparse IN", "--mode 'sparse' is not full, fixed or fluxion", NULL);
     bad("-m M --mode Full IN", "'Full'", NULL);
     bad("-m M --mode flux IN", "'flux'", NULL);
+    /* what was typed is shown on one line, escaped, and cut */
+    bad("-m M --mode a\nb IN", "--mode 'a\\x0ab' is not", NULL);
+    bad("-m M IN OUT \x1b[2J", "unexpected argument '\\x1b[2J'", NULL);
+    bad("-m M IN OUT 0123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789",
+        "'01234567890123456789012345678901234567890123456789012345678901234567890123456789...'", NULL);
     /* repeatable */
     ok("-m M --data a -d b IN");
     CHECK(g_n_data == 2 && !strcmp(g_data[0], "a") && !strcmp(g_data[1], "b") && !strcmp(g_data[2], "unset"));
