@@ -8,6 +8,11 @@
  * The first token is sampled from the prefill logits with --seed, the rest by the engine with a
  * sampler seeded from --seed too (one stream of draws per sequence, as the engine does).
  *
+ * The command line (flx/cli.h) is checked whole before anything is read; then the prompt file and
+ * the predictor (small, fast to refuse), then the model; a prompt longer than the model's context is
+ * refused before any memory is sized for it (exit 1, both lengths named). --progress (or a terminal
+ * on stderr) shows model loading and the prefill layer by layer.
+ *
  * --gpu [DEVICE] runs the prefill and the dense part of decoding on a CUDA device (the weights are
  * uploaded once and shared by both), keeps the kvstore's windows on that device too and runs
  * window attention there (flx/engine.h, GPU PATH). Without a usable device it stops with the
@@ -95,6 +100,7 @@ static int cmp_u64(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
+    /* modes in flx_engine_attn_mode_t's order; blk = 16 << index */
     static const char *const modes[] = {"full", "fixed", "fluxion", NULL}, *const blks[] = {"16", "32", "64", "128", NULL};
     const char *model_path = NULL, *prompt_text = NULL, *prompt_path = NULL, *pred_path = getenv("FLX_PREDICTOR");
     int chat = 0, mode = 0, blk_i = 0;
