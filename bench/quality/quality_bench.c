@@ -85,7 +85,8 @@ int main(int argc, char **argv)
     uint32_t n_layer_arg = 0;
     float tau = 0.1f;
     flx_cli_opt_t opts[] = {
-        FLX_CLI_STR(0, "source", "SPEC", &source, FLX_CLI_REQUIRED, "dump:FILE or synth:L,Hq,Hkv,D,len,steps[,seed[,share]]"),
+        FLX_CLI_STR(0, "source", "SPEC", &source, FLX_CLI_REQUIRED,
+                    "dump:FILE or synth:L,Hq,Hkv,D,len,steps[,seed[,share]]"),
         FLX_CLI_PATH(0, "weights", "FILE", &weights, FLX_CLI_REQUIRED, "predictor weights"),
         FLX_CLI_PATH(0, "csv", "FILE", &csv, 0, "CSV rows appended"),
         FLX_CLI_STR(0, "label", "NAME", &label, 0, "the rows' label in the CSV"),

@@ -316,7 +316,8 @@ static flx_status_t check_table(const flx_cli_t *cli)
         }
         if ((o->flags & FLX_CLI_OPTIONAL) && o->kind != FLX_CLI_KIND_UINT) ok = 0;
         if ((o->flags & FLX_CLI_REPEAT) && o->kind != FLX_CLI_KIND_STRING && o->kind != FLX_CLI_KIND_PATH) ok = 0;
-        if (!ok) return flx_error_set(FLX_ERR_INTERNAL, "cli: option %u (%s) is declared wrong", i, o->name ? o->name : "?");
+        if (!ok)
+            return flx_error_set(FLX_ERR_INTERNAL, "cli: option %u (%s) is declared wrong", i, o->name ? o->name : "?");
     }
     for (uint32_t i = 0; i < cli->n_pos; i++)
         if (!cli->pos[i].name || !cli->pos[i].dst || (i && cli->pos[i - 1].optional && !cli->pos[i].optional))
@@ -531,8 +532,10 @@ flx_status_t flx_cli_u64_list(const char *opt, const char *s, uint64_t lo, uint6
             size_t len = strcspn(p, ",");
             char item[32];
             if (len == 0 || len >= sizeof item)
-                return flx_error_set(FLX_ERR_INVALID, "--%s '%s': item %u is empty or too long", opt, shown(s).s, n + 1);
-            if (n == cap) return flx_error_set(FLX_ERR_INVALID, "--%s '%s' has more than %u items", opt, shown(s).s, cap);
+                return flx_error_set(FLX_ERR_INVALID, "--%s '%s': item %u is empty or too long", opt, shown(s).s,
+                                     n + 1);
+            if (n == cap)
+                return flx_error_set(FLX_ERR_INVALID, "--%s '%s' has more than %u items", opt, shown(s).s, cap);
             memcpy(item, p, len);
             item[len] = '\0';
             uint64_t x;
@@ -563,8 +566,9 @@ flx_status_t flx_cli_read_file(const char *path, size_t max_bytes, char **buf_p,
         if (n + 1 >= cap) {
             char *nb = cap <= max_bytes ? realloc(buf, cap * 2) : NULL;
             if (!nb) {
-                st = cap > max_bytes ? flx_error_set(FLX_ERR_CAPACITY, "%s is larger than %zu bytes", path, max_bytes)
-                                     : flx_error_set(FLX_ERR_NOMEM, "reading %s: out of memory at %zu bytes", path, cap);
+                st = cap > max_bytes
+                         ? flx_error_set(FLX_ERR_CAPACITY, "%s is larger than %zu bytes", path, max_bytes)
+                         : flx_error_set(FLX_ERR_NOMEM, "reading %s: out of memory at %zu bytes", path, cap);
                 break;
             }
             buf = nb, cap *= 2;

@@ -106,7 +106,8 @@ flx_isa_t flx_isa_active(void)
         flx_isa_t e;
         const char *s = getenv("FLX_ISA");
         cap = flx_isa_parse(s, &e) == 0 ? (int)e : -1;
-        if (s && *s && cap < 0) flx_log_warn("cpu", "FLX_ISA='%.64s' is not scalar, avx2, avx512 or avx512bf16: ignored", s);
+        if (s && *s && cap < 0)
+            flx_log_warn("cpu", "FLX_ISA='%.64s' is not scalar, avx2, avx512 or avx512bf16: ignored", s);
         atomic_store_explicit(&g_env_cap, cap, memory_order_relaxed);
     }
     int lvl = (int)flx_isa_best();

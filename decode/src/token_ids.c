@@ -23,7 +23,8 @@ flx_status_t flx_tok_ids_parse(const char *what, const void *buf, size_t len, in
     int text = 1;
     for (size_t i = 0; i < len && text; i++) text = isdigit(b[i]) || b[i] == '-' || isspace(b[i]);
     if (!text && len % 4)
-        return flx_error_set(FLX_ERR_FORMAT, "%s: %zu bytes is not a whole number of i32 ids (and not text)", what, len);
+        return flx_error_set(FLX_ERR_FORMAT, "%s: %zu bytes is not a whole number of i32 ids (and not text)", what,
+                             len);
     int32_t *ids = malloc((text ? len / 2 + 1 : len / 4) * sizeof *ids + 1);
     if (!ids) return flx_error_set(FLX_ERR_NOMEM, "%s: out of memory for the ids of %zu bytes", what, len);
     size_t n = 0;

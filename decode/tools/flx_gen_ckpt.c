@@ -47,7 +47,8 @@ int main(int argc, char **argv)
                       "RoPE base (default 10000)"),
     };
     flx_cli_pos_t pos[] = {FLX_CLI_ARG("OUT", &out, "the checkpoint folder (hf) or file (gguf)")};
-    flx_cli_t cli = FLX_CLI_INIT_POS("flx-gen-ckpt", "Writes a seeded random Llama or Qwen2 model for tests.", opts, pos);
+    flx_cli_t cli =
+        FLX_CLI_INIT_POS("flx-gen-ckpt", "Writes a seeded random Llama or Qwen2 model for tests.", opts, pos);
     int rc = flx_cli_main(&cli, argc, argv);
     if (rc != FLX_CLI_PROCEED) return rc;
     if (flx_cli_applies(&cli, format == 0, "with --format gguf (one file)", "shards", NULL))

@@ -101,7 +101,8 @@ static int cmp_u64(const void *a, const void *b)
 int main(int argc, char **argv)
 {
     /* modes in flx_engine_attn_mode_t's order; blk = 16 << index */
-    static const char *const modes[] = {"full", "fixed", "fluxion", NULL}, *const blks[] = {"16", "32", "64", "128", NULL};
+    static const char *const modes[] = {"full", "fixed", "fluxion", NULL},
+                             *const blks[] = {"16", "32", "64", "128", NULL};
     const char *model_path = NULL, *prompt_text = NULL, *prompt_path = NULL, *pred_path = getenv("FLX_PREDICTOR");
     int chat = 0, mode = 0, blk_i = 0;
     uint64_t max_new = 64, threads = 0, top_k = 0, seed = 1, gpu_dev = 0, sel_minb = 0;
@@ -130,7 +131,8 @@ int main(int argc, char **argv)
         FLX_CLI_FLOAT(0, "budget-scale", "A", &sel_scale, 0.0, 64.0, FLX_CLI_LO_OPEN,
                       "fluxion: Eq. 1 budgets scaled by A"),
         FLX_CLI_UINT(0, "min-blocks", "M", &sel_minb, 0, 64, 0, "fluxion: a retrieval head reads at least M blocks"),
-        FLX_CLI_UINT('n', "max-new", "N", &max_new, 1, 1000000, 0, "tokens to generate, the first one included (default 64)"),
+        FLX_CLI_UINT('n', "max-new", "N", &max_new, 1, 1000000, 0,
+                     "tokens to generate, the first one included (default 64)"),
         FLX_CLI_FLOAT(0, "temp", "T", &temp, 0.0, 1e6, 0, "sampling temperature (default 0: greedy)"),
         FLX_CLI_UINT(0, "top-k", "K", &top_k, 0, UINT32_MAX, 0, "sample among the K likeliest tokens (0: all)"),
         FLX_CLI_FLOAT(0, "top-p", "P", &top_p, 0.0, 1.0, FLX_CLI_LO_OPEN, "nucleus sampling mass (default 1)"),
@@ -307,7 +309,8 @@ int main(int argc, char **argv)
     if (use_gpu) {
         flx_gpu_fwd_shape_t gs = {.max_prompt = n, .max_batch = 1};
         size_t gdev_b = 0, ghost_b = 0;
-        if ((st = flx_gpu_fwd_plan(m, &gs, &gdev_b, &ghost_b)) || (st = flx_cuda_malloc((int)gpu_dev, gdev_b, &gdev_mem)) ||
+        if ((st = flx_gpu_fwd_plan(m, &gs, &gdev_b, &ghost_b)) ||
+            (st = flx_cuda_malloc((int)gpu_dev, gdev_b, &gdev_mem)) ||
             (st = flx_cuda_host_alloc(ghost_b, &ghost_mem)) || (st = flx_cuda_stream_create((int)gpu_dev, &gstream)) ||
             (st = flx_gpu_fwd_ws_create(gm, &gs, gdev_mem, gdev_b, ghost_mem, ghost_b, &gws))) {
             fprintf(stderr, PROG ": gpu prefill workspace for %u tokens: %s\n", n, flx_error_msg());

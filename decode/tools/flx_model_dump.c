@@ -35,14 +35,18 @@ int main(int argc, char **argv)
     uint64_t n_req = 0, full_req = 0, threads = 0;
     flx_cli_opt_t opts[] = {
         FLX_CLI_PATH('m', "model", "MODEL", &model_path, FLX_CLI_REQUIRED, "a .gguf file or a Hugging Face folder"),
-        FLX_CLI_PATH(0, "tokens", "FILE", &ids_path, FLX_CLI_REQUIRED, "token ids: one per line, or raw little-endian i32"),
+        FLX_CLI_PATH(0, "tokens", "FILE", &ids_path, FLX_CLI_REQUIRED,
+                     "token ids: one per line, or raw little-endian i32"),
         FLX_CLI_PATH('o', "out", "FILE", &out_path, FLX_CLI_REQUIRED, "the FLXL dump to write"),
         FLX_CLI_UINT('n', "positions", "N", &n_req, 1, 1u << 22, 0, "positions to run (default: every id)"),
-        FLX_CLI_UINT(0, "full", "F", &full_req, 0, 1u << 22, 0, "positions whose full logit rows are written (default N)"),
+        FLX_CLI_UINT(0, "full", "F", &full_req, 0, 1u << 22, 0,
+                     "positions whose full logit rows are written (default N)"),
         FLX_CLI_UINT('t', "threads", "N", &threads, 1, 1024, 0, "worker threads for the forward pass"),
     };
-    flx_cli_t cli = FLX_CLI_INIT(PROG, "Teacher-forced logits of our forward pass in the FLXL format bench/model compares "
-                                 "with llama.cpp.", opts);
+    flx_cli_t cli = FLX_CLI_INIT(PROG,
+                                 "Teacher-forced logits of our forward pass in the FLXL format bench/model compares "
+                                 "with llama.cpp.",
+                                 opts);
     cli.progress = 1;
     int rc = flx_cli_main(&cli, argc, argv);
     if (rc != FLX_CLI_PROCEED) return rc;

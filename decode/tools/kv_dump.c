@@ -55,7 +55,8 @@ int main(int argc, char **argv)
         FLX_CLI_PATH('m', "model", "MODEL", &model_path, FLX_CLI_REQUIRED, "a .gguf file or a Hugging Face folder"),
         FLX_CLI_PATH(0, "text", "FILE", &text_path, FLX_CLI_REQUIRED, "the text (UTF-8) whose tokens are fed"),
         FLX_CLI_UINT(0, "prompt-len", "N", &P, 1, 1u << 24, FLX_CLI_REQUIRED, "prompt tokens (the anchor is the last)"),
-        FLX_CLI_UINT(0, "steps", "S", &S, 0, 1u << 20, FLX_CLI_REQUIRED, "teacher-forced decode steps after the prompt"),
+        FLX_CLI_UINT(0, "steps", "S", &S, 0, 1u << 20, FLX_CLI_REQUIRED,
+                     "teacher-forced decode steps after the prompt"),
         FLX_CLI_UINT(0, "offset", "TOKENS", &off, 0, 1u << 30, 0, "tokens of the text skipped first (default 0)"),
         FLX_CLI_PATH('o', "out", "FILE", &out_path, FLX_CLI_REQUIRED, "the KV dump to write (safetensors)"),
         FLX_CLI_UINT('t', "threads", "N", &threads, 1, 1024, 0, "worker threads for the forward pass"),
@@ -83,8 +84,10 @@ int main(int argc, char **argv)
     }
     const flx_model_config_t *c = &m->cfg;
     if (n > c->max_ctx) {
-        fprintf(stderr, "flx-kv-dump: --prompt-len %llu + --steps %llu = %u tokens, longer than the model's context of %u "
-                "tokens\n", (unsigned long long)P, (unsigned long long)S, n, c->max_ctx);
+        fprintf(stderr,
+                "flx-kv-dump: --prompt-len %llu + --steps %llu = %u tokens, longer than the model's context of %u "
+                "tokens\n",
+                (unsigned long long)P, (unsigned long long)S, n, c->max_ctx);
         goto out;
     }
     size_t n_ids = 0, cap = tlen + 2;

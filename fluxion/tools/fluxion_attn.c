@@ -111,7 +111,8 @@ static int meta_u32(const flx_cli_t *cli, flx_st_reader_h rd, const char *in, co
 
 int main(int argc, char **argv)
 {
-    static const char *const modes[] = {"full", "sparse", "fixed", NULL}, *const blks[] = {"16", "32", "64", "128", NULL},
+    static const char *const modes[] = {"full", "sparse", "fixed", NULL},
+                             *const blks[] = {"16", "32", "64", "128", NULL},
                              *const isas[] = {"scalar", "avx2", "avx512", "avx512bf16", NULL};
     const char *in = NULL, *out = NULL;
     int mode_i = 0, blk_i = 0, isa_i = 0, use_ref = 0;
@@ -196,7 +197,8 @@ int main(int argc, char **argv)
     if (!flx_cli_given(&cli, "mode")) {
         for (mode_i = 0; m_mode && modes[mode_i] && strcmp(m_mode, modes[mode_i]); mode_i++) continue;
         if (m_mode && !modes[mode_i]) {
-            fprintf(stderr, "fluxion-attn: %s: metadata \"mode\" = \"%.64s\" is not full, sparse or fixed\n", in, m_mode);
+            fprintf(stderr, "fluxion-attn: %s: metadata \"mode\" = \"%.64s\" is not full, sparse or fixed\n", in,
+                    m_mode);
             goto out;
         }
         if (!m_mode) mode_i = tb ? 1 : 0;

@@ -39,10 +39,13 @@ int main(int argc, char **argv)
     uint64_t tokens = 32768 + 320, seed = 2026;
     flx_cli_opt_t opts[] = {
         FLX_CLI_UINT(0, "tokens", "L", &tokens, 1024, 1u << 20, 0, "prompt tokens (default 33088)"),
-        FLX_CLI_UINT('s', "seed", "S", &seed, 0, UINT64_MAX, 0, "seed of the KV, the needles and the queries (default 2026)"),
+        FLX_CLI_UINT('s', "seed", "S", &seed, 0, UINT64_MAX, 0,
+                     "seed of the KV, the needles and the queries (default 2026)"),
     };
-    flx_cli_t cli = FLX_CLI_INIT("fluxion-demo", "One decode step of attention over a long prompt in the host KV store, "
-                                 "per mode: host bytes read, time, error against full attention, needles found.", opts);
+    flx_cli_t cli = FLX_CLI_INIT("fluxion-demo",
+                                 "One decode step of attention over a long prompt in the host KV store, "
+                                 "per mode: host bytes read, time, error against full attention, needles found.",
+                                 opts);
     int rc = flx_cli_main(&cli, argc, argv);
     if (rc != FLX_CLI_PROCEED) return rc;
     const uint32_t L = (uint32_t)tokens;

@@ -39,10 +39,12 @@ int main(int argc, char **argv)
         FLX_CLI_STR(0, "layers", "all|N,N,..", &layers, 0, "layers to label (default all)"),
         FLX_CLI_UINT(0, "step-every", "N", &every, 1, 1u << 20, 0, "label every N-th decode step (default 4)"),
         FLX_CLI_ENUM(0, "crit", &crit_i, crits, 0, "budget criterion (default fluxion)"),
-        FLX_CLI_FLOAT(0, "tau", "X", &tau_d, 0.0, 1.0, FLX_CLI_LO_OPEN | FLX_CLI_HI_OPEN, "Eq. 2 threshold (default 0.1)"),
+        FLX_CLI_FLOAT(0, "tau", "X", &tau_d, 0.0, 1.0, FLX_CLI_LO_OPEN | FLX_CLI_HI_OPEN,
+                      "Eq. 2 threshold (default 0.1)"),
         FLX_CLI_UINT('t', "threads", "N", &threads, 1, 1024, 0, "worker threads (default: all)"),
     };
-    flx_cli_t cli = FLX_CLI_INIT("fluxion-label", "Features and labels of a KV source into a predictor dataset file.", opts);
+    flx_cli_t cli =
+        FLX_CLI_INIT("fluxion-label", "Features and labels of a KV source into a predictor dataset file.", opts);
     cli.progress = 1;
     int rc = flx_cli_main(&cli, argc, argv);
     if (rc != FLX_CLI_PROCEED) return rc;

@@ -94,7 +94,8 @@ int main(int argc, char **argv)
         FLX_CLI_FLOAT(0, "bce-weight", "X", &bce, 0.0, 1e6, 0, "weight of the streaming loss (default 1)"),
         FLX_CLI_FLOAT(0, "weight-decay", "X", &wd, 0.0, 10.0, 0, "L2 weight decay (default 0)"),
         FLX_CLI_ENUM(0, "loss", &loss_i, losses, 0, "budget loss (default log-budget)"),
-        FLX_CLI_FLOAT(0, "quantile", "Q", &quantile, 0.01, 0.99, 0, "log-budget: the pinball loss's quantile (default 0.9)"),
+        FLX_CLI_FLOAT(0, "quantile", "Q", &quantile, 0.01, 0.99, 0,
+                      "log-budget: the pinball loss's quantile (default 0.9)"),
         FLX_CLI_STR(0, "source", "TEXT", &source, 0, "the weights' \"source\" metadata (default: the datasets')"),
         FLX_CLI_FLAG(0, "verbose", &verbose, "one line per epoch on stderr"),
     };

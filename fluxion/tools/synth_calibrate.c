@@ -155,7 +155,8 @@ int main(int argc, char **argv)
     flx_cli_opt_t opts[] = {
         FLX_CLI_PATH(0, "dump", "FILE", &dump, 0, "a KV dump (flx-kv-dump)"),
         FLX_CLI_STR(0, "synth", "L,HQ,HKV,D,LEN,STEPS[,SEED[,SHARE]]", &synth, 0, "a synthetic source"),
-        FLX_CLI_FLOAT(0, "theta", "THETA", &theta, 1.0, 1e12, FLX_CLI_LO_OPEN, "synth: RoPE base of the synthetic keys"),
+        FLX_CLI_FLOAT(0, "theta", "THETA", &theta, 1.0, 1e12, FLX_CLI_LO_OPEN,
+                      "synth: RoPE base of the synthetic keys"),
         FLX_CLI_PATH(0, "csv", "FILE", &csv, 0, "also write the table as CSV"),
     };
     flx_cli_t cli = FLX_CLI_INIT("flx-synth-calibrate", "The statistics that tie the synthetic workload to a real "

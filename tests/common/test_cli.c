@@ -194,7 +194,8 @@ static void test_values(void)
     /* what was typed is shown on one line, escaped, and cut */
     bad("-m M --mode a\nb IN", "--mode 'a\\x0ab' is not", NULL);
     bad("-m M IN OUT \x1b[2J", "unexpected argument '\\x1b[2J'", NULL);
-    bad("-m M IN OUT 0123456789012345678901234567890123456789012345678901234567890123456789012345678901234567890123456789",
+    bad("-m M IN OUT 01234567890123456789012345678901234567890123456789"
+        "01234567890123456789012345678901234567890123456789",
         "'01234567890123456789012345678901234567890123456789012345678901234567890123456789...'", NULL);
     /* repeatable */
     ok("-m M --data a -d b IN");

@@ -114,8 +114,10 @@ int main(int argc, char **argv)
         /* a tiny model with a 256-token context, tokenizer included (one token per byte) */
         char tiny[1024], cmd[4096];
         snprintf(tiny, sizeof tiny, "%s/tiny.gguf", dir);
-        snprintf(cmd, sizeof cmd, "%s --family llama --layers 2 --hidden 64 --heads 4 --kv-heads 2 --ffn 128 --vocab 300 "
-                 "--max-ctx 256 --format gguf %s > /dev/null", argv[3], tiny);
+        snprintf(cmd, sizeof cmd,
+                 "%s --family llama --layers 2 --hidden 64 --heads 4 --kv-heads 2 --ffn 128 --vocab 300 "
+                 "--max-ctx 256 --format gguf %s > /dev/null",
+                 argv[3], tiny);
         CHECK(system(cmd) == 0);
         char text_inline[4096];
         snprintf(args, sizeof args, "-m %s -p \"%s\" -n 8 -t 1", tiny, "What is the capital of France? Answer in one "
@@ -127,7 +129,8 @@ int main(int argc, char **argv)
         CHECK(!strcmp(slurp(out), text_inline) && strlen(text_inline) > 0);   /* the same prompt, the same text */
         const char *e = slurp(err);
         fprintf(stderr, "tiny model, --progress:\n%s", e);
-        CHECK(strstr(e, "flx-generate: loading model: 2/2 layers in ") && strstr(e, "flx-generate: prefill: 2/2 layers in "));
+        CHECK(strstr(e, "flx-generate: loading model: 2/2 layers in ") &&
+              strstr(e, "flx-generate: prefill: 2/2 layers in "));
         CHECK(!strstr(text_inline, "prefill") && !strstr(text_inline, "layers"));   /* stdout: the text only */
         snprintf(args, sizeof args, "-m %s -f %s -n 8 -t 1", tiny, prompt);   /* not a terminal, not asked: none */
         CHECK(run(args, out, err) == 0 && !strstr(slurp(err), "prefill: "));

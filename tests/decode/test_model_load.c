@@ -280,7 +280,8 @@ static void test_gguf_save_roundtrips(void)
         CHECK_OK(flx_tok_decode(tok, &pad, 1, FLX_TOK_SKIP_SPECIAL, back, sizeof back, &blen));
         CHECK(blen == 0 || pad == 256);
         flx_tok_destroy(tok);
-        fprintf(stderr, "gguf save round trip %s: every weight matches, %zu bytes -> as many tokens -> the same bytes\n",
+        fprintf(stderr,
+                "gguf save round trip %s: every weight matches, %zu bytes -> as many tokens -> the same bytes\n",
                 k->label, sizeof text - 1);
         flx_model_destroy(got);
         flx_model_destroy(ref);

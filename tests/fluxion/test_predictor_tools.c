@@ -141,8 +141,8 @@ int main(int argc, char **argv)
     /* bad flags and files */
     const char *bad[] = {"--data %s --out %s --epochs 0", "--data %s --out %s --lr -1", "--data %s --out %s --lr x",
                          "--data %s --out %s --test-frac 1", "--data %s --out %s --batch 12a", "--data %s",
-                         "--data %s --out %s --bogus", "--data %s --out %s --loss l2", "--data %s --out %s --quantile 1",
-                         "--data %s --out %s --loss mse --quantile 0.5"};
+                         "--data %s --out %s --bogus", "--data %s --out %s --loss l2",
+                         "--data %s --out %s --quantile 1", "--data %s --out %s --loss mse --quantile 0.5"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char args[1100];
         snprintf(args, sizeof args, bad[i], ds, w);

@@ -134,7 +134,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         CLI_CHECK(d.flag == 999 || d.flag == 1);
         CLI_CHECK(d.mode == 999 || (d.mode >= 0 && d.mode <= 2));
         CLI_CHECK((d.n_list == 999) == (flx_cli_given(&cli, "data") == 0));
-        for (uint32_t i = 0; d.n_list != 999 && i < d.n_list; i++) CLI_CHECK(d.n_list <= 3 && is_word(d.list[i], argv, argc));
+        for (uint32_t i = 0; d.n_list != 999 && i < d.n_list; i++)
+            CLI_CHECK(d.n_list <= 3 && is_word(d.list[i], argv, argc));
         CLI_CHECK(flx_cli_given(&cli, "model") >= 1);
         flx_status_t e = flx_cli_exclusive(&cli, "prompt", "data", 0);
         CLI_CHECK((e != FLX_OK) == (flx_cli_given(&cli, "prompt") && flx_cli_given(&cli, "data")));

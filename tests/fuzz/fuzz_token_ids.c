@@ -43,7 +43,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     int text = 1;
     for (size_t i = 0; i < size && text; i++)
-        text = (data[i] >= '0' && data[i] <= '9') || data[i] == '-' || data[i] == ' ' || (data[i] >= '\t' && data[i] <= '\r');
+        text = (data[i] >= '0' && data[i] <= '9') || data[i] == '-' || data[i] == ' ' ||
+               (data[i] >= '\t' && data[i] <= '\r');
     if (!text) {
         IDS_CHECK(n * 4 == size && !memcmp(ids, data, size));
     } else {

@@ -35,7 +35,8 @@ typedef struct {
 
 static const tool_t tools[] = {
     {GEN, 0, "-m /nonexistent/m.gguf -p hi",
-     {{"-m M --prompt-fil F", 2, "unknown option --prompt-fil (names are matched exactly: did you mean --prompt-file?)"},
+     {{"-m M --prompt-fil F", 2,
+       "unknown option --prompt-fil (names are matched exactly: did you mean --prompt-file?)"},
       {"-m M -p hi --mod fixed", 2, "unknown option --mod (names are matched exactly: did you mean --model, --mode?)"},
       {"-m M -p hi -n", 2, "-n needs a value"},
       {"-m M -p hi --max-new 0", 2, "--max-new '0' is not an integer in 1..1000000"},
@@ -91,7 +92,8 @@ static const tool_t tools[] = {
       {"--seed x", 2, "--seed 'x' is not an integer >= 0"},
       {"stray", 2, "unexpected argument 'stray' (this tool takes options only)"}}},
     {"fluxion-label", 0, "--source dump:/nonexistent/d.safetensors -o O",
-     {{"--sourc synth:1,4,2,64,1024,8 -o O", 2, "unknown option --sourc (names are matched exactly: did you mean --source?)"},
+     {{"--sourc synth:1,4,2,64,1024,8 -o O", 2,
+       "unknown option --sourc (names are matched exactly: did you mean --source?)"},
       {"--source S -o", 2, "-o needs a value"},
       {"--source synth:1,4,2,64,1024,8 -o O --tau 1", 2, "--tau '1' is not a number in (0, 1)"},
       {"--source synth:1,4,2,64,1024,8 -o O --crit best", 2, "--crit 'best' is not fluxion, output or score"},

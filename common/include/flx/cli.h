@@ -132,10 +132,12 @@ typedef struct flx_cli {
 /* Table entries; the destination's type is checked by the compiler. */
 #define FLX_CLI_FLAG(s, l, dst, help_) \
     {.name = (l), .short_name = (s), .kind = FLX_CLI_KIND_FLAG, .flag = (dst), .help = (help_)}
-#define FLX_CLI_STR(s, l, meta, dst, fl, help_) \
-    {.name = (l), .short_name = (s), .kind = FLX_CLI_KIND_STRING, .flags = (fl), .metavar = (meta), .str = (dst), .help = (help_)}
-#define FLX_CLI_PATH(s, l, meta, dst, fl, help_) \
-    {.name = (l), .short_name = (s), .kind = FLX_CLI_KIND_PATH, .flags = (fl), .metavar = (meta), .str = (dst), .help = (help_)}
+#define FLX_CLI_STR(s, l, meta, dst, fl, help_)                                                        \
+    {.name = (l), .short_name = (s), .kind = FLX_CLI_KIND_STRING, .flags = (fl), .metavar = (meta), .str = (dst), \
+     .help = (help_)}
+#define FLX_CLI_PATH(s, l, meta, dst, fl, help_)                                                       \
+    {.name = (l), .short_name = (s), .kind = FLX_CLI_KIND_PATH, .flags = (fl), .metavar = (meta), .str = (dst), \
+     .help = (help_)}
 #define FLX_CLI_LIST(s, l, meta, list, cap, cnt, fl, help_)                                            \
     {.name = (l), .short_name = (s), .kind = FLX_CLI_KIND_PATH, .flags = FLX_CLI_REPEAT | (fl), .metavar = (meta), \
      .str = (list), .max = (cap), .count = (cnt), .help = (help_)}
