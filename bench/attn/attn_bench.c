@@ -23,6 +23,7 @@
 #include <omp.h>
 
 #include "flx/attn.h"
+#include "flx/cli.h"
 #include "flx/kvstore.h"
 #include "flx/util.h"
 
@@ -90,16 +91,6 @@ __attribute__((target("avx2"))) static double read_bw(const uint8_t *buf, size_t
     return best;
 }
 
-static int parse_list(const char *s, uint32_t *out, int max)
-{
-    int n = 0;
-    while (*s && n < max) {
-        out[n++] = (uint32_t)strtoul(s, (char **)&s, 10);
-        if (*s == ',') s++;
-    }
-    return n;
-}
-
 static long mem_available_kb(void)
 {
     FILE *f = fopen("/proc/meminfo", "r");
@@ -126,18 +117,32 @@ typedef struct {
 int main(int argc, char **argv)
 {
     uint32_t lens[8] = {32768, 65536, 131072}, batches[8] = {1, 4, 8};
-    int n_lens = 3, n_b = 3, reps = 3;
-    const char *csv_path = "attn.csv";
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--lens")) n_lens = parse_list(argv[i + 1], lens, 8);
-        else if (!strcmp(argv[i], "--batches")) n_b = parse_list(argv[i + 1], batches, 8);
-        else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--csv")) csv_path = argv[i + 1];
+    uint32_t n_lens = 3, n_b = 3;   /* counts of lens[], batches[] */
+    const char *csv_path = "attn.csv", *lens_s = NULL, *batches_s = NULL;
+    uint64_t reps_u = 3, list[8];
+    flx_cli_opt_t opts[] = {
+        FLX_CLI_STR(0, "lens", "L,L,..", &lens_s, 0, "prompt lengths, 1024..2097152 (default 32768,65536,131072)"),
+        FLX_CLI_STR(0, "batches", "B,B,..", &batches_s, 0, "batch sizes, 1..64 (default 1,4,8)"),
+        FLX_CLI_UINT(0, "reps", "N", &reps_u, 1, 1000, 0, "steps timed per configuration, the best kept (default 3)"),
+        FLX_CLI_PATH(0, "csv", "PATH", &csv_path, 0, "CSV written (default attn.csv)"),
+    };
+    flx_cli_t cli = FLX_CLI_INIT("attn_bench", "Fluxion's CPU attention core at Llama-3.1-8B layer shapes against the "
+                                 "read bandwidth this binary measures.", opts);
+    int rc = flx_cli_main(&cli, argc, argv);
+    if (rc != FLX_CLI_PROCEED) return rc;
+    if (lens_s) {
+        if (flx_cli_u64_list("lens", lens_s, 1024, 1u << 21, list, 8, &n_lens)) return flx_cli_usage_error(&cli, NULL);
+        for (uint32_t i = 0; i < n_lens; i++) lens[i] = (uint32_t)list[i];
     }
+    if (batches_s) {
+        if (flx_cli_u64_list("batches", batches_s, 1, 64, list, 8, &n_b)) return flx_cli_usage_error(&cli, NULL);
+        for (uint32_t i = 0; i < n_b; i++) batches[i] = (uint32_t)list[i];
+    }
+    const int reps = (int)reps_u;
     int threads = omp_get_max_threads();
     if (threads > 64) threads = 64;
     uint32_t bmax = 0;
-    for (int i = 0; i < n_b; i++) bmax = batches[i] > bmax ? batches[i] : bmax;
+    for (uint32_t i = 0; i < n_b; i++) bmax = batches[i] > bmax ? batches[i] : bmax;
     if (bmax > 64) bmax = 64;
     printf("attn_bench: Llama-3.1-8B layer shapes (H %d, H_kv %d, D %d), sink %d local %d, %d threads, isa %s\n", HQ,
            HKV, D, SINK, LOCAL, threads, flx_isa_name(flx_isa_active()));
@@ -160,7 +165,7 @@ int main(int argc, char **argv)
     /* One workspace per thread, single-threaded kernels: a layer's tasks (sequence x kv group) run
      * in parallel across threads, as the decode loop and the scheduler's CPU workers run them. */
     flx_attn_shape_t shape = {.group = G, .head_dim = D, .max_l_cpu = 0, .n_threads = 1};
-    for (int li = 0; li < n_lens; li++) shape.max_l_cpu = lens[li] > shape.max_l_cpu ? lens[li] : shape.max_l_cpu;
+    for (uint32_t li = 0; li < n_lens; li++) shape.max_l_cpu = lens[li] > shape.max_l_cpu ? lens[li] : shape.max_l_cpu;
     size_t wsb;
     if (flx_attn_plan(&shape, &wsb)) return 1;
     flx_attn_ws_t *wss = calloc((size_t)threads, sizeof *wss);
@@ -174,7 +179,7 @@ int main(int argc, char **argv)
     flx_rng_seed(&rng, 1234);
     double last_attn_frac = -1, last_score_frac = -1, last_full_frac = -1;
 
-    for (int li = 0; li < n_lens; li++) {
+    for (uint32_t li = 0; li < n_lens; li++) {
         uint32_t L = lens[li], B = bmax;
         /* memory check: K+V + pyramid (~1/8 + 1/16 + ...) of one layer, batch B */
         double need_gb = (double)L * D * 4 * HKV * B * 1.15 / 1e9;
@@ -240,7 +245,7 @@ int main(int argc, char **argv)
             }
         printf("L %u: pushed %u sequences x %d kv heads through the kvstore (numa node %d) in %.1f s\n", L, B, HKV,
                sinfo.numa_node, (flx_now_ns() - t0) * 1e-9);
-        for (int bi = 0; bi < n_b; bi++) {
+        for (uint32_t bi = 0; bi < n_b; bi++) {
             uint32_t b = batches[bi];
             if (b > B) {
                 printf("skipped L %u batch %u (memory cap)\n", L, b);

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "flx/cli.h"
 #include "flx/cpu.h"
 #include "flx/kvstore.h"
 #include "flx/util.h"
@@ -29,8 +30,14 @@ static double best_of(double *t, int n)
 
 int main(int argc, char **argv)
 {
-    const char *csv = argc > 1 ? argv[1] : NULL;
+    const char *csv = NULL;
+    flx_cli_pos_t pos[] = {FLX_CLI_ARG_OPT("CSV_PATH", &csv, "CSV written (default: none)")};
+    flx_cli_t cli = {.prog = "kv_bench", .summary = "Host KV store: pyramid build and chunk ingest against memcpy of "
+                     "the same bytes, metadata overhead (32K tokens).", .pos = pos, .n_pos = 1};
+    int rc = flx_cli_main(&cli, argc, argv);
+    if (rc != FLX_CLI_PROCEED) return rc;
     FILE *out = csv ? fopen(csv, "w") : NULL;
+    if (csv && !out) return flx_cli_fail(&cli, "cannot create %s", csv);
     if (out) fprintf(out, "head_dim,tokens,kv_heads,memcpy_gbs,pyramid_gbs,pyramid_vs_memcpy,ingest_gbs,ingest_vs_memcpy,meta_overhead\n");
     printf("kvstore benchmark (1 thread, isa %s)\n", flx_isa_name(flx_isa_active()));
     printf("%8s %8s %12s %12s %10s %12s %10s %10s\n", "head_dim", "l_cpu", "memcpy GB/s", "pyramid GB/s", "ratio",

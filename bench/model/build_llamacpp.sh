@@ -94,18 +94,31 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   say "libllama built in $(( $(date +%s) - t0 )) s"
 fi
 
-# 3. our tools, linked against it (rpath into the cache)
+# 3. our tools, linked against it (rpath into the cache), with the project's command-line parser
+#    (common/src: flx/cli.h and what it uses; no project build needed)
+common_src=()
+for f in cli status log cpu progress util version; do common_src+=("$root/common/src/$f.c"); done
+proj_ver=$(sed -n 's/^project(fluxion VERSION \([0-9.]*\).*/\1/p' "$root/CMakeLists.txt")
+git_desc=$(git -C "$root" describe --always --dirty --tags 2>/dev/null | tr -cd 'A-Za-z0-9._+-' || true)
+cflags=(-O2 -std=gnu11 -Wall -Wextra -I"$root/common/include" "-DFLX_VERSION=\"$proj_ver\""
+        "-DFLX_GIT_DESCRIBE=\"$git_desc\"")
+newer() { # $1 = target: missing or older than any source given after it
+  local t=$1 f; shift
+  [ -x "$t" ] || return 0
+  for f in "$@"; do [ "$f" -nt "$t" ] && return 0; done
+  return 1
+}
 exe="$cache/llama_ref"
-if [ ! -x "$exe" ] || [ "$here/llama_ref.c" -nt "$exe" ] || [ "$stamp" -nt "$exe" ]; then
+if newer "$exe" "$here/llama_ref.c" "$stamp" "${common_src[@]}" "$root/common/include/flx/cli.h"; then
   say "compiling llama_ref"
-  cc -O2 -std=c11 -Wall -Wextra -I"$src/include" -I"$src/ggml/include" "$here/llama_ref.c" \
-    -o "$exe" -L"$bld/bin" -lllama -lggml -lggml-base -lm -Wl,-rpath,"$bld/bin" \
+  cc "${cflags[@]}" -I"$src/include" -I"$src/ggml/include" "$here/llama_ref.c" "${common_src[@]}" \
+    -o "$exe" -L"$bld/bin" -lllama -lggml -lggml-base -lm -lpthread -Wl,-rpath,"$bld/bin" \
     > "$logs/llama_ref.log" 2>&1 || fail_log "$logs/llama_ref.log" "compiling llama_ref.c"
 fi
 cmp="$cache/compare_logits"
-if [ ! -x "$cmp" ] || [ "$here/compare_logits.c" -nt "$cmp" ]; then
+if newer "$cmp" "$here/compare_logits.c" "${common_src[@]}" "$root/common/include/flx/cli.h"; then
   say "compiling compare_logits"
-  cc -O2 -std=c11 -Wall -Wextra "$here/compare_logits.c" -o "$cmp" -lm > "$logs/compare_logits.log" 2>&1 ||
-    fail_log "$logs/compare_logits.log" "compiling compare_logits.c"
+  cc "${cflags[@]}" "$here/compare_logits.c" "${common_src[@]}" -o "$cmp" -lm -lpthread \
+    > "$logs/compare_logits.log" 2>&1 || fail_log "$logs/compare_logits.log" "compiling compare_logits.c"
 fi
 echo "$exe"

@@ -13,13 +13,15 @@
  * because two correct implementations may differ by a constant per row.
  *
  * usage: compare_logits REF.flxl TEST.flxl [-n N] [--all] [--min-agree X] [--max-diff Y] [-q]
+ * (--help prints the same; the command line is flx/cli.h's, compiled in by build_llamacpp.sh)
  *   -n N          compare the first N positions (default 512; fewer if a dump is shorter: warned)
  *   --all         print every position, not only the disagreements
  *   --min-agree X exit 1 when the top-1 agreement share is below X
  *   --max-diff Y  exit 1 when the largest absolute logit difference exceeds Y
  *   -q            no per-position output
  * Last line: llamacpp_top1_agree=<share> max_logit_diff=<x>   (x = nan when no full rows overlap)
- * Exit: 0 compared (and thresholds met), 1 thresholds missed or non-finite logits, 2 bad input.
+ * Exit: 0 compared (and thresholds met), 1 thresholds missed, non-finite logits or a bad input file,
+ * 2 a usage error.
  */
 #define _POSIX_C_SOURCE 200809L
 #define _FILE_OFFSET_BITS 64
@@ -29,6 +31,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "flx/cli.h"
 
 #define FLXL_HDR_BYTES 32
 
@@ -132,28 +136,32 @@ static double row_lse(const float *r, uint32_t n)
 int main(int argc, char **argv)
 {
     const char *pa = NULL, *pb = NULL;
-    long n_want = 512;
+    uint64_t n_u = 512;
     int all = 0, quiet = 0;
     double min_agree = -1.0, max_diff = -1.0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-n") && i + 1 < argc) n_want = atol(argv[++i]);
-        else if (!strcmp(a, "--all")) all = 1;
-        else if (!strcmp(a, "-q")) quiet = 1;
-        else if (!strcmp(a, "--min-agree") && i + 1 < argc) min_agree = atof(argv[++i]);
-        else if (!strcmp(a, "--max-diff") && i + 1 < argc) max_diff = atof(argv[++i]);
-        else if (a[0] != '-' && !pa) pa = a;
-        else if (a[0] != '-' && !pb) pb = a;
-        else pa = pb = NULL, i = argc;
-    }
-    if (!pa || !pb || n_want <= 0) {
-        fprintf(stderr, "usage: %s REF.flxl TEST.flxl [-n N] [--all] [--min-agree X] [--max-diff Y] [-q]\n", argv[0]);
-        return 2;
-    }
+    flx_cli_opt_t opts[] = {
+        FLX_CLI_UINT('n', "positions", "N", &n_u, 1, INT32_MAX, 0,
+                     "compare the first N positions (default 512; fewer if a dump is shorter: warned)"),
+        FLX_CLI_FLAG(0, "all", &all, "print every position, not only the disagreements"),
+        FLX_CLI_FLOAT(0, "min-agree", "X", &min_agree, 0.0, 1.0, 0, "exit 1 when the top-1 agreement share is below X"),
+        FLX_CLI_FLOAT(0, "max-diff", "Y", &max_diff, 0.0, 1e30, 0,
+                      "exit 1 when the largest absolute logit difference exceeds Y"),
+        FLX_CLI_FLAG('q', "quiet", &quiet, "no per-position output"),
+    };
+    flx_cli_pos_t pos[] = {FLX_CLI_ARG("REF.flxl", &pa, "the reference dump (llama_ref)"),
+                           FLX_CLI_ARG("TEST.flxl", &pb, "the candidate dump (flx-model-dump, or another llama_ref)")};
+    flx_cli_t cli = FLX_CLI_INIT_POS("compare_logits", "Compares two teacher-forced logit dumps (FLXL) of the same "
+                                     "token ids.", opts, pos);
+    cli.epilog = "Last line: llamacpp_top1_agree=<share> max_logit_diff=<x>. Exit 1 also when a threshold is missed or "
+                 "a logit is not finite.";
+    int rc = flx_cli_main(&cli, argc, argv);
+    if (rc != FLX_CLI_PROCEED) return rc;
+    if (flx_cli_applies(&cli, !quiet, "with --quiet", "all", NULL)) return flx_cli_usage_error(&cli, NULL);
+    const long n_want = (long)n_u;
     flxl_file_t A, B;
     memset(&A, 0, sizeof A);
     memset(&B, 0, sizeof B);
-    int rc = 2;
+    rc = FLX_EXIT_FAILURE;
     float *ra = NULL, *rb = NULL;
     if (flxl_open(&A, pa) != 0 || flxl_open(&B, pb) != 0) goto out_b;
     if (A.n_vocab != B.n_vocab) {
@@ -212,7 +220,7 @@ int main(int argc, char **argv)
     fseeko(B.f, (off_t)off_b, SEEK_SET);
     for (uint32_t t = 0; t < nf; t++) {
         if (fread(ra, sizeof *ra, A.n_vocab, A.f) != A.n_vocab || fread(rb, sizeof *rb, B.n_vocab, B.f) != B.n_vocab) {
-            fprintf(stderr, "compare_logits: short read of row %u\n", t);
+            fprintf(stderr, "compare_logits: short read of row %u of %s or %s\n", t, pa, pb);
             goto out_b;
         }
         double la = row_lse(ra, A.n_vocab), lb = row_lse(rb, B.n_vocab);

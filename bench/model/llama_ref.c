@@ -32,7 +32,7 @@
  *
  *   total size = 32 + 20 n + 4 F V bytes.  F = n gives everything; F = 0 only the top-2 table.
  *
- * usage: see usage() below.
+ * usage: llama_ref --help.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -43,6 +43,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "flx/cli.h"
+#include "flx/util.h"
 #include "llama.h"
 
 #define FLXL_VERSION 1u
@@ -50,28 +52,6 @@
 #define FLXL_FLAG_BOS 2u
 
 static int g_verbose;
-
-static void usage(const char *argv0)
-{
-    fprintf(stderr,
-            "usage: %s -m MODEL.gguf (--text FILE | --tokens FILE) [options]\n"
-            "  --text FILE        tokenize FILE with llama.cpp (BOS as the GGUF says, no special-token parsing)\n"
-            "  --tokens FILE      read token ids instead: one id per line (text) or raw i32 little-endian\n"
-            "                     (detected: a file of only digits, '-' and whitespace is text)\n"
-            "  --tokens-out FILE  write the tokenization of the whole --text (one id per line; .bin / .i32: raw i32)\n"
-            "  -n N               positions in the pass (default: all tokens; 0 = tokenize only, no model pass)\n"
-            "  --full K|all       full logit rows for the first K positions (default 16)\n"
-            "  -o OUT             write the FLXL dump (format in the header of this file)\n"
-            "  --no-bos           never add BOS when tokenizing\n"
-            "  --kv f32|f16       KV-cache type (default f32: the reference should not round K/V)\n"
-            "  --fa off|on|auto   llama.cpp flash attention (default off: its CPU kernel rounds to f16 internally;\n"
-            "                     off = plain f32 KQ, softmax, KQV)\n"
-            "  --ubatch U         tokens per llama_decode call (default 512)\n"
-            "  -t THREADS         threads (default: online CPUs)\n"
-            "  --show K           print the first K positions: context token, actual next, argmax (default 12)\n"
-            "  -v                 llama.cpp's own log on stderr\n",
-            argv0);
-}
 
 static void quiet_log(enum ggml_log_level level, const char *text, void *user)
 {
@@ -242,42 +222,53 @@ static flxl_top_t row_top2(const float *row, int n_vocab, long *n_nonfinite_p)
 
 int main(int argc, char **argv)
 {
-    const char *model_path = NULL, *text_path = NULL, *tok_path = NULL, *tok_out = NULL, *out_path = NULL;
-    long n_want = -1, n_full = 16;
-    int full_all = 0, add_bos = 1, kv_f32 = 1, fa = LLAMA_FLASH_ATTN_TYPE_DISABLED, ubatch = 512, show = 12;
-    int threads = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEED_ARG() do { if (!v) { usage(argv[0]); return 2; } i++; } while (0)
-        if (!strcmp(a, "-m")) { NEED_ARG(); model_path = v; }
-        else if (!strcmp(a, "--text")) { NEED_ARG(); text_path = v; }
-        else if (!strcmp(a, "--tokens")) { NEED_ARG(); tok_path = v; }
-        else if (!strcmp(a, "--tokens-out")) { NEED_ARG(); tok_out = v; }
-        else if (!strcmp(a, "-n")) { NEED_ARG(); n_want = atol(v); }
-        else if (!strcmp(a, "--full")) { NEED_ARG(); if (!strcmp(v, "all")) full_all = 1; else n_full = atol(v); }
-        else if (!strcmp(a, "-o")) { NEED_ARG(); out_path = v; }
-        else if (!strcmp(a, "--no-bos")) add_bos = 0;
-        else if (!strcmp(a, "--kv")) { NEED_ARG(); kv_f32 = !strcmp(v, "f32"); if (!kv_f32 && strcmp(v, "f16")) { usage(argv[0]); return 2; } }
-        else if (!strcmp(a, "--fa")) {
-            NEED_ARG();
-            if (!strcmp(v, "off")) fa = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-            else if (!strcmp(v, "on")) fa = LLAMA_FLASH_ATTN_TYPE_ENABLED;
-            else if (!strcmp(v, "auto")) fa = LLAMA_FLASH_ATTN_TYPE_AUTO;
-            else { usage(argv[0]); return 2; }
-        }
-        else if (!strcmp(a, "--ubatch")) { NEED_ARG(); ubatch = atoi(v); }
-        else if (!strcmp(a, "-t")) { NEED_ARG(); threads = atoi(v); }
-        else if (!strcmp(a, "--show")) { NEED_ARG(); show = atoi(v); }
-        else if (!strcmp(a, "-v")) g_verbose = 1;
-        else { usage(argv[0]); return 2; }
-#undef NEED_ARG
+    static const char *const kvs[] = {"f32", "f16", NULL}, *const fas[] = {"off", "on", "auto", NULL};
+    static const int fa_of[] = {LLAMA_FLASH_ATTN_TYPE_DISABLED, LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                                LLAMA_FLASH_ATTN_TYPE_AUTO};
+    const char *model_path = NULL, *text_path = NULL, *tok_path = NULL, *tok_out = NULL, *out_path = NULL,
+               *full_s = NULL;
+    uint64_t n_u = 0, ubatch_u = 512, show_u = 12, threads_u = (uint64_t)sysconf(_SC_NPROCESSORS_ONLN);
+    int no_bos = 0, kv_i = 0, fa_i = 0;
+    flx_cli_opt_t opts[] = {
+        FLX_CLI_PATH('m', "model", "MODEL.gguf", &model_path, FLX_CLI_REQUIRED, "the GGUF file"),
+        FLX_CLI_PATH(0, "text", "FILE", &text_path, 0,
+                     "tokenize FILE with llama.cpp (BOS as the GGUF says, no special-token parsing)"),
+        FLX_CLI_PATH(0, "tokens", "FILE", &tok_path, 0, "read token ids instead: one per line (text) or raw i32 "
+                     "little-endian\n(a file of only digits, '-' and whitespace is text)"),
+        FLX_CLI_PATH(0, "tokens-out", "FILE", &tok_out, 0,
+                     "write the tokenization of the whole --text (one id per line; .bin / .i32: raw i32)"),
+        FLX_CLI_UINT('n', "positions", "N", &n_u, 0, INT32_MAX, 0,
+                     "positions in the pass (default: all tokens; 0 = tokenize only, no model pass)"),
+        FLX_CLI_STR(0, "full", "K|all", &full_s, 0, "full logit rows for the first K positions (default 16)"),
+        FLX_CLI_PATH('o', "out", "OUT", &out_path, 0, "write the FLXL dump (format in the header of llama_ref.c)"),
+        FLX_CLI_FLAG(0, "no-bos", &no_bos, "never add BOS when tokenizing"),
+        FLX_CLI_ENUM(0, "kv", &kv_i, kvs, 0, "KV-cache type (default f32: the reference should not round K/V)"),
+        FLX_CLI_ENUM(0, "fa", &fa_i, fas, 0, "llama.cpp flash attention (default off: its CPU kernel rounds to f16\n"
+                     "internally; off = plain f32 KQ, softmax, KQV)"),
+        FLX_CLI_UINT(0, "ubatch", "U", &ubatch_u, 1, 1u << 20, 0, "tokens per llama_decode call (default 512)"),
+        FLX_CLI_UINT('t', "threads", "N", &threads_u, 1, 1024, 0, "threads (default: online CPUs)"),
+        FLX_CLI_UINT(0, "show", "K", &show_u, 0, 1u << 20, 0,
+                     "print the first K positions: context token, actual next, argmax (default 12)"),
+        FLX_CLI_FLAG('v', "verbose", &g_verbose, "llama.cpp's own log on stderr"),
+    };
+    flx_cli_t cli = FLX_CLI_INIT("llama_ref", "llama.cpp's teacher-forced pass over a token sequence, written as an "
+                                 "FLXL dump: the independent reference of bench/model.", opts);
+    cli.synopsis = "-m MODEL.gguf (--text FILE | --tokens FILE) [options]";
+    int rc = flx_cli_main(&cli, argc, argv);
+    if (rc != FLX_CLI_PROCEED) return rc;
+    if (flx_cli_exclusive(&cli, "text", "tokens", 1) ||
+        flx_cli_applies(&cli, text_path != NULL, "with --tokens (only with --text)", "tokens-out", "no-bos", NULL))
+        return flx_cli_usage_error(&cli, NULL);
+    long n_want = flx_cli_given(&cli, "positions") ? (long)n_u : -1, n_full = 16;
+    int full_all = full_s && !strcmp(full_s, "all");
+    uint64_t full_u;
+    if (full_s && !full_all) {
+        if (flx_parse_u64(full_s, 0, INT32_MAX, &full_u))
+            return flx_cli_usage_error(&cli, "--full '%s' is not 'all' or an integer in 0..%d", full_s, INT32_MAX);
+        n_full = (long)full_u;
     }
-    if (!model_path || (!text_path == !tok_path) || n_full < 0 || ubatch <= 0 || threads <= 0 ||
-        (tok_out && !text_path)) {
-        usage(argv[0]);
-        return 2;
-    }
+    const int add_bos = !no_bos, kv_f32 = kv_i == 0, fa = fa_of[fa_i], threads = (int)threads_u;
+    int ubatch = (int)ubatch_u, show = (int)show_u;
 
     llama_log_set(quiet_log, NULL);
     llama_backend_init();
@@ -435,7 +426,7 @@ int main(int argc, char **argv)
                 top[t].l1, top[t].l1 - top[t].l2);
     }
 
-    int rc = 0;
+    rc = 0;
     if (out_path) {
         FILE *out = fopen(out_path, "wb");
         if (!out) {

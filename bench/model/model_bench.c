@@ -13,10 +13,9 @@
  * (start and after each length; the mean
  * over every (L, mode) run: the dense part does not depend on L or the attention mode).
  *
- * usage: model_bench -m MODEL --tokens IDS [--lens 2048,4096,8192] [--steps N] [--threads T] [--csv PATH]
+ * usage: model_bench -m MODEL --tokens IDS [--lens 2048,4096,8192] [--steps N] [-t T] [--csv PATH]
  * Last line: SUMMARY gemv_bw_frac=<x> tpot_full_over_16_005_8k=<TPOT full / TPOT fixed at the largest L>
  */
-#include <ctype.h>
 #include <errno.h>
 #include <immintrin.h>
 #include <omp.h>
@@ -24,11 +23,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "flx/cli.h"
 #include "flx/engine.h"
 #include "flx/forward.h"
 #include "flx/kvstore.h"
 #include "flx/model.h"
 #include "flx/model_load.h"
+#include "flx/tokenizer.h"
 #include "flx/util.h"
 
 enum { WARM = 2 };
@@ -76,30 +77,6 @@ static double measure_bw(int threads)
     double bw = read_bw(b, sb, threads, 5);
     flx_aligned_free(b);
     return bw;
-}
-
-static int32_t *read_ids(const char *path, size_t *n_p)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "model_bench: %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    int32_t *ids = malloc(cap * sizeof *ids);
-    long v;
-    while (ids && fscanf(f, "%ld", &v) == 1) {
-        if (n == cap && !(ids = realloc(ids, (cap *= 2) * sizeof *ids))) break;
-        ids[n++] = (int32_t)v;
-    }
-    if (ids && !feof(f)) {
-        fprintf(stderr, "model_bench: %s: not a list of token ids (one per line)\n", path);
-        free(ids);
-        ids = NULL;
-    }
-    fclose(f);
-    *n_p = n;
-    return ids;
 }
 
 typedef struct {
@@ -156,41 +133,37 @@ static run_t run_one(const flx_model_t *m, flx_fwd_ws_t *fws, flx_kv_store_h sto
 
 int main(int argc, char **argv)
 {
-    const char *model_path = NULL, *ids_path = NULL, *csv_path = NULL;
-    uint32_t lens[8] = {2048, 4096, 8192}, steps = 24;
-    int n_lens = 3, threads = omp_get_max_threads();
-    for (int i = 1; i + 1 < argc; i += 2) {
-        const char *a = argv[i], *v = argv[i + 1];
-        if (!strcmp(a, "-m")) model_path = v;
-        else if (!strcmp(a, "--tokens")) ids_path = v;
-        else if (!strcmp(a, "--csv")) csv_path = v;
-        else if (!strcmp(a, "--steps")) steps = (uint32_t)strtoul(v, NULL, 10);
-        else if (!strcmp(a, "--threads")) threads = atoi(v);
-        else if (!strcmp(a, "--lens")) {
-            n_lens = 0;
-            for (const char *p = v; *p && n_lens < 8;) {
-                lens[n_lens++] = (uint32_t)strtoul(p, (char **)&p, 10);
-                if (*p == ',') p++;
-                else if (*p) break;
-            }
-        } else {
-            fprintf(stderr, "model_bench: unknown option %s\n", a);
-            return 2;
-        }
+    const char *model_path = NULL, *ids_path = NULL, *csv_path = NULL, *lens_s = NULL;
+    uint32_t lens[8] = {2048, 4096, 8192}, n_lens = 3;
+    uint64_t steps_u = 24, threads_u = (uint64_t)omp_get_max_threads(), list[8];
+    flx_cli_opt_t opts[] = {
+        FLX_CLI_PATH('m', "model", "MODEL", &model_path, FLX_CLI_REQUIRED, "a .gguf file or a Hugging Face folder"),
+        FLX_CLI_PATH(0, "tokens", "IDS", &ids_path, FLX_CLI_REQUIRED, "token ids, one per line (the prompts' source)"),
+        FLX_CLI_STR(0, "lens", "L,L,..", &lens_s, 0, "prompt lengths (default 2048,4096,8192)"),
+        FLX_CLI_UINT(0, "steps", "N", &steps_u, WARM + 1, 100000, 0, "decode steps per run, the first 2 not counted "
+                     "(default 24)"),
+        FLX_CLI_UINT('t', "threads", "N", &threads_u, 1, 1024, 0, "worker threads (default: all)"),
+        FLX_CLI_PATH(0, "csv", "PATH", &csv_path, 0, "CSV written"),
+    };
+    flx_cli_t cli = FLX_CLI_INIT("model_bench", "TPOT of the real model, full vs fixed (16, 0.05), the dense/attention "
+                                 "split and the dense part's bandwidth against the measured one.", opts);
+    cli.progress = 1;
+    int rc = flx_cli_main(&cli, argc, argv);
+    if (rc != FLX_CLI_PROCEED) return rc;
+    if (lens_s) {
+        if (flx_cli_u64_list("lens", lens_s, 1, 1u << 22, list, 8, &n_lens)) return flx_cli_usage_error(&cli, NULL);
+        for (uint32_t i = 0; i < n_lens; i++) lens[i] = (uint32_t)list[i];
     }
-    if (!model_path || !ids_path || steps <= WARM || threads < 1 || n_lens == 0) {
-        fprintf(stderr, "usage: model_bench -m MODEL --tokens IDS [--lens 2048,4096,8192] [--steps N > %d] "
-                        "[--threads T] [--csv PATH]\n", WARM);
-        return 2;
-    }
+    const uint32_t steps = (uint32_t)steps_u;
+    const int threads = (int)threads_u;
     size_t n_ids;
-    int32_t *ids = read_ids(ids_path, &n_ids);
-    if (!ids) return 2;
+    int32_t *ids = NULL;
+    if (flx_tok_ids_read(ids_path, &ids, &n_ids)) return flx_cli_fail(&cli, "--tokens: %s", flx_error_msg());
     uint32_t Lmax = 0;
-    for (int i = 0; i < n_lens; i++) {
-        if (lens[i] < 1 || lens[i] > n_ids) {
-            fprintf(stderr, "model_bench: length %u: the token file holds %zu ids\n", lens[i], n_ids);
-            return 2;
+    for (uint32_t i = 0; i < n_lens; i++) {
+        if (lens[i] > n_ids) {
+            free(ids);
+            return flx_cli_fail(&cli, "--lens %u: the token file holds %zu ids", lens[i], n_ids);
         }
         Lmax = lens[i] > Lmax ? lens[i] : Lmax;
     }
@@ -234,7 +207,7 @@ int main(int argc, char **argv)
     run_t runs[16];
     int n_runs = 0;
     double bw = bw0;   /* the best sample of the run: start, after each length, end */
-    for (int li = 0; li < n_lens; li++) {
+    for (uint32_t li = 0; li < n_lens; li++) {
         for (int k = 0; k < 2; k++) {
             run_t r = run_one(m, fws, store, ids, lens[li], steps, threads, &modes[k], logits);
             r.L = lens[li];

@@ -5,7 +5,7 @@
 #      one pass vs chunks of 128 through the KV cache): agreement 1.0, max diff 0
 #   2. a deliberately perturbed copy (one position's argmax moved, +100 on one logit; small noise
 #      on another row): exactly one disagreement, max diff 100
-#   3. refusals (exit 2): other token ids, bad magic, truncated file
+#   3. refusals (exit 1, a message naming the file): other token ids, bad magic, truncated file
 #   4. a genuinely different computation (f16 KV cache): high agreement, small non-zero diff
 # Env: FLX_CACHE; FLX_SELFTEST_DIR (scratch, default a temp dir removed at the end).
 set -euo pipefail
@@ -64,7 +64,8 @@ open(d + "/short.flxl", "wb").write(b[:-4])
 PY
 for bad in tok magic short; do
   set +e; "$cmp" "$d/a.flxl" "$d/$bad.flxl" -n $n > /dev/null 2> "$d/$bad.err"; rc=$?; set -e
-  [ $rc = 2 ] || fail "$bad: exit $rc, want 2"
+  [ $rc = 1 ] || fail "$bad: exit $rc, want 1"
+  grep -q "$bad.flxl" "$d/$bad.err" || fail "$bad: the message does not name the file: $(head -1 "$d/$bad.err")"
   echo "selftest: ok  refuses $bad: $(head -1 "$d/$bad.err")"
 done
 

@@ -24,6 +24,7 @@
 
 #include "flx/attn.h"
 #include "flx/budget.h"
+#include "flx/cli.h"
 #include "flx/predictor.h"
 #include "flx/selector.h"
 #include "flx/synth.h"
@@ -79,33 +80,29 @@ static double dist(const float *a, const float *b, uint32_t D)
 
 int main(int argc, char **argv)
 {
-    const char *source = NULL, *weights = NULL, *csv = NULL, *label = "";
-    char layers_arg[512] = "";
-    uint64_t every = 8, n_layers_pick = 4, time_batch = 0, threads = 0;
+    const char *source = NULL, *weights = NULL, *csv = NULL, *label = "", *layers_s = NULL;
+    uint64_t every = 8, n_layers_pick = 4, time_batch = 0, threads = 0, layer_arg[256];
+    uint32_t n_layer_arg = 0;
     float tau = 0.1f;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        const char *a = argv[i], *v = argv[i + 1];
-        flx_status_t st = FLX_OK;
-        if (!strcmp(a, "--source")) source = v;
-        else if (!strcmp(a, "--weights")) weights = v;
-        else if (!strcmp(a, "--csv")) csv = v;
-        else if (!strcmp(a, "--label")) label = v;
-        else if (!strcmp(a, "--layers")) snprintf(layers_arg, sizeof layers_arg, "%s", v);
-        else if (!strcmp(a, "--n-layers")) st = flx_parse_u64(v, 1, 4096, &n_layers_pick);
-        else if (!strcmp(a, "--step-every")) st = flx_parse_u64(v, 1, 1u << 20, &every);
-        else if (!strcmp(a, "--time-batch")) st = flx_parse_u64(v, 0, 64, &time_batch);
-        else if (!strcmp(a, "--threads")) st = flx_parse_u64(v, 0, 256, &threads);
-        else {
-            fprintf(stderr, "quality_bench: unknown flag %s\n", a);
-            return 2;
-        }
-        if (st) die(a);
-    }
-    if (!source || !weights) {
-        fprintf(stderr, "usage: quality_bench --source SPEC --weights FILE [--csv FILE] [--label NAME] "
-                        "[--layers N,N|--n-layers N] [--step-every N] [--time-batch B] [--threads N]\n");
-        return 2;
-    }
+    flx_cli_opt_t opts[] = {
+        FLX_CLI_STR(0, "source", "SPEC", &source, FLX_CLI_REQUIRED,
+                    "dump:FILE or synth:L,Hq,Hkv,D,len,steps[,seed[,share]]"),
+        FLX_CLI_PATH(0, "weights", "FILE", &weights, FLX_CLI_REQUIRED, "predictor weights"),
+        FLX_CLI_PATH(0, "csv", "FILE", &csv, 0, "CSV rows appended"),
+        FLX_CLI_STR(0, "label", "NAME", &label, 0, "the rows' label in the CSV"),
+        FLX_CLI_STR(0, "layers", "N,N,..", &layers_s, 0, "layers to measure"),
+        FLX_CLI_UINT(0, "n-layers", "N", &n_layers_pick, 1, 4096, 0, "or N layers spread over the model (default 4)"),
+        FLX_CLI_UINT(0, "step-every", "N", &every, 1, 1u << 20, 0, "every N-th decode step (default 8)"),
+        FLX_CLI_UINT(0, "time-batch", "B", &time_batch, 0, 64, 0, "also time the predictor at batch B (0: no)"),
+        FLX_CLI_UINT('t', "threads", "N", &threads, 1, 256, 0, "worker threads (default: all)"),
+    };
+    flx_cli_t cli = FLX_CLI_INIT("quality_bench", "Attention quality of Fluxion against full and fixed (blk, bgt) on a "
+                                 "KV source: within-tau share, error, needle recall, host bytes.", opts);
+    int rc = flx_cli_main(&cli, argc, argv);
+    if (rc != FLX_CLI_PROCEED) return rc;
+    if (flx_cli_exclusive(&cli, "layers", "n-layers", 0) ||
+        (layers_s && flx_cli_u64_list("layers", layers_s, 0, 4095, layer_arg, 256, &n_layer_arg)))
+        return flx_cli_usage_error(&cli, NULL);
     int nt = threads ? (int)threads : omp_get_max_threads();
     flx_kvsrc_h src;
     if (flx_replay_open_source(source, &src)) die(source);
@@ -122,11 +119,12 @@ int main(int argc, char **argv)
 
     /* Layers: an explicit list, or n_layers_pick spread evenly over the model (first and last in). */
     uint32_t layer_list[4096], n_lay = 0;
-    if (layers_arg[0]) {
-        for (char *tok = strtok(layers_arg, ","); tok; tok = strtok(NULL, ",")) {
-            uint64_t l;
-            if (flx_parse_u64(tok, 0, sh.n_layers - 1, &l)) die("--layers");
-            layer_list[n_lay++] = (uint32_t)l;
+    if (n_layer_arg) {
+        for (uint32_t i = 0; i < n_layer_arg; i++) {
+            if (layer_arg[i] >= sh.n_layers)
+                return flx_cli_fail(&cli, "--layers: layer %llu, the source has %u layers",
+                                    (unsigned long long)layer_arg[i], sh.n_layers);
+            layer_list[n_lay++] = (uint32_t)layer_arg[i];
         }
     } else {
         uint32_t n = n_layers_pick < sh.n_layers ? (uint32_t)n_layers_pick : sh.n_layers;

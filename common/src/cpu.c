@@ -10,6 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "flx/log.h"
+#include "flx/status.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 
@@ -84,12 +87,27 @@ int flx_isa_parse(const char *s, flx_isa_t *isa_p)
     return -1;
 }
 
+flx_status_t flx_isa_env_check(void)
+{
+    const char *s = getenv("FLX_ISA");
+    flx_isa_t isa;
+    if (s && *s && flx_isa_parse(s, &isa) != 0)
+        return flx_error_set(FLX_ERR_INVALID, "environment FLX_ISA='%.64s' is not scalar, avx2, avx512 or avx512bf16",
+                             s);
+    return FLX_OK;
+}
+
 flx_isa_t flx_isa_active(void)
 {
     int cap = atomic_load_explicit(&g_env_cap, memory_order_relaxed);
     if (cap == -2) {
+        /* A value flx_isa_env_check refuses caps nothing here (that check is the caller's, once at
+         * start: a kernel call has no status to refuse with); it is logged once. */
         flx_isa_t e;
-        cap = flx_isa_parse(getenv("FLX_ISA"), &e) == 0 ? (int)e : -1;
+        const char *s = getenv("FLX_ISA");
+        cap = flx_isa_parse(s, &e) == 0 ? (int)e : -1;
+        if (s && *s && cap < 0)
+            flx_log_warn("cpu", "FLX_ISA='%.64s' is not scalar, avx2, avx512 or avx512bf16: ignored", s);
         atomic_store_explicit(&g_env_cap, cap, memory_order_relaxed);
     }
     int lvl = (int)flx_isa_best();

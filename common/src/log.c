@@ -4,6 +4,8 @@
  */
 #include "flx/log.h"
 
+#include "flx/status.h"
+
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -14,15 +16,28 @@
 
 static atomic_int g_level = -1;
 
+static const char *const level_names[] = {"error", "warn", "info", "debug"};
+
+/* The level FLX_LOG names, or -1 (unset: the default; anything else: refused by flx_log_env_check). */
+static int level_of(const char *s)
+{
+    for (int i = 0; s && i < 4; i++)
+        if (!strcmp(s, level_names[i])) return i;
+    return -1;
+}
+
 static int level_from_env(void)
 {
+    int l = level_of(getenv("FLX_LOG"));
+    return l < 0 ? FLX_LOG_WARN : l;
+}
+
+flx_status_t flx_log_env_check(void)
+{
     const char *s = getenv("FLX_LOG");
-    if (!s || !*s) return FLX_LOG_WARN;
-    if (!strcmp(s, "error")) return FLX_LOG_ERROR;
-    if (!strcmp(s, "warn")) return FLX_LOG_WARN;
-    if (!strcmp(s, "info")) return FLX_LOG_INFO;
-    if (!strcmp(s, "debug")) return FLX_LOG_DEBUG;
-    return FLX_LOG_WARN;
+    if (s && *s && level_of(s) < 0)
+        return flx_error_set(FLX_ERR_INVALID, "environment FLX_LOG='%.64s' is not error, warn, info or debug", s);
+    return FLX_OK;
 }
 
 flx_log_level_t flx_log_get_level(void)
@@ -47,7 +62,6 @@ int flx_log_enabled(flx_log_level_t lvl)
 
 void flx_log_write(flx_log_level_t lvl, const char *module, const char *fmt, ...)
 {
-    static const char *names[] = {"error", "warn", "info", "debug"};
     if (!flx_log_enabled(lvl)) return;
     char line[1024];
     struct timespec ts;
@@ -56,7 +70,7 @@ void flx_log_write(flx_log_level_t lvl, const char *module, const char *fmt, ...
     gmtime_r(&ts.tv_sec, &tm);
     int n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %-5s %s: ", tm.tm_year + 1900,
                      tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
-                     names[lvl], module);
+                     level_names[lvl], module);
     if (n < 0) return;
     va_list ap;
     va_start(ap, fmt);

@@ -3,6 +3,7 @@
  */
 #include "flx/util.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -146,7 +147,7 @@ const flx_name_ent_t *flx_names_find(const flx_name_ent_t *e, size_t n, const ch
 flx_status_t flx_file_read(const char *path, size_t max_bytes, char **buf_p, size_t *len_p)
 {
     FILE *f = fopen(path, "rb");
-    if (!f) return flx_error_set(flx_status_from_errno(errno), "%s: cannot open: %s", path, strerror(errno));
+    if (!f) return flx_error_set(flx_status_from_errno(errno), "cannot open %s: %s", path, strerror(errno));
     flx_status_t st = FLX_OK;
     char *buf = NULL;
     struct stat sb;
@@ -155,7 +156,7 @@ flx_status_t flx_file_read(const char *path, size_t max_bytes, char **buf_p, siz
         goto out;
     }
     if ((uint64_t)sb.st_size > max_bytes) {
-        st = flx_error_set(FLX_ERR_FORMAT, "%s: %lld bytes, above the %zu this file may have", path,
+        st = flx_error_set(FLX_ERR_FORMAT, "%s is %lld bytes, above the %zu this file may have", path,
                            (long long)sb.st_size, max_bytes);
         goto out;
     }
@@ -176,4 +177,14 @@ out:
     free(buf);
     fclose(f);
     return st;
+}
+flx_status_t flx_parse_f64(const char *s, double *out)
+{
+    if (!s || !*s || isspace((unsigned char)*s)) return FLX_ERR_INVALID;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (*end || errno == ERANGE || !isfinite(v)) return FLX_ERR_INVALID;
+    *out = v;
+    return FLX_OK;
 }

@@ -534,6 +534,9 @@ flx_status_t flx_engine_add(flx_engine_h e, flx_kv_session_id_t sid, int32_t fir
     if (info.state != FLX_KV_READY)
         return flx_error_set(FLX_ERR_STATE, "session %#llx is %s, not READY", (unsigned long long)sid,
                              flx_kv_state_name(info.state));
+    if (info.prompt_len > e->m->cfg.max_ctx)
+        return flx_error_set(FLX_ERR_INVALID, "session %#llx has a prompt of %u tokens, longer than the model's "
+                             "context of %u tokens", (unsigned long long)sid, info.prompt_len, e->m->cfg.max_ctx);
     if (info.l_cpu > e->p.max_l_cpu)
         return flx_error_set(FLX_ERR_CAPACITY, "session %#llx has %u host tokens, engine planned for max_l_cpu %u",
                              (unsigned long long)sid, info.l_cpu, e->p.max_l_cpu);
@@ -1043,6 +1046,9 @@ static flx_status_t prefill(const prefill_runner_t *r, flx_kv_store_h store, con
         return flx_error_set(FLX_ERR_INVALID, "prefill into store: NULL argument");
     if (n == 0)
         return flx_error_set(FLX_ERR_INVALID, "prefill into store: empty prompt");
+    if (n > r->cfg->max_ctx)   /* before the session takes any memory or a layer runs */
+        return flx_error_set(FLX_ERR_INVALID, "prefill into store: a prompt of %u tokens is longer than the model's "
+                             "context of %u tokens", n, r->cfg->max_ctx);
     if (tau >= 0.0f && !(tau > 0.0f && tau < 1.0f))
         return flx_error_set(FLX_ERR_INVALID, "prefill into store: tau %g not in (0, 1)", (double)tau);
     flx_kv_session_params_t sp = {.prompt_len = n, .max_new_tokens = max_new_tokens,

@@ -34,6 +34,7 @@
 
 #include "flx/cpu.h"
 #include "flx/forward.h"
+#include "flx/progress.h"
 #include "flx/util.h"
 #include "gemv.h"
 
@@ -120,6 +121,9 @@ static flx_status_t shape_check(const flx_model_t *m, const flx_fwd_shape_t *sha
     if (st != FLX_OK) return st;
     if (shape->max_prompt == 0 || shape->max_prompt > (1u << 22))
         return flx_error_set(FLX_ERR_INVALID, "forward plan: max_prompt %u not in 1..%u", shape->max_prompt, 1u << 22);
+    if (shape->max_prompt > m->cfg.max_ctx)
+        return flx_error_set(FLX_ERR_INVALID, "forward plan: max_prompt %u tokens is longer than the model's context "
+                             "of %u tokens", shape->max_prompt, m->cfg.max_ctx);
     if (shape->max_batch == 0 || shape->max_batch > 4096)
         return flx_error_set(FLX_ERR_INVALID, "forward plan: max_batch %u not in 1..4096", shape->max_batch);
     uint32_t nth = shape->n_threads;
@@ -361,6 +365,9 @@ static flx_status_t prefill_check(const flx_model_t *m, const flx_fwd_ws_t *ws, 
     flx_status_t st = ws_check(m, ws);
     if (st != FLX_OK) return st;
     if (!a || !a->tokens) return flx_error_set(FLX_ERR_INVALID, "prefill: args or tokens is NULL");
+    if (a->n_tokens > m->cfg.max_ctx)
+        return flx_error_set(FLX_ERR_INVALID, "prefill: a prompt of %u tokens is longer than the model's context of %u "
+                             "tokens", a->n_tokens, m->cfg.max_ctx);
     if (a->n_tokens == 0 || a->n_tokens > ws->shape.max_prompt)
         return flx_error_set(FLX_ERR_INVALID, "prefill: n_tokens %u not in 1..%u (max_prompt)", a->n_tokens,
                              ws->shape.max_prompt);
@@ -394,6 +401,7 @@ flx_status_t flx_model_prefill(const flx_model_t *m, flx_fwd_ws_t *ws, const flx
             st = args->on_layer(args->ctx, l, n, ws->kb, ws->vb, ws->q + (size_t)(n - 1) * qd);
             if (st != FLX_OK) return st;
         }
+        flx_progress_report("prefill", l + 1, c->n_layers, "layers");
         flx_gemm_bf16(w->wo, H, qd, ws->o, n, ws->xn, nth, pack);
         add_inplace(ws->x, ws->xn, (size_t)n * H, nth);
         rmsnorm(ws->x, w->ffn_norm, c->rms_eps, n, H, ws->xn, nth);

@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "flx/attn_gpu.h"
+#include "flx/progress.h"
 #include "flx/util.h"
 #include "forward_gpu_internal.h"
 
@@ -187,6 +188,9 @@ static flx_status_t shape_resolve(const flx_model_config_t *c, const flx_gpu_fwd
     if (st) return st;
     if (shape->max_prompt > (1u << 22))
         return flx_error_set(FLX_ERR_INVALID, "gpu forward plan: max_prompt %u above %u", shape->max_prompt, 1u << 22);
+    if (shape->max_prompt > c->max_ctx)
+        return flx_error_set(FLX_ERR_INVALID, "gpu forward plan: max_prompt %u tokens is longer than the model's "
+                             "context of %u tokens", shape->max_prompt, c->max_ctx);
     if (shape->max_batch == 0 || shape->max_batch > 4096)
         return flx_error_set(FLX_ERR_INVALID, "gpu forward plan: max_batch %u not in 1..4096", shape->max_batch);
     if (shape->prefill_chunk > GPU_CHUNK_MAX)
@@ -247,6 +251,9 @@ static flx_status_t prefill_check(flx_gpu_model_h gm, flx_gpu_fwd_ws_h ws, const
     if (!gm || !ws) return flx_error_set(FLX_ERR_INVALID, "gpu prefill: model or workspace is NULL");
     if (ws->gm != gm) return flx_error_set(FLX_ERR_INVALID, "gpu prefill: workspace was created for another model");
     if (!a || !a->tokens) return flx_error_set(FLX_ERR_INVALID, "gpu prefill: args or tokens is NULL");
+    if (a->n_tokens > gm->cfg.max_ctx)
+        return flx_error_set(FLX_ERR_INVALID, "gpu prefill: a prompt of %u tokens is longer than the model's context "
+                             "of %u tokens", a->n_tokens, gm->cfg.max_ctx);
     if (ws->shape.max_prompt == 0)
         return flx_error_set(FLX_ERR_INVALID, "gpu prefill: the workspace was planned for decode only (max_prompt 0)");
     if (a->n_tokens == 0 || a->n_tokens > ws->shape.max_prompt)
@@ -745,6 +752,7 @@ flx_status_t flx_gpu_model_prefill(flx_gpu_model_h gm, flx_gpu_fwd_ws_h ws, flx_
         if (a->on_layer) {
             if ((st = FLX_CUDA_CALL(cudaEventSynchronize(ws->kv_ready)))) goto fail;
             if ((st = a->on_layer(a->ctx, l, n, ws->hk, ws->hv, ws->hq))) goto fail;
+            flx_progress_report("prefill", l + 1, c->n_layers, "layers");   /* the layer's KV is out */
         }
     }
     if (a->logits_all) {

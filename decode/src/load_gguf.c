@@ -27,6 +27,7 @@
 #include "flx/gguf.h"
 #include "flx/log.h"
 #include "flx/model_load.h"
+#include "flx/progress.h"
 #include "flx/util.h"
 #include "model_internal.h"
 
@@ -382,8 +383,10 @@ flx_status_t flx_model_load_gguf(const char *path, flx_model_t **model_p)
     if ((st = load_vec(&c, "output_norm.weight", cfg.hidden, &m->out_norm)) != FLX_OK) goto out;
     if (cfg.tied_embeddings) m->lm_head = m->tok_embd;
     else if ((st = load_mat(&c, "output.weight", cfg.vocab, cfg.hidden, 0, &m->lm_head)) != FLX_OK) goto out;
-    for (uint32_t l = 0; l < cfg.n_layers; l++)
+    for (uint32_t l = 0; l < cfg.n_layers; l++) {
         if ((st = load_layer(&c, l)) != FLX_OK) goto out;
+        flx_progress_report("loading model", l + 1, cfg.n_layers, "layers");
+    }
     flx_log_info("model", "loaded %s (%s, %u layers, hidden %u, %u/%u heads of %u) from %s", cfg.name, c.arch,
                  cfg.n_layers, cfg.hidden, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, path);
     *model_p = m;

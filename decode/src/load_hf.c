@@ -28,6 +28,7 @@
 #include "flx/bf16.h"
 #include "flx/log.h"
 #include "flx/model_load.h"
+#include "flx/progress.h"
 #include "flx/safetensors.h"
 #include "flx/util.h"
 #include "model_internal.h"
@@ -460,6 +461,7 @@ static flx_status_t load_weights(hctx_t *c)
             ((st = load_vec(c, n[9], qd, &w->bq)) != FLX_OK || (st = load_vec(c, n[10], kvd, &w->bk)) != FLX_OK ||
              (st = load_vec(c, n[11], kvd, &w->bv)) != FLX_OK))
             return st;
+        flx_progress_report("loading model", l + 1, cfg->n_layers, "layers");
     }
     return FLX_OK;
 }

@@ -29,6 +29,8 @@ flx_status_t flx_model_config_check(const flx_model_config_t *c)
         return flx_error_set(FLX_ERR_UNSUPPORTED, "model config: hidden %u not a multiple of 16 up to 65536", c->hidden);
     if (c->ffn == 0 || c->ffn % 16 != 0 || c->ffn > (1u << 18))
         return flx_error_set(FLX_ERR_UNSUPPORTED, "model config: ffn %u not a multiple of 16 up to 262144", c->ffn);
+    if (c->max_ctx == 0)
+        return flx_error_set(FLX_ERR_INVALID, "model config: max_ctx (context length) is 0");
     if (c->vocab == 0 || c->vocab > (1u << 22))
         return flx_error_set(FLX_ERR_INVALID, "model config: vocab %u out of range", c->vocab);
     if (c->max_ctx > FLX_MODEL_MAX_CTX)

@@ -8,18 +8,22 @@
  * The first token is sampled from the prefill logits with --seed, the rest by the engine with a
  * sampler seeded from --seed too (one stream of draws per sequence, as the engine does).
  *
+ * The command line (flx/cli.h) is checked whole before anything is read; then the prompt file and
+ * the predictor (small, fast to refuse), then the model; a prompt longer than the model's context is
+ * refused before any memory is sized for it (exit 1, both lengths named). --progress (or a terminal
+ * on stderr) shows model loading and the prefill layer by layer.
+ *
  * --gpu [DEVICE] runs the prefill and the dense part of decoding on a CUDA device (the weights are
  * uploaded once and shared by both), keeps the kvstore's windows on that device too and runs
  * window attention there (flx/engine.h, GPU PATH). Without a usable device it stops with the
  * FLX_ERR_NO_DEVICE message and exit code 1: asking for a GPU never silently decodes on the CPU.
  */
-#include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "flx/cli.h"
 #include "flx/cuda_rt.h"
 #include "flx/engine.h"
 #include "flx/forward.h"
@@ -33,100 +37,7 @@
 #include "flx/util.h"
 
 #define PROG "flx-generate"
-
-static void usage(FILE *f)
-{
-    fprintf(f,
-            "usage: " PROG " --model PATH --prompt-file FILE [--chat] [--mode full|fixed|fluxion] [--blk 16] [--bgt 0.05]\n"
-            "                    [--predictor WEIGHTS] [--tau 0.1] [--stream-threshold P] [--budget-scale A]\n"
-            "                    [--min-blocks M]\n"
-            "                    [--max-new 64] [--temp 0] [--top-k 0] [--top-p 1] [--seed S] [--threads N]\n"
-            "                    [--gpu [DEVICE]]\n"
-            "  --model        a .gguf file or a Hugging Face folder (config.json, *.safetensors, tokenizer.json)\n"
-            "  --prompt-file  the prompt text (UTF-8); '-' reads stdin\n"
-            "  --chat         wrap the prompt as one user message with the model's chat template\n"
-            "  --mode         attention over the host-resident KV: full (exact), fixed (blk, bgt) or fluxion\n"
-            "                 (predicted per-head budgets and block size)\n"
-            "  --predictor    fluxion: predictor weights (default fluxion/weights/predictor-smollm2-135m-instruct\n"
-            "                 .safetensors next to the build, or $FLX_PREDICTOR)\n"
-            "  --tau          fluxion: Eq. 2 threshold of the prefill statistics (default 0.1)\n"
-            "  --stream-threshold, --budget-scale, --min-blocks\n"
-            "                 fluxion: override the selector's operating point the weights carry (a head is\n"
-            "                 streaming when p >= P in [0.5, 1]; Eq. 1 budgets scaled by A in (0, 64]; a\n"
-            "                 retrieval head reads at least M in [0, 64] blocks); 0.5 1 0 is the paper's rule\n"
-            "  --blk          fixed: logical block size 16, 32, 64 or 128\n"
-            "  --bgt          fixed: fraction in [0, 1] of the host-resident tokens each head reads besides\n"
-            "                 its window (sink + local + generated tokens)\n"
-            "  --max-new      tokens to generate, 1..1000000 (the first one included)\n"
-            "  --temp         sampling temperature >= 0 (0 = greedy); --top-k >= 0 (0 = off); --top-p in (0, 1]\n"
-            "  --seed         sampling seed (default 1)\n"
-            "  --threads      attention and forward threads, 1..1024 (default: OpenMP's)\n"
-            "  --gpu          prefill and the dense part of decoding on CUDA device DEVICE (default 0), window\n"
-            "                 attention on its device windows; host-resident attention stays on the CPU threads\n");
-}
-
-static int parse_u64(const char *flag, const char *s, unsigned long long lo, unsigned long long hi,
-                     unsigned long long *out)
-{
-    uint64_t v;
-    if (flx_parse_u64(s, lo, hi, &v) != FLX_OK) {
-        fprintf(stderr, PROG ": --%s '%s' is not an integer in %llu..%llu\n", flag, s, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-/* Strict float parse into [lo, hi] (lo_open: lo excluded). */
-static int parse_f(const char *flag, const char *s, double lo, int lo_open, double hi, float *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (!*s || *end || errno || !isfinite(v) || v > hi || (lo_open ? v <= lo : v < lo)) {
-        fprintf(stderr, PROG ": --%s '%s' is not a number in %s%g, %g]\n", flag, s, lo_open ? "(" : "[", lo, hi);
-        return -1;
-    }
-    *out = (float)v;
-    return 0;
-}
-
-static char *read_file(const char *path, size_t *len_p)
-{
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) {
-        fprintf(stderr, PROG ": cannot open prompt file %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (!buf) break;
-        if (n + 1 >= cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - 1 - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    int err = ferror(f);
-    if (f != stdin) fclose(f);
-    if (!buf || err) {
-        fprintf(stderr, PROG ": reading prompt file %s failed\n", path);
-        free(buf);
-        return NULL;
-    }
-    buf[n] = 0;
-    *len_p = n;
-    return buf;
-}
+#define MAX_PROMPT_BYTES ((size_t)1 << 30)
 
 /* Streaming detokenizer: holds tokens until their bytes end on a UTF-8 character boundary. */
 typedef struct stream {
@@ -189,113 +100,111 @@ static int cmp_u64(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
-    enum { O_MODEL = 1, O_PROMPT, O_CHAT, O_MODE, O_BLK, O_BGT, O_MAXNEW, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_THREADS,
-           O_PREDICTOR, O_TAU, O_GPU, O_THR, O_SCALE, O_MINB, O_HELP };
-    static const struct option opts[] = {
-        {"model", required_argument, 0, O_MODEL},   {"prompt-file", required_argument, 0, O_PROMPT},
-        {"chat", no_argument, 0, O_CHAT},           {"mode", required_argument, 0, O_MODE},
-        {"blk", required_argument, 0, O_BLK},       {"bgt", required_argument, 0, O_BGT},
-        {"max-new", required_argument, 0, O_MAXNEW}, {"temp", required_argument, 0, O_TEMP},
-        {"top-k", required_argument, 0, O_TOPK},    {"top-p", required_argument, 0, O_TOPP},
-        {"seed", required_argument, 0, O_SEED},     {"threads", required_argument, 0, O_THREADS},
-        {"predictor", required_argument, 0, O_PREDICTOR}, {"tau", required_argument, 0, O_TAU},
-        {"gpu", optional_argument, 0, O_GPU},
-        {"stream-threshold", required_argument, 0, O_THR}, {"budget-scale", required_argument, 0, O_SCALE},
-        {"min-blocks", required_argument, 0, O_MINB},
-        {"help", no_argument, 0, O_HELP},           {0, 0, 0, 0},
+    /* modes in flx_engine_attn_mode_t's order; blk = 16 << index */
+    static const char *const modes[] = {"full", "fixed", "fluxion", NULL},
+                             *const blks[] = {"16", "32", "64", "128", NULL};
+    const char *model_path = NULL, *prompt_text = NULL, *prompt_path = NULL, *pred_path = getenv("FLX_PREDICTOR");
+    int chat = 0, mode = 0, blk_i = 0;
+    uint64_t max_new = 64, threads = 0, top_k = 0, seed = 1, gpu_dev = 0, sel_minb = 0;
+    double bgt = 0.05, tau = 0.1, temp = 0.0, top_p = 1.0, sel_thr = 0, sel_scale = 0;
+    flx_cli_opt_t opts[] = {
+        FLX_CLI_PATH('m', "model", "MODEL", &model_path, FLX_CLI_REQUIRED,
+                     "a .gguf file or a Hugging Face folder (config.json, *.safetensors, tokenizer.json)"),
+        FLX_CLI_STR('p', "prompt", "TEXT", &prompt_text, 0, "the prompt itself (UTF-8)"),
+        FLX_CLI_PATH('f', "prompt-file", "FILE", &prompt_path, 0, "the prompt from a file (UTF-8); '-' reads stdin"),
+        FLX_CLI_FLAG(0, "chat", &chat, "wrap the prompt as one user message with the model's chat template"),
+        FLX_CLI_ENUM(0, "mode", &mode, modes, 0,
+                     "attention over the host-resident KV: full (exact, the default), fixed (blk, bgt)\n"
+                     "or fluxion (predicted per-head budgets and block size)"),
+        FLX_CLI_ENUM(0, "blk", &blk_i, blks, 0, "fixed: logical block size (default 16)"),
+        FLX_CLI_FLOAT(0, "bgt", "X", &bgt, 0.0, 1.0, 0,
+                      "fixed: fraction of the host-resident tokens each head reads besides its\n"
+                      "window (sink + local + generated tokens), default 0.05"),
+        FLX_CLI_PATH(0, "predictor", "WEIGHTS", &pred_path, 0,
+                     "fluxion: predictor weights (default $FLX_PREDICTOR, else the shipped\n"
+                     "fluxion/weights/predictor-smollm2-135m-instruct.safetensors)"),
+        FLX_CLI_FLOAT(0, "tau", "X", &tau, 0.0, 1.0, FLX_CLI_LO_OPEN | FLX_CLI_HI_OPEN,
+                      "fluxion: Eq. 2 threshold of the prefill statistics (default 0.1)"),
+        FLX_CLI_FLOAT(0, "stream-threshold", "P", &sel_thr, 0.5, 1.0, 0,
+                      "fluxion: a head is streaming when p >= P (overrides the weights' operating point;\n"
+                      "0.5 with --budget-scale 1 --min-blocks 0 is the paper's rule)"),
+        FLX_CLI_FLOAT(0, "budget-scale", "A", &sel_scale, 0.0, 64.0, FLX_CLI_LO_OPEN,
+                      "fluxion: Eq. 1 budgets scaled by A"),
+        FLX_CLI_UINT(0, "min-blocks", "M", &sel_minb, 0, 64, 0, "fluxion: a retrieval head reads at least M blocks"),
+        FLX_CLI_UINT('n', "max-new", "N", &max_new, 1, 1000000, 0,
+                     "tokens to generate, the first one included (default 64)"),
+        FLX_CLI_FLOAT(0, "temp", "T", &temp, 0.0, 1e6, 0, "sampling temperature (default 0: greedy)"),
+        FLX_CLI_UINT(0, "top-k", "K", &top_k, 0, UINT32_MAX, 0, "sample among the K likeliest tokens (0: all)"),
+        FLX_CLI_FLOAT(0, "top-p", "P", &top_p, 0.0, 1.0, FLX_CLI_LO_OPEN, "nucleus sampling mass (default 1)"),
+        FLX_CLI_UINT('s', "seed", "S", &seed, 0, UINT64_MAX, 0, "sampling seed (default 1)"),
+        FLX_CLI_UINT('t', "threads", "N", &threads, 1, 1024, 0, "worker threads for attention and the forward pass"),
+        FLX_CLI_UINT(0, "gpu", "DEVICE", &gpu_dev, 0, 1023, FLX_CLI_OPTIONAL,
+                     "prefill and the dense part of decoding on CUDA device DEVICE (default 0),\n"
+                     "window attention on its device windows; host attention stays on the CPU"),
     };
-    const char *model_path = NULL, *prompt_path = NULL, *pred_path = getenv("FLX_PREDICTOR");
-    float tau = 0.1f;
-    int chat = 0;
+    flx_cli_t cli = FLX_CLI_INIT(PROG, "Generates text with a model on one machine: prefill into a host KV store, "
+                                 "decode with full, fixed or Fluxion attention.", opts);
+    cli.synopsis = "-m MODEL (-p TEXT | -f FILE) [options]";
+    cli.epilog = "The text goes to stdout; the model, timings and progress go to stderr.";
+    cli.progress = 1;
+    int rc = flx_cli_main(&cli, argc, argv);
+    if (rc != FLX_CLI_PROCEED) return rc;
+    const flx_engine_attn_mode_t amode = (flx_engine_attn_mode_t)mode;
+    char fixed_only[96], fluxion_only[96];
+    snprintf(fixed_only, sizeof fixed_only, "with --mode %s (only with --mode fixed)", modes[mode]);
+    snprintf(fluxion_only, sizeof fluxion_only, "with --mode %s (only with --mode fluxion)", modes[mode]);
+    if (flx_cli_exclusive(&cli, "prompt", "prompt-file", 1) ||
+        flx_cli_applies(&cli, amode == FLX_ENGINE_ATTN_FIXED, fixed_only, "blk", "bgt", NULL) ||
+        flx_cli_applies(&cli, amode == FLX_ENGINE_ATTN_FLUXION, fluxion_only, "predictor", "tau", "stream-threshold",
+                        "budget-scale", "min-blocks", NULL) ||
+        flx_cli_applies(&cli, temp > 0.0, "with greedy sampling (--temp 0): give --temp T > 0", "top-k", "top-p",
+                        "seed", NULL))
+        return flx_cli_usage_error(&cli, NULL);
+
     flx_engine_params_t ep = flx_engine_params_default();
     ep.max_batch = 1;
-    flx_sampling_params_t sp = flx_sampling_greedy();
-    sp.seed = 1;
-    unsigned long long v, max_new = 64, threads = 0;
-    int c, use_gpu = 0, gpu_dev = 0;
-    float sel_thr = NAN, sel_scale = NAN;   /* NaN / -1: keep the weights' operating point */
-    long long sel_minb = -1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        const char *a = optarg;
-        switch (c) {
-        case O_MODEL: model_path = a; break;
-        case O_PROMPT: prompt_path = a; break;
-        case O_CHAT: chat = 1; break;
-        case O_MODE:
-            if (flx_engine_attn_mode_parse(a, &ep.mode)) {
-                fprintf(stderr, PROG ": --mode: %s\n", flx_error_msg());
-                return 2;
-            }
-            break;
-        case O_BLK:
-            if (parse_u64("blk", a, 16, 128, &v)) return 2;
-            if (v != 16 && v != 32 && v != 64 && v != 128) {
-                fprintf(stderr, PROG ": --blk %llu is not 16, 32, 64 or 128\n", v);
-                return 2;
-            }
-            ep.blk = (uint32_t)v;
-            break;
-        case O_BGT: if (parse_f("bgt", a, 0.0, 0, 1.0, &ep.bgt)) return 2; break;
-        case O_MAXNEW: if (parse_u64("max-new", a, 1, 1000000, &max_new)) return 2; break;
-        case O_TEMP: if (parse_f("temp", a, 0.0, 0, 1e6, &sp.temperature)) return 2; break;
-        case O_TOPK: if (parse_u64("top-k", a, 0, UINT32_MAX, &v)) return 2; sp.top_k = (uint32_t)v; break;
-        case O_TOPP: if (parse_f("top-p", a, 0.0, 1, 1.0, &sp.top_p)) return 2; break;
-        case O_SEED: if (parse_u64("seed", a, 0, UINT64_MAX, &v)) return 2; sp.seed = v; break;
-        case O_THREADS: if (parse_u64("threads", a, 1, 1024, &threads)) return 2; break;
-        case O_PREDICTOR: pred_path = a; break;
-        case O_TAU: if (parse_f("tau", a, 0.0, 1, 0.999999, &tau)) return 2; break;
-        case O_GPU:
-            /* "--gpu", "--gpu=N" or "--gpu N": a following all-digit word is the device */
-            if (!a && optind < argc && argv[optind][0] >= '0' && argv[optind][0] <= '9') a = argv[optind++];
-            if (a) {
-                if (parse_u64("gpu", a, 0, 1023, &v)) return 2;
-                gpu_dev = (int)v;
-            }
-            use_gpu = 1;
-            break;
-        case O_THR: if (parse_f("stream-threshold", a, 0.5, 0, 1.0, &sel_thr)) return 2; break;
-        case O_SCALE: if (parse_f("budget-scale", a, 0.0, 1, 64.0, &sel_scale)) return 2; break;
-        case O_MINB: if (parse_u64("min-blocks", a, 0, 64, &v)) return 2; sel_minb = (long long)v; break;
-        case O_HELP: usage(stdout); return 0;
-        default:
-            fprintf(stderr, PROG ": unknown option or missing value: %s\n", argv[optind - 1]);
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (!model_path || !prompt_path) {
-        fprintf(stderr, PROG ": %s is required\n", !model_path ? "--model" : "--prompt-file");
-        usage(stderr);
-        return 2;
-    }
-    if (optind != argc) {
-        fprintf(stderr, PROG ": unexpected argument '%s'\n", argv[optind]);
-        usage(stderr);
-        return 2;
-    }
+    ep.mode = amode;
+    ep.blk = 16u << blk_i;
+    ep.bgt = (float)bgt;
     ep.n_threads = (uint32_t)threads;
+    flx_sampling_params_t sp = flx_sampling_greedy();
+    sp.temperature = (float)temp;
+    sp.top_k = (uint32_t)top_k;
+    sp.top_p = (float)top_p;
+    sp.seed = seed;
+    const int use_gpu = flx_cli_given(&cli, "gpu") > 0;
+
+    /* the prompt and the predictor before the model: a missing file fails in a moment */
+    char *text = NULL;
+    size_t text_len = 0;
+    if (prompt_text) {
+        text_len = strlen(prompt_text);
+        if (!(text = malloc(text_len + 1))) return flx_cli_fail(&cli, "out of memory");
+        memcpy(text, prompt_text, text_len + 1);
+    } else if (flx_cli_read_file(prompt_path, MAX_PROMPT_BYTES, &text, &text_len)) {
+        return flx_cli_fail(&cli, "--prompt-file: %s", flx_error_msg());
+    }
     flx_predictor_h pred = NULL;
-    if (ep.mode == FLX_ENGINE_ATTN_FLUXION) {   /* load the weights before the model: fail fast */
+    if (ep.mode == FLX_ENGINE_ATTN_FLUXION) {
         if (!pred_path) pred_path = FLX_DEFAULT_PREDICTOR;
         if (flx_predictor_load(pred_path, &pred)) {
-            fprintf(stderr, PROG ": --predictor %s: %s\n", pred_path, flx_error_msg());
-            return 1;
+            free(text);
+            return flx_cli_fail(&cli, "--predictor %s: %s", pred_path, flx_error_msg());
         }
         ep.predictor = pred;
     }
     flx_select_params_t sel = pred ? flx_predictor_select_params(pred) : flx_select_params_paper();
-    if (!isnan(sel_thr)) sel.stream_threshold = sel_thr;
-    if (!isnan(sel_scale)) sel.budget_scale = sel_scale;
-    if (sel_minb >= 0) sel.min_blocks = (uint32_t)sel_minb;
+    if (flx_cli_given(&cli, "stream-threshold")) sel.stream_threshold = (float)sel_thr;
+    if (flx_cli_given(&cli, "budget-scale")) sel.budget_scale = (float)sel_scale;
+    if (flx_cli_given(&cli, "min-blocks")) sel.min_blocks = (uint32_t)sel_minb;
     ep.select = pred ? &sel : NULL;
 
-    int rc = 1;
+    rc = FLX_EXIT_FAILURE;
     flx_model_t *m = NULL;
     flx_tok_h tok = NULL;
     flx_kv_store_h store = NULL;
     flx_engine_h eng = NULL;
-    char *text = NULL, *chat_text = NULL;
+    char *chat_text = NULL;
     int32_t *ids = NULL;
     void *pmem = NULL, *scratch = NULL, *gdev_mem = NULL, *ghost_mem = NULL;
     flx_gpu_model_h gm = NULL;
@@ -311,8 +220,8 @@ int main(int argc, char **argv)
         goto out;
     }
     const flx_model_config_t *cfg = &m->cfg;
-    if (use_gpu && (st = flx_gpu_model_create(m, gpu_dev, &gm))) {
-        fprintf(stderr, PROG ": --gpu %d: %s\n", gpu_dev, flx_error_msg());
+    if (use_gpu && (st = flx_gpu_model_create(m, (int)gpu_dev, &gm))) {
+        fprintf(stderr, PROG ": --gpu %d: %s\n", (int)gpu_dev, flx_error_msg());
         goto out;
     }
     t_load = flx_now_ns() - t_load;
@@ -322,9 +231,6 @@ int main(int argc, char **argv)
         goto out;
     }
 
-    size_t text_len = 0;
-    if (!(text = read_file(prompt_path, &text_len)))
-        goto out;
     const char *input = text;
     size_t input_len = text_len;
     if (chat) {
@@ -354,13 +260,14 @@ int main(int argc, char **argv)
         fprintf(stderr, PROG ": the prompt is empty\n");
         goto out;
     }
-    if (n_ids + max_new > cfg->max_ctx)
-        fprintf(stderr, PROG ": warning: prompt %zu + max-new %llu tokens exceed the model's trained context %u\n",
-                n_ids, max_new, cfg->max_ctx);
-    if (n_ids > UINT32_MAX / 2) {
-        fprintf(stderr, PROG ": prompt of %zu tokens is too long\n", n_ids);
+    if (n_ids > cfg->max_ctx) {   /* refused before any memory is sized for it or a layer runs */
+        fprintf(stderr, PROG ": the prompt is %zu tokens, longer than the model's context of %u tokens (%s)\n",
+                n_ids, cfg->max_ctx, model_path);
         goto out;
     }
+    if (n_ids + max_new > cfg->max_ctx)
+        fprintf(stderr, PROG ": warning: prompt %zu + max-new %llu tokens exceed the model's trained context %u\n",
+                n_ids, (unsigned long long)max_new, cfg->max_ctx);
     ids = malloc(n_ids * sizeof *ids);
     if (!ids || (st = flx_tok_encode(tok, input, input_len, add_bos, ids, n_ids, &n_ids))) {
         fprintf(stderr, PROG ": encoding the prompt: %s\n", ids ? flx_error_msg() : "out of memory");
@@ -379,7 +286,7 @@ int main(int argc, char **argv)
         if (use_gpu) {   /* windows mirrored on the device, where window attention reads them */
             kp.field_mask |= FLX_KV_STORE_FIELD_FLAGS | FLX_KV_STORE_FIELD_CUDA_DEVICE;
             kp.flags = FLX_KV_STORE_HUGEPAGES | FLX_KV_STORE_WINDOW_DEVICE;
-            kp.cuda_device = gpu_dev;
+            kp.cuda_device = (int)gpu_dev;
         }
         if ((st = flx_kv_store_create(&kp, &store))) {
             fprintf(stderr, PROG ": kvstore: %s\n", flx_error_msg());
@@ -388,7 +295,7 @@ int main(int argc, char **argv)
     }
     ep.max_l_cpu = n;
     ep.use_gpu = use_gpu;
-    ep.cuda_device = gpu_dev;
+    ep.cuda_device = (int)gpu_dev;
     ep.gpu_model = gm;
     if ((st = flx_engine_create(m, store, &ep, &eng))) {
         fprintf(stderr, PROG ": engine: %s\n", flx_error_msg());
@@ -402,8 +309,9 @@ int main(int argc, char **argv)
     if (use_gpu) {
         flx_gpu_fwd_shape_t gs = {.max_prompt = n, .max_batch = 1};
         size_t gdev_b = 0, ghost_b = 0;
-        if ((st = flx_gpu_fwd_plan(m, &gs, &gdev_b, &ghost_b)) || (st = flx_cuda_malloc(gpu_dev, gdev_b, &gdev_mem)) ||
-            (st = flx_cuda_host_alloc(ghost_b, &ghost_mem)) || (st = flx_cuda_stream_create(gpu_dev, &gstream)) ||
+        if ((st = flx_gpu_fwd_plan(m, &gs, &gdev_b, &ghost_b)) ||
+            (st = flx_cuda_malloc((int)gpu_dev, gdev_b, &gdev_mem)) ||
+            (st = flx_cuda_host_alloc(ghost_b, &ghost_mem)) || (st = flx_cuda_stream_create((int)gpu_dev, &gstream)) ||
             (st = flx_gpu_fwd_ws_create(gm, &gs, gdev_mem, gdev_b, ghost_mem, ghost_b, &gws))) {
             fprintf(stderr, PROG ": gpu prefill workspace for %u tokens: %s\n", n, flx_error_msg());
             goto out;
@@ -438,9 +346,9 @@ int main(int argc, char **argv)
     pmem = NULL;
     flx_gpu_fwd_ws_destroy(gws);
     gws = NULL;
-    flx_cuda_stream_destroy(gpu_dev, gstream);
+    flx_cuda_stream_destroy((int)gpu_dev, gstream);
     gstream = NULL;
-    if (gdev_mem) (void)flx_cuda_free(gpu_dev, gdev_mem);
+    if (gdev_mem) (void)flx_cuda_free((int)gpu_dev, gdev_mem);
     gdev_mem = NULL;
     flx_cuda_host_free(ghost_mem);
     ghost_mem = NULL;
@@ -478,7 +386,7 @@ int main(int argc, char **argv)
     if (ep.mode == FLX_ENGINE_ATTN_FLUXION)
         fprintf(stderr, " (predictor %s, tau %g; selector: stream threshold %g, budget scale %g, min blocks %u)",
                 pred_path, (double)tau, (double)sel.stream_threshold, (double)sel.budget_scale, sel.min_blocks);
-    if (use_gpu) fprintf(stderr, ", gpu %d", gpu_dev);
+    if (use_gpu) fprintf(stderr, ", gpu %d", (int)gpu_dev);
     fprintf(stderr, "\n");
     fflush(stderr);
 
@@ -542,8 +450,8 @@ int main(int argc, char **argv)
 out:
     flx_engine_destroy(eng);
     flx_gpu_fwd_ws_destroy(gws);
-    flx_cuda_stream_destroy(gpu_dev, gstream);
-    if (gdev_mem) (void)flx_cuda_free(gpu_dev, gdev_mem);
+    flx_cuda_stream_destroy((int)gpu_dev, gstream);
+    if (gdev_mem) (void)flx_cuda_free((int)gpu_dev, gdev_mem);
     flx_cuda_host_free(ghost_mem);
     flx_gpu_model_destroy(gm);
     flx_predictor_destroy(pred);

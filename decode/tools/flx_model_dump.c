@@ -10,10 +10,8 @@
  * then the full rows of the first F positions.
  *
  * usage: flx-model-dump -m MODEL(.gguf | HF dir) --tokens FILE [-n N] [--full F] -o OUT
- * Exit status: 0 done, 2 bad usage, 1 a runtime failure (an input file that cannot be read or used
- * included).
+ * Exit status (flx/cli.h): 0 done, 1 a runtime failure (a file, the model), 2 a usage error.
  */
-#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -21,149 +19,64 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "flx/cli.h"
 #include "flx/forward.h"
 #include "flx/model.h"
 #include "flx/model_load.h"
+#include "flx/tokenizer.h"
 #include "flx/util.h"
 
 #define FLXL_VERSION 1u
-
-static void usage(void)
-{
-    fprintf(stderr, "usage: flx-model-dump -m MODEL(.gguf | HF dir) --tokens FILE [-n N] [--full F] -o OUT\n"
-                    "  --tokens FILE  one id per line, or raw little-endian i32\n"
-                    "  -n N           positions (default: all ids)\n"
-                    "  --full F       positions whose full logit rows are written (default N)\n");
-}
-
-/* Reads ids as text (digits, '-', whitespace only) or raw i32. Returns NULL with a message. */
-static int32_t *read_ids(const char *path, size_t *n_p)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "flx-model-dump: %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)len + 1);
-    if (!buf || fread(buf, 1, (size_t)len, f) != (size_t)len) {
-        fprintf(stderr, "flx-model-dump: %s: read failed\n", path);
-        fclose(f);
-        free(buf);
-        return NULL;
-    }
-    fclose(f);
-    buf[len] = '\0';
-    int text = 1;
-    for (long i = 0; i < len && text; i++)
-        text = isdigit((unsigned char)buf[i]) || buf[i] == '-' || isspace((unsigned char)buf[i]);
-    int32_t *ids = malloc(((size_t)len / 2 + 2) * sizeof *ids);
-    size_t n = 0;
-    if (!ids) {
-        free(buf);
-        return NULL;
-    }
-    if (text) {
-        char *p = buf, *end;
-        for (;;) {
-            while (isspace((unsigned char)*p)) p++;
-            if (!*p) break;
-            errno = 0;
-            long v = strtol(p, &end, 10);
-            if (end == p || errno || v < INT32_MIN || v > INT32_MAX) {
-                fprintf(stderr, "flx-model-dump: %s: bad token id near byte %ld\n", path, (long)(p - buf));
-                free(buf), free(ids);
-                return NULL;
-            }
-            ids[n++] = (int32_t)v;
-            p = end;
-        }
-    } else {
-        if (len % 4) {
-            fprintf(stderr, "flx-model-dump: %s: %ld bytes is not a whole number of i32 ids\n", path, len);
-            free(buf), free(ids);
-            return NULL;
-        }
-        n = (size_t)len / 4;
-        memcpy(ids, buf, (size_t)len);
-    }
-    free(buf);
-    *n_p = n;
-    return ids;
-}
-
-static int parse_u32(const char *s, uint32_t *v)
-{
-    uint64_t x;
-    if (flx_parse_u64(s, 0, UINT32_MAX, &x) != FLX_OK) return -1;
-    *v = (uint32_t)x;
-    return 0;
-}
+#define PROG "flx-model-dump"
 
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *ids_path = NULL, *out_path = NULL;
-    uint32_t n_req = 0, full_req = UINT32_MAX;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (i + 1 >= argc) {
-            fprintf(stderr, "flx-model-dump: %s needs a value\n", a);
-            usage();
-            return 2;
-        }
-        const char *v = argv[++i];
-        if (!strcmp(a, "-m")) model_path = v;
-        else if (!strcmp(a, "--tokens")) ids_path = v;
-        else if (!strcmp(a, "-o")) out_path = v;
-        else if (!strcmp(a, "-n")) {
-            if (parse_u32(v, &n_req) || n_req == 0) {
-                fprintf(stderr, "flx-model-dump: -n '%s' is not a positive integer\n", v);
-                return 2;
-            }
-        } else if (!strcmp(a, "--full")) {
-            if (parse_u32(v, &full_req)) {
-                fprintf(stderr, "flx-model-dump: --full '%s' is not a non-negative integer\n", v);
-                return 2;
-            }
-        } else {
-            fprintf(stderr, "flx-model-dump: unknown option %s\n", a);
-            usage();
-            return 2;
-        }
-    }
-    if (!model_path || !ids_path || !out_path) {
-        usage();
-        return 2;
-    }
-    size_t n_all;
-    int32_t *ids = read_ids(ids_path, &n_all);
-    if (!ids) return 1;
-    uint32_t n = n_req ? n_req : (uint32_t)n_all;
+    uint64_t n_req = 0, full_req = 0, threads = 0;
+    flx_cli_opt_t opts[] = {
+        FLX_CLI_PATH('m', "model", "MODEL", &model_path, FLX_CLI_REQUIRED, "a .gguf file or a Hugging Face folder"),
+        FLX_CLI_PATH(0, "tokens", "FILE", &ids_path, FLX_CLI_REQUIRED,
+                     "token ids: one per line, or raw little-endian i32"),
+        FLX_CLI_PATH('o', "out", "FILE", &out_path, FLX_CLI_REQUIRED, "the FLXL dump to write"),
+        FLX_CLI_UINT('n', "positions", "N", &n_req, 1, 1u << 22, 0, "positions to run (default: every id)"),
+        FLX_CLI_UINT(0, "full", "F", &full_req, 0, 1u << 22, 0,
+                     "positions whose full logit rows are written (default N)"),
+        FLX_CLI_UINT('t', "threads", "N", &threads, 1, 1024, 0, "worker threads for the forward pass"),
+    };
+    flx_cli_t cli = FLX_CLI_INIT(PROG,
+                                 "Teacher-forced logits of our forward pass in the FLXL format bench/model compares "
+                                 "with llama.cpp.",
+                                 opts);
+    cli.progress = 1;
+    int rc = flx_cli_main(&cli, argc, argv);
+    if (rc != FLX_CLI_PROCEED) return rc;
+    if (flx_cli_given(&cli, "positions") && flx_cli_given(&cli, "full") && full_req > n_req)
+        return flx_cli_usage_error(&cli, "--full %llu exceeds --positions %llu", (unsigned long long)full_req,
+                                   (unsigned long long)n_req);
+    size_t n_all = 0;
+    int32_t *ids = NULL;
+    if (flx_tok_ids_read(ids_path, &ids, &n_all)) return flx_cli_fail(&cli, "--tokens: %s", flx_error_msg());
+    const uint32_t n = n_req ? (uint32_t)n_req : (uint32_t)FLX_MIN(n_all, UINT32_MAX);
     if (n == 0 || n > n_all) {
-        fprintf(stderr, "flx-model-dump: %u positions asked, %s holds %zu ids\n", n, ids_path, n_all);
         free(ids);
-        return 2;
+        return flx_cli_fail(&cli, "%u positions asked, %s holds %zu ids", n, ids_path, n_all);
     }
-    uint32_t F = full_req == UINT32_MAX ? n : full_req;
+    const uint32_t F = flx_cli_given(&cli, "full") ? (uint32_t)full_req : n;
     if (F > n) {
-        fprintf(stderr, "flx-model-dump: --full %u exceeds the %u positions\n", F, n);
         free(ids);
-        return 2;
+        return flx_cli_fail(&cli, "--full %u exceeds the %u positions", F, n);
     }
     flx_model_t *m = NULL;
     if (flx_model_load(model_path, &m) != FLX_OK) {
-        fprintf(stderr, "flx-model-dump: %s\n", flx_error_msg());
         free(ids);
-        return 1;
+        return flx_cli_fail(&cli, "%s", flx_error_msg());
     }
     const uint32_t V = m->cfg.vocab;
-    int rc = 1;
+    rc = FLX_EXIT_FAILURE;
     void *wsmem = NULL;
     float *logits = NULL;
     FILE *out = NULL;
-    flx_fwd_shape_t shape = {.max_prompt = n, .max_batch = 1, .n_threads = 0};
+    flx_fwd_shape_t shape = {.max_prompt = n, .max_batch = 1, .n_threads = (uint32_t)threads};
     size_t wsb;
     flx_fwd_ws_t *ws;
     if (flx_fwd_plan(m, &shape, &wsb) != FLX_OK || !(wsmem = flx_aligned_alloc(64, wsb)) ||

@@ -8,28 +8,22 @@
  * Teacher forcing makes the "decoded" tokens the text's next tokens, exactly what a decode of them
  * would see, without a decode loop.
  *
- * usage: flx-kv-dump --model MODEL(.gguf | HF dir) --text FILE --prompt-len N --steps S
- *                    [--offset TOKENS] --out FILE
- * Exit status: 0 done, 2 bad usage, 1 a runtime failure (an input file that cannot be read or used
- * included).
+ * usage: flx-kv-dump -m MODEL(.gguf | HF dir) --text FILE --prompt-len N --steps S [--offset TOKENS]
+ *                    -o FILE
+ * Exit status (flx/cli.h): 0 done, 1 a runtime failure (a file, the model), 2 a usage error.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "flx/cli.h"
 #include "flx/forward.h"
 #include "flx/kvsource.h"
 #include "flx/model.h"
 #include "flx/model_load.h"
 #include "flx/tokenizer.h"
 #include "flx/util.h"
-
-static void usage(void)
-{
-    fprintf(stderr, "usage: flx-kv-dump --model MODEL(.gguf | HF dir) --text FILE --prompt-len N --steps S\n"
-                    "                   [--offset TOKENS] --out FILE\n");
-}
 
 typedef struct dump_ctx {
     flx_kvdump_writer_h w;
@@ -53,70 +47,31 @@ static flx_status_t on_layer(void *vctx, uint32_t layer, uint32_t n, const flx_b
     return flx_kvdump_writer_layer(c->w, layer, k, v, c->q);
 }
 
-static char *read_file(const char *path, size_t *len_p)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "flx-kv-dump: %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    char *buf = NULL;
-    long len = -1;
-    if (fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
-        (buf = malloc((size_t)len + 1)) && fread(buf, 1, (size_t)len, f) == (size_t)len) {
-        fclose(f);
-        *len_p = (size_t)len;
-        return buf;
-    }
-    fprintf(stderr, "flx-kv-dump: %s: read failed\n", path);
-    free(buf);
-    fclose(f);
-    return NULL;
-}
-
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *text_path = NULL, *out_path = NULL;
-    uint64_t P = 0, S = UINT64_MAX, off = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage();
-            return 0;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "flx-kv-dump: %s needs a value\n", a);
-            usage();
-            return 2;
-        }
-        const char *v = argv[++i];
-        flx_status_t st = FLX_OK;
-        if (!strcmp(a, "--model")) model_path = v;
-        else if (!strcmp(a, "--text")) text_path = v;
-        else if (!strcmp(a, "--out")) out_path = v;
-        else if (!strcmp(a, "--prompt-len")) st = flx_parse_u64(v, 1, 1u << 24, &P);
-        else if (!strcmp(a, "--steps")) st = flx_parse_u64(v, 0, 1u << 20, &S);
-        else if (!strcmp(a, "--offset")) st = flx_parse_u64(v, 0, 1u << 30, &off);
-        else {
-            fprintf(stderr, "flx-kv-dump: unknown option %s\n", a);
-            usage();
-            return 2;
-        }
-        if (st != FLX_OK) {
-            fprintf(stderr, "flx-kv-dump: %s '%s': %s\n", a, v, flx_error_msg());
-            return 2;
-        }
-    }
-    if (!model_path || !text_path || !out_path || !P || S == UINT64_MAX) {
-        fprintf(stderr, "flx-kv-dump: --model, --text, --prompt-len, --steps and --out are required\n");
-        usage();
-        return 2;
-    }
+    uint64_t P = 0, S = 0, off = 0, threads = 0;
+    flx_cli_opt_t opts[] = {
+        FLX_CLI_PATH('m', "model", "MODEL", &model_path, FLX_CLI_REQUIRED, "a .gguf file or a Hugging Face folder"),
+        FLX_CLI_PATH(0, "text", "FILE", &text_path, FLX_CLI_REQUIRED, "the text (UTF-8) whose tokens are fed"),
+        FLX_CLI_UINT(0, "prompt-len", "N", &P, 1, 1u << 24, FLX_CLI_REQUIRED, "prompt tokens (the anchor is the last)"),
+        FLX_CLI_UINT(0, "steps", "S", &S, 0, 1u << 20, FLX_CLI_REQUIRED,
+                     "teacher-forced decode steps after the prompt"),
+        FLX_CLI_UINT(0, "offset", "TOKENS", &off, 0, 1u << 30, 0, "tokens of the text skipped first (default 0)"),
+        FLX_CLI_PATH('o', "out", "FILE", &out_path, FLX_CLI_REQUIRED, "the KV dump to write (safetensors)"),
+        FLX_CLI_UINT('t', "threads", "N", &threads, 1, 1024, 0, "worker threads for the forward pass"),
+    };
+    flx_cli_t cli = FLX_CLI_INIT("flx-kv-dump", "Teacher-forced KV dump of a model on a text: K, V, the anchor query "
+                                 "and the decode queries of every layer (docs/predictor.md).", opts);
+    cli.progress = 1;
+    int rc = flx_cli_main(&cli, argc, argv);
+    if (rc != FLX_CLI_PROCEED) return rc;
     const uint32_t n = (uint32_t)(P + S);
     size_t tlen;
-    char *text = read_file(text_path, &tlen);
-    if (!text) return 1;
-    int rc = 1; /* from here on, files that cannot be read or used: runtime failures */
+    char *text = NULL;
+    if (flx_cli_read_file(text_path, (size_t)1 << 31, &text, &tlen))
+        return flx_cli_fail(&cli, "--text: %s", flx_error_msg());
+    rc = FLX_EXIT_FAILURE;
     flx_model_t *m = NULL;
     flx_tok_h tok = NULL;
     int32_t *ids = NULL;
@@ -125,6 +80,14 @@ int main(int argc, char **argv)
     flx_kvdump_writer_h w = NULL;
     if (flx_model_load(model_path, &m) != FLX_OK || flx_tok_load(model_path, &tok) != FLX_OK) {
         fprintf(stderr, "flx-kv-dump: %s: %s\n", model_path, flx_error_msg());
+        goto out;
+    }
+    const flx_model_config_t *c = &m->cfg;
+    if (n > c->max_ctx) {
+        fprintf(stderr,
+                "flx-kv-dump: --prompt-len %llu + --steps %llu = %u tokens, longer than the model's context of %u "
+                "tokens\n",
+                (unsigned long long)P, (unsigned long long)S, n, c->max_ctx);
         goto out;
     }
     size_t n_ids = 0, cap = tlen + 2;
@@ -139,8 +102,7 @@ int main(int argc, char **argv)
                 (unsigned long long)(off + n));
         goto out;
     }
-    const flx_model_config_t *c = &m->cfg;
-    flx_fwd_shape_t shape = {.max_prompt = n, .max_batch = 1, .n_threads = 0};
+    flx_fwd_shape_t shape = {.max_prompt = n, .max_batch = 1, .n_threads = (uint32_t)threads};
     size_t wsb;
     flx_fwd_ws_t *ws;
     if (flx_fwd_plan(m, &shape, &wsb) != FLX_OK || !(wsmem = flx_aligned_alloc(64, wsb)) ||

@@ -44,6 +44,7 @@
 #include <string.h>
 
 #include "flx/predictor.h"
+#include "flx/progress.h"
 #include "flx/util.h"
 #include "train_internal.h"
 
@@ -355,6 +356,7 @@ flx_status_t flx_train(const flx_dataset_t *d, const flx_train_params_t *p, flx_
             goto out;
         }
         if (p->verbose) fprintf(stderr, "epoch %u: train loss %.5f\n", ep + 1, epoch_loss);
+        flx_progress_report("training", ep + 1, p->epochs, "epochs");
     }
 
     flx_eval_t ev = {0};

@@ -3,7 +3,7 @@
  * check the kernels against their own framework.
  *
  * usage: fluxion-attn IN.safetensors OUT.safetensors [--mode full|sparse|fixed] [--blk N]
- *                     [--budget X] [--sink N] [--local N] [--threads N] [--isa scalar|avx2|avx512|avx512bf16] [--ref]
+ *                     [--budget X] [--sink N] [--local N] [-t N] [--isa scalar|avx2|avx512|avx512bf16] [--ref]
  *
  * INPUT tensors
  *   q        F32 or BF16  (H, D)          one decode query per query head
@@ -20,8 +20,8 @@
  * beyond its window: k = ceil(budget * l_cpu / blk) blocks (see flx/attn.h).
  * OUTPUT tensors: o F32 (H, D), lse F32 (H) (natural log of the softmax denominator over the tokens
  * read, scale 1/sqrt(D)); metadata records mode, blk, sink, local, isa.
- * Exit status: 0 ok; 1 an input file that cannot be read or is malformed or inconsistent (the
- * message names the tensor or key), or another failure; 2 bad arguments.
+ * Exit status (flx/cli.h): 0 ok, 1 a malformed or inconsistent input (the message names the tensor
+ * or key) or another runtime failure, 2 a usage error.
  */
 #include <errno.h>
 #include <math.h>
@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "flx/attn_layout.h"
+#include "flx/cli.h"
 #include "flx/safetensors.h"
 #include "flx/util.h"
 
@@ -73,34 +74,6 @@ static float get_f(const flx_st_tensor_t *t, size_t i)
     return x;
 }
 
-static int fail(int code, const char *fmt, const char *a, const char *b)
-{
-    fprintf(stderr, "fluxion-attn: ");
-    fprintf(stderr, fmt, a, b);
-    fprintf(stderr, "\n");
-    return code;
-}
-
-static int parse_u32(const char *s, uint32_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long x = strtoul(s, &end, 10);
-    if (!*s || *end || errno || x > 0xffffffffu || s[0] == '-') return -1;
-    *out = (uint32_t)x;
-    return 0;
-}
-
-static int parse_f(const char *s, float *out)
-{
-    char *end;
-    errno = 0;
-    double x = strtod(s, &end);
-    if (!*s || *end || errno) return -1;
-    *out = (float)x;
-    return 0;
-}
-
 static int check_dt(const flx_st_tensor_t *t, const char *name, int n_dims)
 {
     if (t->dtype != FLX_DT_F32 && t->dtype != FLX_DT_BF16) {
@@ -126,39 +99,61 @@ static int check_finite(const flx_st_tensor_t *t, const char *name)
     return 0;
 }
 
+/* The integer metadata key of the input in [lo, hi] into *out, unless the command line gave the
+ * option of that name (or the key is absent): -1 with the message printed when it is malformed. */
+static int meta_u32(const flx_cli_t *cli, flx_st_reader_h rd, const char *in, const char *key, uint64_t lo,
+                    uint64_t hi, uint32_t *out)
+{
+    const char *s = flx_st_metadata(rd, key);
+    uint64_t v;
+    if (flx_cli_given(cli, key) || !s) return 0;
+    if (flx_parse_u64(s, lo, hi, &v)) {
+        fprintf(stderr, "fluxion-attn: %s: metadata \"%s\" = \"%.64s\" is not an integer in %llu..%llu\n", in, key, s,
+                (unsigned long long)lo, (unsigned long long)hi);
+        return -1;
+    }
+    *out = (uint32_t)v;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    const char *in = NULL, *out = NULL, *mode_s = NULL, *blk_s = NULL, *bud_s = NULL, *sink_s = NULL,
-               *local_s = NULL, *thr_s = NULL, *isa_s = NULL;
-    int use_ref = 0;
-    for (int i = 1; i < argc; i++) {
-        const char **dst = NULL;
-        if (!strcmp(argv[i], "--mode")) dst = &mode_s;
-        else if (!strcmp(argv[i], "--blk")) dst = &blk_s;
-        else if (!strcmp(argv[i], "--budget")) dst = &bud_s;
-        else if (!strcmp(argv[i], "--sink")) dst = &sink_s;
-        else if (!strcmp(argv[i], "--local")) dst = &local_s;
-        else if (!strcmp(argv[i], "--threads")) dst = &thr_s;
-        else if (!strcmp(argv[i], "--isa")) dst = &isa_s;
-        else if (!strcmp(argv[i], "--ref")) use_ref = 1;
-        else if (argv[i][0] == '-' && argv[i][1]) return fail(2, "unknown option %s%s", argv[i], "");
-        else if (!in) in = argv[i];
-        else if (!out) out = argv[i];
-        else return fail(2, "unexpected argument %s%s", argv[i], "");
-        if (dst) {
-            if (i + 1 >= argc) return fail(2, "option %s needs a value%s", argv[i], "");
-            *dst = argv[++i];
-        }
-    }
-    if (!in || !out) {
-        fprintf(stderr, "usage: fluxion-attn IN.safetensors OUT.safetensors [--mode full|sparse|fixed] [--blk N]\n"
-                        "       [--budget X] [--sink N] [--local N] [--threads N] [--isa scalar|avx2|avx512|avx512bf16] [--ref]\n");
-        return 2;
-    }
+    static const char *const modes[] = {"full", "sparse", "fixed", NULL},
+                             *const blks[] = {"16", "32", "64", "128", NULL},
+                             *const isas[] = {"scalar", "avx2", "avx512", "avx512bf16", NULL};
+    const char *in = NULL, *out = NULL;
+    int mode_i = 0, blk_i = 0, isa_i = 0, use_ref = 0;
+    uint64_t sink_u = 64, local_u = 256, threads_u = 0;
+    double budget_d = 0;
+    flx_cli_opt_t opts[] = {
+        FLX_CLI_ENUM(0, "mode", &mode_i, modes, 0,
+                     "full, sparse (per-head \"budgets\") or fixed (one --budget); default: the input's\n"
+                     "\"mode\" metadata, else sparse when it has \"budgets\", else full"),
+        FLX_CLI_ENUM(0, "blk", &blk_i, blks, 0, "sparse, fixed: logical block size (default: metadata, else 16)"),
+        FLX_CLI_FLOAT(0, "budget", "X", &budget_d, 0.0, 1.0, 0, "fixed: every head's budget (default: metadata)"),
+        FLX_CLI_UINT(0, "sink", "N", &sink_u, 0, UINT32_MAX, 0, "window sink tokens (default: metadata, else 64)"),
+        FLX_CLI_UINT(0, "local", "N", &local_u, 0, UINT32_MAX, 0, "window local tokens (default: metadata, else 256)"),
+        FLX_CLI_UINT('t', "threads", "N", &threads_u, 1, 1024, 0, "worker threads (default: all)"),
+        FLX_CLI_ENUM(0, "isa", &isa_i, isas, 0, "cap the kernels' instruction set (default: the best the CPU has)"),
+        FLX_CLI_FLAG(0, "ref", &use_ref, "run the scalar reference kernels end to end"),
+    };
+    flx_cli_pos_t pos[] = {FLX_CLI_ARG("IN", &in, "safetensors: q (H, D), k and v (H_kv, L, D), optional budgets (H)"),
+                           FLX_CLI_ARG("OUT", &out, "safetensors written: o (H, D) and lse (H)")};
+    flx_cli_t cli = FLX_CLI_INIT_POS("fluxion-attn", "Runs Fluxion's attention core on your q, K, V.", opts, pos);
+    cli.epilog = "Options override the input's \"__metadata__\" keys mode, blk, budget, sink and local.";
+    int rc = flx_cli_main(&cli, argc, argv);
+    if (rc != FLX_CLI_PROCEED) return rc;
+    if (flx_cli_applies(&cli, !use_ref, "with --ref (the scalar references run on one thread)", "isa", "threads", NULL))
+        return flx_cli_usage_error(&cli, NULL);
+    if (flx_cli_given(&cli, "mode") &&
+        (flx_cli_applies(&cli, mode_i == 2, "without --mode fixed", "budget", NULL) ||
+         flx_cli_applies(&cli, mode_i != 0, "with --mode full (it reads every block)", "blk", NULL)))
+        return flx_cli_usage_error(&cli, NULL);
+    if (flx_cli_given(&cli, "isa")) flx_isa_force((flx_isa_t)isa_i);
     flx_st_reader_h rd = NULL;
     flx_status_t st = flx_st_open(in, &rd);
-    if (st) return fail(1, "cannot read %s: %s", in, flx_error_msg());
-    int rc = 1; /* from here on: the input file's content, unless a flag is at fault */
+    if (st) return flx_cli_fail(&cli, "cannot read %s: %s", in, flx_error_msg());
+    rc = FLX_EXIT_FAILURE;
     flx_attn_layout_t *lays = NULL;
     void *mem = NULL;
     float *q = NULL, *o = NULL, *lse = NULL, *budgets = NULL;
@@ -203,57 +198,45 @@ int main(int argc, char **argv)
     }
     if (check_finite(tq, "q") || check_finite(tk, "k") || check_finite(tv, "v")) goto out;
 
-    /* configuration: flags over metadata over defaults; a bad value is exit 2 when a flag gave it */
-    const int mode_flag = mode_s != NULL, blk_flag = blk_s != NULL, bud_flag = bud_s != NULL,
-              seg_flag = sink_s || local_s;
-    if (!mode_s) mode_s = flx_st_metadata(rd, "mode");
-    if (!blk_s) blk_s = flx_st_metadata(rd, "blk");
-    if (!bud_s) bud_s = flx_st_metadata(rd, "budget");
-    if (!sink_s) sink_s = flx_st_metadata(rd, "sink");
-    if (!local_s) local_s = flx_st_metadata(rd, "local");
-    if (!mode_s) mode_s = tb ? "sparse" : "full";
-    flx_attn_cfg_t cfg = {0};
-    if (!strcmp(mode_s, "full")) cfg.mode = FLX_ATTN_FULL;
-    else if (!strcmp(mode_s, "sparse")) cfg.mode = FLX_ATTN_SPARSE;
-    else if (!strcmp(mode_s, "fixed")) cfg.mode = FLX_ATTN_FIXED;
-    else {
-        fprintf(stderr, "fluxion-attn: mode \"%s\" is not full, sparse or fixed\n", mode_s);
-        rc = mode_flag ? 2 : 1;
-        goto out;
-    }
-    uint32_t blk = 16, sink = 64, local = 256, threads = 0;
-    if (blk_s && (parse_u32(blk_s, &blk) || flx_attn_blk_level(blk) < 0)) {
-        fprintf(stderr, "fluxion-attn: blk \"%s\" is not 16, 32, 64 or 128\n", blk_s);
-        rc = blk_flag ? 2 : 1;
-        goto out;
-    }
-    if ((sink_s && parse_u32(sink_s, &sink)) || (local_s && parse_u32(local_s, &local))) {
-        fprintf(stderr, "fluxion-attn: sink \"%s\" / local \"%s\" must be non-negative integers\n",
-                sink_s ? sink_s : "", local_s ? local_s : "");
-        rc = seg_flag ? 2 : 1;
-        goto out;
-    }
-    if (thr_s && (parse_u32(thr_s, &threads) || threads > 1024)) {
-        fprintf(stderr, "fluxion-attn: threads \"%s\" invalid\n", thr_s);
-        rc = 2;
-        goto out;
-    }
-    if (isa_s) {
-        flx_isa_t isa;
-        if (flx_isa_parse(isa_s, &isa)) {
-            fprintf(stderr, "fluxion-attn: isa \"%s\" is not scalar, avx2, avx512 or avx512bf16\n", isa_s);
-            rc = 2;
+    /* configuration: the command line over the input's metadata over the defaults; the metadata's
+     * values are checked here (the command line's were by the parser) */
+    const char *m_mode = flx_st_metadata(rd, "mode"), *m_bud = flx_st_metadata(rd, "budget");
+    if (!flx_cli_given(&cli, "mode")) {
+        for (mode_i = 0; m_mode && modes[mode_i] && strcmp(m_mode, modes[mode_i]); mode_i++) continue;
+        if (m_mode && !modes[mode_i]) {
+            fprintf(stderr, "fluxion-attn: %s: metadata \"mode\" = \"%.64s\" is not full, sparse or fixed\n", in,
+                    m_mode);
             goto out;
         }
-        flx_isa_force(isa);
+        if (!m_mode) mode_i = tb ? 1 : 0;
+    }
+    const char *mode_s = modes[mode_i];
+    flx_attn_cfg_t cfg = {.mode = mode_i == 0 ? FLX_ATTN_FULL : mode_i == 1 ? FLX_ATTN_SPARSE : FLX_ATTN_FIXED};
+    uint32_t blk = 16u << blk_i, sink = (uint32_t)sink_u, local = (uint32_t)local_u, threads = (uint32_t)threads_u;
+    if (meta_u32(&cli, rd, in, "blk", 16, 128, &blk) || meta_u32(&cli, rd, in, "sink", 0, UINT32_MAX, &sink) ||
+        meta_u32(&cli, rd, in, "local", 0, UINT32_MAX, &local))
+        goto out;
+    if (flx_attn_blk_level(blk) < 0) {
+        fprintf(stderr, "fluxion-attn: %s: metadata \"blk\" = %u is not 16, 32, 64 or 128\n", in, blk);
+        goto out;
+    }
+    if (cfg.mode != FLX_ATTN_FIXED && flx_cli_given(&cli, "budget")) {
+        fprintf(stderr, "fluxion-attn: --budget has no effect: %s sets mode %s (only fixed reads it)\n", in, mode_s);
+        goto out;
+    }
+    if (cfg.mode == FLX_ATTN_FULL && flx_cli_given(&cli, "blk")) {
+        fprintf(stderr, "fluxion-attn: --blk has no effect: %s sets mode full (it reads every block)\n", in);
+        goto out;
     }
     cfg.blk = blk;
     if (cfg.mode == FLX_ATTN_FIXED) {
-        if (!bud_s || parse_f(bud_s, &cfg.budget) || !(cfg.budget >= 0 && cfg.budget <= 1)) {
-            fprintf(stderr, "fluxion-attn: fixed mode needs budget in [0, 1] (got \"%s\")\n", bud_s ? bud_s : "none");
-            rc = bud_flag ? 2 : 1;
+        double b = budget_d;
+        if (!flx_cli_given(&cli, "budget") && (!m_bud || flx_parse_f64(m_bud, &b) || !(b >= 0 && b <= 1))) {
+            fprintf(stderr, "fluxion-attn: fixed mode needs a budget in [0, 1]: give --budget X (%s's metadata "
+                    "\"budget\" is \"%.64s\")\n", in, m_bud ? m_bud : "absent");
             goto out;
         }
+        cfg.budget = (float)b;
     }
     budgets = malloc(H * sizeof *budgets);
     q = malloc(H * D * sizeof *q);

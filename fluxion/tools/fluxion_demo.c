@@ -10,7 +10,7 @@
  * fixed (blk, bgt) baselines, budget 1, window only), and the demo prints host bytes read, time,
  * error against full attention, and how many needle blocks the Quest top-k found.
  *
- * usage: fluxion-demo [--tokens L] [--seed S]
+ * usage: fluxion-demo [--tokens L] [-s S]
  */
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "flx/attn.h"
+#include "flx/cli.h"
 #include "flx/cpu.h"
 #include "flx/kvstore.h"
 #include "flx/util.h"
@@ -35,24 +36,19 @@ static void die(const char *what)
 
 int main(int argc, char **argv)
 {
-    uint32_t L = 32768 + 320;
-    uint64_t seed = 2026;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tokens") && i + 1 < argc) {
-            char *end;
-            unsigned long v = strtoul(argv[++i], &end, 10);
-            if (*end || v < 1024 || v > (1u << 20)) {
-                fprintf(stderr, "fluxion-demo: --tokens must be an integer in [1024, 1048576]\n");
-                return 2;
-            }
-            L = (uint32_t)v;
-        } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
-            seed = strtoull(argv[++i], NULL, 0);
-        } else {
-            fprintf(stderr, "usage: %s [--tokens L] [--seed S]\n", argv[0]);
-            return 2;
-        }
-    }
+    uint64_t tokens = 32768 + 320, seed = 2026;
+    flx_cli_opt_t opts[] = {
+        FLX_CLI_UINT(0, "tokens", "L", &tokens, 1024, 1u << 20, 0, "prompt tokens (default 33088)"),
+        FLX_CLI_UINT('s', "seed", "S", &seed, 0, UINT64_MAX, 0,
+                     "seed of the KV, the needles and the queries (default 2026)"),
+    };
+    flx_cli_t cli = FLX_CLI_INIT("fluxion-demo",
+                                 "One decode step of attention over a long prompt in the host KV store, "
+                                 "per mode: host bytes read, time, error against full attention, needles found.",
+                                 opts);
+    int rc = flx_cli_main(&cli, argc, argv);
+    if (rc != FLX_CLI_PROCEED) return rc;
+    const uint32_t L = (uint32_t)tokens;
     flx_rng_t rng;
     flx_rng_seed(&rng, seed);
     const uint32_t H = N_KV * GROUP;

@@ -5,113 +5,89 @@
  * blk 1..128, the Eq. 1 fit, the streaming bit).
  *
  *   fluxion-label --source dump:FILE | synth:L,Hq,Hkv,D,len,steps[,seed[,share]]
- *                 --out FILE [--layers all|N,N,..] [--step-every N] [--crit fluxion|output|score]
- *                 [--tau X] [--threads N]
+ *                 -o FILE [--layers all|N,N,..] [--step-every N] [--crit fluxion|output|score]
+ *                 [--tau X] [-t N]
+ * Exit status (flx/cli.h): 0 done, 1 a runtime failure (the dump file, memory), 2 a usage error (a
+ * synthetic source's spec is command line).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "flx/budget.h"
+#include "flx/cli.h"
 #include "flx/log.h"
 #include "flx/predictor.h"
+#include "flx/progress.h"
 #include "flx/util.h"
 #include "replay.h"
 
-static void usage(void)
-{
-    fprintf(stderr,
-            "usage: fluxion-label --source dump:FILE|synth:L,Hq,Hkv,D,len,steps[,seed[,share]] --out FILE\n"
-            "                     [--layers all|N,N,...] [--step-every N] [--crit fluxion|output|score]\n"
-            "                     [--tau X] [--threads N]\n");
-}
-
-static int parse_layers(const char *s, uint32_t n_layers, uint8_t *on)
-{
-    if (!strcmp(s, "all")) {
-        memset(on, 1, n_layers);
-        return 0;
-    }
-    memset(on, 0, n_layers);
-    char buf[1024];
-    if (strlen(s) >= sizeof buf) return -1;
-    strcpy(buf, s);
-    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
-        uint64_t l;
-        if (flx_parse_u64(tok, 0, n_layers - 1, &l)) return -1;
-        on[l] = 1;
-    }
-    return 0;
-}
+#define MAX_LAYERS 4096
 
 int main(int argc, char **argv)
 {
+    static const char *const crits[] = {"fluxion", "output", "score", NULL};
+    static const flx_crit_t crit_of[] = {FLX_CRIT_FLUXION, FLX_CRIT_OUTPUT, FLX_CRIT_SCORE};
     const char *source = NULL, *out = NULL, *layers = "all";
     uint64_t every = 4, threads = 0;
-    float tau = 0.1f;
-    flx_crit_t crit = FLX_CRIT_FLUXION;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v) {
-            fprintf(stderr, "fluxion-label: %s needs a value\n", a);
-            usage();
-            return 2;
-        }
-        i++;
-        if (!strcmp(a, "--source")) source = v;
-        else if (!strcmp(a, "--out")) out = v;
-        else if (!strcmp(a, "--layers")) layers = v;
-        else if (!strcmp(a, "--step-every")) {
-            if (flx_parse_u64(v, 1, 1u << 20, &every)) {
-                fprintf(stderr, "fluxion-label: --step-every: %s\n", flx_error_msg());
-                return 2;
-            }
-        } else if (!strcmp(a, "--threads")) {
-            if (flx_parse_u64(v, 0, 1024, &threads)) {
-                fprintf(stderr, "fluxion-label: --threads: %s\n", flx_error_msg());
-                return 2;
-            }
-        } else if (!strcmp(a, "--tau")) {
-            char *end;
-            tau = strtof(v, &end);
-            if (*end || !(tau > 0.0f && tau < 1.0f)) {
-                fprintf(stderr, "fluxion-label: --tau '%s' not in (0, 1)\n", v);
-                return 2;
-            }
-        } else if (!strcmp(a, "--crit")) {
-            if (!strcmp(v, "fluxion")) crit = FLX_CRIT_FLUXION;
-            else if (!strcmp(v, "output")) crit = FLX_CRIT_OUTPUT;
-            else if (!strcmp(v, "score")) crit = FLX_CRIT_SCORE;
-            else {
-                fprintf(stderr, "fluxion-label: --crit '%s' is not fluxion, output or score\n", v);
-                return 2;
-            }
-        } else {
-            fprintf(stderr, "fluxion-label: unknown flag %s\n", a);
-            usage();
-            return 2;
-        }
-    }
-    if (!source || !out) {
-        usage();
-        return 2;
-    }
+    double tau_d = 0.1;
+    int crit_i = 0;
+    flx_cli_opt_t opts[] = {
+        FLX_CLI_STR(0, "source", "SPEC", &source, FLX_CLI_REQUIRED,
+                    "dump:FILE (a KV dump) or synth:L,Hq,Hkv,D,len,steps[,seed[,share]] (synthetic)"),
+        FLX_CLI_PATH('o', "out", "FILE", &out, FLX_CLI_REQUIRED, "the dataset file to write"),
+        FLX_CLI_STR(0, "layers", "all|N,N,..", &layers, 0, "layers to label (default all)"),
+        FLX_CLI_UINT(0, "step-every", "N", &every, 1, 1u << 20, 0, "label every N-th decode step (default 4)"),
+        FLX_CLI_ENUM(0, "crit", &crit_i, crits, 0, "budget criterion (default fluxion)"),
+        FLX_CLI_FLOAT(0, "tau", "X", &tau_d, 0.0, 1.0, FLX_CLI_LO_OPEN | FLX_CLI_HI_OPEN,
+                      "Eq. 2 threshold (default 0.1)"),
+        FLX_CLI_UINT('t', "threads", "N", &threads, 1, 1024, 0, "worker threads (default: all)"),
+    };
+    flx_cli_t cli =
+        FLX_CLI_INIT("fluxion-label", "Features and labels of a KV source into a predictor dataset file.", opts);
+    cli.progress = 1;
+    int rc = flx_cli_main(&cli, argc, argv);
+    if (rc != FLX_CLI_PROCEED) return rc;
+    const int synth = !strncmp(source, "synth:", 6);
+    if (!synth && strncmp(source, "dump:", 5))
+        return flx_cli_usage_error(&cli, "--source '%.200s' is not dump:FILE or synth:...", source);
+    uint64_t layer_list[MAX_LAYERS];
+    uint32_t n_list = 0;
+    if (strcmp(layers, "all") && flx_cli_u64_list("layers", layers, 0, MAX_LAYERS - 1, layer_list, MAX_LAYERS, &n_list))
+        return flx_cli_usage_error(&cli, NULL);
+    const float tau = (float)tau_d;
+    const flx_crit_t crit = crit_of[crit_i];
     flx_kvsrc_h src = NULL;
     flx_replay_t *r = NULL;
     flx_dataset_t ds = {0};
     uint8_t *on = NULL;
     flx_head_label_t *lab = NULL;
-    int rc = 1;
+    rc = FLX_EXIT_FAILURE;
     flx_status_t st = flx_replay_open_source(source, &src);
-    if (st) goto done;
-    flx_kvsrc_shape_t sh;
-    flx_kvsrc_shape(src, &sh);
-    on = malloc(sh.n_layers);
-    if (!on || parse_layers(layers, sh.n_layers, on)) {
-        fprintf(stderr, "fluxion-label: --layers '%s': expected all or layer numbers below %u\n", layers, sh.n_layers);
-        rc = 2;
+    if (st) {   /* a synthetic source is all command line; a dump is a file */
+        if (synth) return flx_cli_usage_error(&cli, "--source: %s", flx_error_msg());
         goto done;
     }
+    flx_kvsrc_shape_t sh;
+    flx_kvsrc_shape(src, &sh);
+    on = calloc(sh.n_layers, 1);
+    if (!on) {
+        st = flx_error_set(FLX_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (uint32_t i = 0; i < n_list; i++) {
+        if (layer_list[i] >= sh.n_layers) {
+            st = flx_error_set(FLX_ERR_INVALID, "--layers: layer %llu, the source has %u layers",
+                               (unsigned long long)layer_list[i], sh.n_layers);
+            if (synth) {
+                rc = flx_cli_usage_error(&cli, NULL);
+                st = FLX_OK;
+            }
+            goto done;
+        }
+        on[layer_list[i]] = 1;
+    }
+    if (!n_list) memset(on, 1, sh.n_layers);
     if ((st = flx_replay_create(src, tau, &r))) goto done;
     uint32_t n_layers_on = 0, n_steps_on = (sh.n_steps + (uint32_t)every - 1) / (uint32_t)every;
     for (uint32_t l = 0; l < sh.n_layers; l++) n_layers_on += on[l];
@@ -130,6 +106,8 @@ int main(int argc, char **argv)
     snprintf(ds.criterion, sizeof ds.criterion, "%s", flx_crit_name(crit));
     snprintf(ds.source, sizeof ds.source, "%s", flx_kvsrc_describe(src));
     uint64_t t_start = flx_now_ns();
+    const uint64_t n_todo = (uint64_t)n_layers_on * n_steps_on;
+    uint64_t n_done = 0;
     for (uint32_t l = 0; l < sh.n_layers; l++) {
         if (!on[l]) continue;
         if ((st = flx_replay_load_layer(r, l))) goto done;
@@ -151,15 +129,16 @@ int main(int argc, char **argv)
                 ds.where[row * 3 + 2] = t;
                 n_stream += lab[h].streaming;
             }
+            flx_progress_report("labelling", ++n_done, n_todo, "steps");
         }
         fprintf(stderr, "layer %u: %u steps, streaming share %.2f (%.1f s)\n", l, n_steps_on,
                 (double)n_stream / (n_steps_on * sh.n_q_heads), (double)(flx_now_ns() - t_start) * 1e-9);
     }
     ds.n = (uint32_t)row;
     if ((st = flx_dataset_save(&ds, out))) goto done;
+    rc = 0;
     printf("fluxion-label: %u rows (%u layers x %u steps x %u heads) from %s -> %s\n", ds.n, n_layers_on, n_steps_on,
            sh.n_q_heads, ds.source, out);
-    rc = 0;
 done:
     if (st) fprintf(stderr, "fluxion-label: %s\n", flx_error_msg());
     free(lab);

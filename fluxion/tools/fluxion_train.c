@@ -2,8 +2,8 @@
  * fluxion-train / fluxion-predict - train the head-property predictor on label datasets, and
  * evaluate shipped weights on held-out data (one source file, two programs: FLX_PREDICT_TOOL).
  *
- * usage: fluxion-train --data FILE [--data FILE ...] --out WEIGHTS [--calib FILE ...] [--epochs N]
- *                      [--batch N] [--lr X] [--seed N] [--test-frac X] [--bce-weight X]
+ * usage: fluxion-train --data FILE [--data FILE ...] -o WEIGHTS [--calib FILE ...] [--epochs N]
+ *                      [--batch N] [--lr X] [-s N] [--test-frac X] [--bce-weight X]
  *                      [--weight-decay X] [--loss log-budget|mse] [--quantile Q] [--source TEXT]
  *                      [--verbose]
  *        fluxion-predict --weights WEIGHTS --data FILE [--data FILE ...]
@@ -15,53 +15,29 @@
  * every row and, when the files carry their shape, the selector estimate at the weights' operating
  * point and at the paper's rule.
  * Deterministic for a seed and OPENBLAS_NUM_THREADS.
- * Exit status: 0 ok, 2 bad arguments, 1 other failures (an input file that cannot be read or used
- * included).
+ * Exit status (flx/cli.h): 0 ok, 1 a runtime failure (an input file, memory), 2 a usage error.
  */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "flx/cli.h"
 #include "flx/predictor.h"
 #include "flx/util.h"
 
 #define MAX_DATA 64
 
-__attribute__((unused)) static int parse_float(const char *flag, const char *s, double lo, double hi, float *out)
-{
-    char *end;
-    errno = 0;
-    double v = s ? strtod(s, &end) : NAN;
-    if (!s || errno || end == s || *end || !isfinite(v) || v < lo || v > hi) {
-        fprintf(stderr, "%s: \"%s\" is not a number in [%g, %g]\n", flag, s ? s : "", lo, hi);
-        return 0;
-    }
-    *out = (float)v;
-    return 1;
-}
-
-__attribute__((unused)) static int parse_u(const char *flag, const char *s, uint64_t lo, uint64_t hi, uint64_t *out)
-{
-    if (!s || flx_parse_u64(s, lo, hi, out) != FLX_OK) {
-        fprintf(stderr, "%s: \"%s\" is not an integer in [%llu, %llu]\n", flag, s ? s : "", (unsigned long long)lo,
-                (unsigned long long)hi);
-        return 0;
-    }
-    return 1;
-}
-
 #ifndef FLX_PREDICT_TOOL
 /* Calibrates m->select on the label files calib (labelled like the training rows), prints the
  * outcome and the paper's rule on the same rows. */
-static flx_status_t calibrate(flx_mlp_t *m, const flx_dataset_t *train, const char *const *calib, int n_calib)
+static flx_status_t calibrate(flx_mlp_t *m, const flx_dataset_t *train, const char *const *calib, uint32_t n_calib)
 {
     flx_dataset_t c;
     memset(&c, 0, sizeof c);
     flx_predictor_h p = NULL;
     flx_status_t st = FLX_OK;
-    for (int i = 0; i < n_calib && !st; i++) st = flx_dataset_load_append(&c, calib[i]);
+    for (uint32_t i = 0; i < n_calib && !st; i++) st = flx_dataset_load_append(&c, calib[i]);
     if (!st && (c.tau != train->tau || strcmp(c.criterion, train->criterion) != 0))
         st = flx_error_set(FLX_ERR_INVALID, "--calib rows were labelled with tau %g criterion \"%s\", the training rows "
                            "with tau %g \"%s\"", (double)c.tau, c.criterion, (double)train->tau, train->criterion);
@@ -85,96 +61,67 @@ static flx_status_t calibrate(flx_mlp_t *m, const flx_dataset_t *train, const ch
 }
 #endif
 
-static void usage(void)
-{
-#ifdef FLX_PREDICT_TOOL
-    fprintf(stderr, "usage: fluxion-predict --weights WEIGHTS --data FILE [--data FILE ...]\n");
-#else
-    fprintf(stderr, "usage: fluxion-train --data FILE [--data FILE ...] --out WEIGHTS [--calib FILE ...] [--epochs N] "
-                    "[--batch N] [--lr X] [--seed N] [--test-frac X] [--bce-weight X] [--weight-decay X] "
-                    "[--loss log-budget|mse] [--quantile Q] [--source TEXT] [--verbose]\n");
-#endif
-}
-
 int main(int argc, char **argv)
 {
-    const char *data[MAX_DATA], *calib[MAX_DATA], *out = NULL, *weights = NULL, *source = NULL;
-    int n_data = 0, n_calib = 0;
+    const char *data[MAX_DATA], *out = NULL, *weights = NULL;
+    uint32_t n_data = 0;
+#ifdef FLX_PREDICT_TOOL
+    flx_cli_opt_t opts[] = {
+        FLX_CLI_PATH(0, "weights", "WEIGHTS", &weights, FLX_CLI_REQUIRED, "predictor weights (safetensors)"),
+        FLX_CLI_LIST(0, "data", "FILE", data, MAX_DATA, &n_data, FLX_CLI_REQUIRED, "dataset file (fluxion-label)"),
+    };
+    flx_cli_t cli = FLX_CLI_INIT("fluxion-predict", "A predictor's weights on dataset files: MAE, streaming "
+                                 "precision/recall and the selector's estimate, one \"key value\" line each.", opts);
+#else
+    static const char *const losses[] = {"log-budget", "mse", NULL};
+    const char *calib[MAX_DATA], *source = NULL;
+    uint32_t n_calib = 0;
     flx_train_params_t tp;
     flx_train_defaults(&tp);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        uint64_t u __attribute__((unused));
-        int ok = 1, takes = 1;
-        if (!strcmp(a, "--data")) {
-            if (!v || n_data == MAX_DATA) ok = 0;
-            else data[n_data++] = v;
-        } else if (!strcmp(a, "--verbose")) {
-            tp.verbose = 1;
-            takes = 0;
-#ifdef FLX_PREDICT_TOOL
-        } else if (!strcmp(a, "--weights")) {
-            ok = (weights = v) != NULL;
-#else
-        } else if (!strcmp(a, "--out")) {
-            ok = (out = v) != NULL;
-        } else if (!strcmp(a, "--calib")) {
-            if (!v || n_calib == MAX_DATA) ok = 0;
-            else calib[n_calib++] = v;
-        } else if (!strcmp(a, "--source")) {
-            ok = (source = v) != NULL;
-        } else if (!strcmp(a, "--epochs")) {
-            if ((ok = parse_u(a, v, 1, 100000, &u))) tp.epochs = (uint32_t)u;
-        } else if (!strcmp(a, "--batch")) {
-            if ((ok = parse_u(a, v, 1, 1u << 20, &u))) tp.batch = (uint32_t)u;
-        } else if (!strcmp(a, "--seed")) {
-            if ((ok = parse_u(a, v, 0, UINT64_MAX, &u))) tp.seed = u;
-        } else if (!strcmp(a, "--lr")) {
-            ok = parse_float(a, v, 1e-9, 10.0, &tp.lr);
-        } else if (!strcmp(a, "--test-frac")) {
-            ok = parse_float(a, v, 0.0, 0.99, &tp.test_frac);
-        } else if (!strcmp(a, "--bce-weight")) {
-            ok = parse_float(a, v, 0.0, 1e6, &tp.bce_weight);
-        } else if (!strcmp(a, "--weight-decay")) {
-            ok = parse_float(a, v, 0.0, 10.0, &tp.weight_decay);
-        } else if (!strcmp(a, "--quantile")) {
-            ok = parse_float(a, v, 0.01, 0.99, &tp.quantile);
-        } else if (!strcmp(a, "--loss")) {
-            if (v && !strcmp(v, "log-budget")) tp.loss = FLX_TRAIN_LOSS_LOG_BUDGET;
-            else if (v && !strcmp(v, "mse")) tp.loss = FLX_TRAIN_LOSS_MSE;
-            else {
-                fprintf(stderr, "--loss: \"%s\" is not log-budget or mse\n", v ? v : "");
-                ok = 0;
-            }
+    uint64_t epochs = tp.epochs, batch = tp.batch, seed = tp.seed;
+    double lr = tp.lr, test_frac = tp.test_frac, bce = tp.bce_weight, wd = tp.weight_decay, quantile = tp.quantile;
+    int loss_i = 0, verbose = 0;
+    flx_cli_opt_t opts[] = {
+        FLX_CLI_LIST(0, "data", "FILE", data, MAX_DATA, &n_data, FLX_CLI_REQUIRED, "dataset file to train on"),
+        FLX_CLI_PATH('o', "out", "WEIGHTS", &out, FLX_CLI_REQUIRED, "the weights file to write"),
+        FLX_CLI_LIST(0, "calib", "FILE", calib, MAX_DATA, &n_calib, 0,
+                     "held-out dataset to calibrate the selector's operating point on"),
+        FLX_CLI_UINT(0, "epochs", "N", &epochs, 1, 100000, 0, "passes over the training rows (default 60)"),
+        FLX_CLI_UINT(0, "batch", "N", &batch, 1, 1u << 20, 0, "rows per step (default 256)"),
+        FLX_CLI_FLOAT(0, "lr", "X", &lr, 1e-9, 10.0, 0, "Adam learning rate (default 0.001)"),
+        FLX_CLI_UINT('s', "seed", "S", &seed, 0, UINT64_MAX, 0, "initialisation, split and shuffle seed (default 1)"),
+        FLX_CLI_FLOAT(0, "test-frac", "X", &test_frac, 0.0, 0.99, 0, "held-out share of the rows (default 0.2)"),
+        FLX_CLI_FLOAT(0, "bce-weight", "X", &bce, 0.0, 1e6, 0, "weight of the streaming loss (default 1)"),
+        FLX_CLI_FLOAT(0, "weight-decay", "X", &wd, 0.0, 10.0, 0, "L2 weight decay (default 0)"),
+        FLX_CLI_ENUM(0, "loss", &loss_i, losses, 0, "budget loss (default log-budget)"),
+        FLX_CLI_FLOAT(0, "quantile", "Q", &quantile, 0.01, 0.99, 0,
+                      "log-budget: the pinball loss's quantile (default 0.9)"),
+        FLX_CLI_STR(0, "source", "TEXT", &source, 0, "the weights' \"source\" metadata (default: the datasets')"),
+        FLX_CLI_FLAG(0, "verbose", &verbose, "one line per epoch on stderr"),
+    };
+    flx_cli_t cli = FLX_CLI_INIT("fluxion-train", "Trains the head-property predictor on dataset files and, with "
+                                 "--calib, calibrates the selector's operating point.", opts);
 #endif
-        } else {
-            fprintf(stderr, "unknown argument \"%s\"\n", a);
-            ok = 0;
-        }
-        if (!ok) {
-            usage();
-            return 2;
-        }
-        i += takes;
-    }
-#ifdef FLX_PREDICT_TOOL
-    if (!n_data || !weights) {
-#else
-    if (!n_data || !out) {
+    cli.progress = 1;
+    int rc = flx_cli_main(&cli, argc, argv);
+    if (rc != FLX_CLI_PROCEED) return rc;
+#ifndef FLX_PREDICT_TOOL
+    if (flx_cli_applies(&cli, loss_i == 0, "with --loss mse (only with --loss log-budget)", "quantile", NULL))
+        return flx_cli_usage_error(&cli, NULL);
+    tp.epochs = (uint32_t)epochs, tp.batch = (uint32_t)batch, tp.seed = seed;
+    tp.lr = (float)lr, tp.test_frac = (float)test_frac, tp.bce_weight = (float)bce, tp.weight_decay = (float)wd;
+    tp.quantile = (float)quantile, tp.verbose = verbose;
+    tp.loss = loss_i == 0 ? FLX_TRAIN_LOSS_LOG_BUDGET : FLX_TRAIN_LOSS_MSE;
 #endif
-        usage();
-        return 2;
-    }
-    (void)out, (void)weights, (void)source, (void)calib, (void)n_calib;
+    (void)out, (void)weights;
 
     flx_dataset_t d;
     memset(&d, 0, sizeof d);
     flx_status_t st = FLX_OK;
-    for (int i = 0; i < n_data && !st; i++) st = flx_dataset_load_append(&d, data[i]);
+    for (uint32_t i = 0; i < n_data && !st; i++) st = flx_dataset_load_append(&d, data[i]);
     if (st) {
-        fprintf(stderr, "error: %s\n", flx_error_msg());
         flx_dataset_free(&d);
-        return 1; /* a file that cannot be read or used: a runtime failure, not a usage error */
+        return flx_cli_fail(&cli, "--data: %s", flx_error_msg());
     }
 #ifdef FLX_PREDICT_TOOL
     flx_predictor_h p = NULL;
@@ -223,9 +170,6 @@ int main(int argc, char **argv)
     flx_mlp_free(&m);
 #endif
     flx_dataset_free(&d);
-    if (st) {
-        fprintf(stderr, "error: %s\n", flx_error_msg());
-        return 1;
-    }
+    if (st) return flx_cli_fail(&cli, "%s", flx_error_msg());
     return 0;
 }

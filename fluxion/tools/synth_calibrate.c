@@ -19,8 +19,7 @@
  *
  * usage: flx-synth-calibrate (--dump FILE | --synth L,HQ,HKV,D,LEN,STEPS[,SEED[,SHARE]])
  *                            [--theta THETA] [--csv FILE]
- * Exit status: 0 done, 2 bad usage, 1 a runtime failure (an input file that cannot be read or used
- * included).
+ * Exit status (flx/cli.h): 0 done, 1 a runtime failure (the dump, the CSV file), 2 a usage error.
  */
 #include <errno.h>
 #include <math.h>
@@ -28,7 +27,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "flx/cli.h"
 #include "flx/kvsource.h"
+#include "flx/progress.h"
 #include "flx/synth.h"
 #include "flx/util.h"
 
@@ -39,12 +40,6 @@
 typedef struct stats {
     double stream_pairs, stream_heads, sink64, sink4, zm, zv, zs, zk, vn_sink, vn_other, kind_agree;
 } stats_t;
-
-static void usage(void)
-{
-    fprintf(stderr, "usage: flx-synth-calibrate (--dump FILE | --synth L,HQ,HKV,D,LEN,STEPS[,SEED[,SHARE]])\n"
-                    "                           [--theta THETA] [--csv FILE]\n");
-}
 
 /* Softmax-weighted output over the tokens in [a0, a1) and [b0, b1) (double). */
 static void attend(const float *q, const float *K, const float *V, uint32_t D, uint32_t a0, uint32_t a1, uint32_t b0,
@@ -153,86 +148,59 @@ static void layer_stats(const flx_kvsrc_shape_t *sh, const flx_synth_t *syn, uin
     free(err), free(onorm);
 }
 
-static int parse_u32(const char *s, uint32_t *v)
-{
-    uint64_t x;
-    if (flx_parse_u64(s, 0, UINT32_MAX, &x) != FLX_OK) return -1;
-    *v = (uint32_t)x;
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
-    const char *dump = NULL, *synth = NULL, *csv = NULL, *theta_s = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (i + 1 >= argc) {
-            fprintf(stderr, "flx-synth-calibrate: %s needs a value\n", argv[i]);
-            usage();
-            return 2;
-        }
-        const char *a = argv[i], *v = argv[++i];
-        if (!strcmp(a, "--dump")) dump = v;
-        else if (!strcmp(a, "--synth")) synth = v;
-        else if (!strcmp(a, "--csv")) csv = v;
-        else if (!strcmp(a, "--theta")) theta_s = v;
-        else {
-            fprintf(stderr, "flx-synth-calibrate: unknown option %s\n", a);
-            usage();
-            return 2;
-        }
-    }
-    if (!dump == !synth) {
-        fprintf(stderr, "flx-synth-calibrate: give exactly one of --dump and --synth\n");
-        usage();
-        return 2;
-    }
+    const char *dump = NULL, *synth = NULL, *csv = NULL;
+    double theta = 0;
+    flx_cli_opt_t opts[] = {
+        FLX_CLI_PATH(0, "dump", "FILE", &dump, 0, "a KV dump (flx-kv-dump)"),
+        FLX_CLI_STR(0, "synth", "L,HQ,HKV,D,LEN,STEPS[,SEED[,SHARE]]", &synth, 0, "a synthetic source"),
+        FLX_CLI_FLOAT(0, "theta", "THETA", &theta, 1.0, 1e12, FLX_CLI_LO_OPEN,
+                      "synth: RoPE base of the synthetic keys"),
+        FLX_CLI_PATH(0, "csv", "FILE", &csv, 0, "also write the table as CSV"),
+    };
+    flx_cli_t cli = FLX_CLI_INIT("flx-synth-calibrate", "The statistics that tie the synthetic workload to a real "
+                                 "model (docs/synthetic.md), per layer and overall.", opts);
+    cli.synopsis = "(--dump FILE | --synth L,HQ,HKV,D,LEN,STEPS[,SEED[,SHARE]]) [--theta THETA] [--csv FILE]";
+    cli.progress = 1;
+    int rc = flx_cli_main(&cli, argc, argv);
+    if (rc != FLX_CLI_PROCEED) return rc;
+    if (flx_cli_exclusive(&cli, "dump", "synth", 1) ||
+        flx_cli_applies(&cli, synth != NULL, "with --dump (only with --synth)", "theta", NULL))
+        return flx_cli_usage_error(&cli, NULL);
     flx_kvsrc_h src = NULL;
     if (dump) {
-        if (flx_kvsrc_open_dump(dump, &src) != FLX_OK) {
-            fprintf(stderr, "flx-synth-calibrate: %s\n", flx_error_msg());
-            return 1;
-        }
+        if (flx_kvsrc_open_dump(dump, &src) != FLX_OK) return flx_cli_fail(&cli, "%s", flx_error_msg());
     } else {
-        char buf[256], *save = NULL;
-        uint32_t f[6] = {0};
-        uint64_t seed = 1;
-        float share = -1, theta = -1;
-        snprintf(buf, sizeof buf, "%s", synth);
-        int n = 0;
-        for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save), n++) {
-            int bad = 0;
-            if (n < 6) bad = parse_u32(tok, &f[n]);
-            else if (n == 6) bad = flx_parse_u64(tok, 0, UINT64_MAX, &seed) != FLX_OK;
-            else if (n == 7) {
-                char *end;
-                share = strtof(tok, &end);
-                bad = *end != '\0' || end == tok;
-            } else bad = 1;
-            if (bad) {
-                fprintf(stderr, "flx-synth-calibrate: --synth field %d '%s' is malformed\n", n + 1, tok);
-                return 2;
-            }
-        }
-        if (n < 6) {
-            fprintf(stderr, "flx-synth-calibrate: --synth needs L,HQ,HKV,D,LEN,STEPS (got %d fields)\n", n);
-            return 2;
-        }
-        if (theta_s) {
-            char *end;
-            theta = strtof(theta_s, &end);
-            if (*end || end == theta_s) {
-                fprintf(stderr, "flx-synth-calibrate: --theta '%s' is not a number\n", theta_s);
-                return 2;
-            }
-        }
+        uint64_t f[8] = {0, 0, 0, 0, 0, 0, 1, 0};
+        uint32_t n = 0;
+        char head[256];
+        double share = -1;
+        /* the integers L..SEED, then an optional retrieval share (a number in [0, 1]) */
+        const char *last = strrchr(synth, ',');
+        int has_share = 0;
+        for (const char *p = synth; *p; p++) has_share += *p == ',';
+        has_share = has_share == 7;
+        snprintf(head, sizeof head, "%.*s", has_share ? (int)(last - synth) : (int)strlen(synth), synth);
+        if (flx_cli_u64_list("synth", head, 0, UINT64_MAX, f, 7, &n)) return flx_cli_usage_error(&cli, NULL);
+        if (n < 6)
+            return flx_cli_usage_error(&cli, "--synth '%.200s' needs L,HQ,HKV,D,LEN,STEPS (%u fields)", synth, n);
+        if (has_share && (flx_parse_f64(last + 1, &share) || !(share >= 0 && share <= 1)))
+            return flx_cli_usage_error(&cli, "--synth '%.200s': the retrieval share '%s' is not a number in [0, 1]",
+                                       synth, last + 1);
+        for (int i = 0; i < 6; i++)
+            if (f[i] > UINT32_MAX)
+                return flx_cli_usage_error(&cli, "--synth '%.200s': field %d is above %u", synth, i + 1, UINT32_MAX);
         flx_synth_params_t p;
-        flx_synth_defaults(&p, f[0], f[1], f[2], f[3], f[4], f[5], seed);
-        if (share >= 0 || n == 8) p.retrieval_share = share;
-        if (theta_s) p.rope_theta = theta;
+        flx_synth_defaults(&p, (uint32_t)f[0], (uint32_t)f[1], (uint32_t)f[2], (uint32_t)f[3], (uint32_t)f[4],
+                           (uint32_t)f[5], f[6]);
+        if (has_share) p.retrieval_share = (float)share;
+        if (flx_cli_given(&cli, "theta")) p.rope_theta = (float)theta;
         flx_synth_t *syn;
-        if (flx_synth_create(&p, &syn) != FLX_OK || flx_kvsrc_from_synth(syn, &src) != FLX_OK) {
-            fprintf(stderr, "flx-synth-calibrate: %s\n", flx_error_msg());
-            return 2;
+        if (flx_synth_create(&p, &syn) != FLX_OK) return flx_cli_usage_error(&cli, "--synth: %s", flx_error_msg());
+        if (flx_kvsrc_from_synth(syn, &src) != FLX_OK) {
+            flx_synth_destroy(syn);
+            return flx_cli_fail(&cli, "%s", flx_error_msg());
         }
     }
     flx_kvsrc_shape_t sh;
@@ -242,7 +210,7 @@ int main(int argc, char **argv)
     flx_bf16_t *kb = malloc(nkv * sizeof *kb), *vb = malloc(nkv * sizeof *vb);
     float *K = malloc(nkv * sizeof *K), *V = malloc(nkv * sizeof *V), *Q = malloc(nq * sizeof *Q);
     FILE *cf = NULL;
-    int rc = 1;
+    rc = FLX_EXIT_FAILURE;
     if (!kb || !vb || !K || !V || !Q) {
         fprintf(stderr, "flx-synth-calibrate: out of memory for a layer of %zu tokens\n", T);
         goto out;
@@ -272,6 +240,7 @@ int main(int argc, char **argv)
                     s.kind_agree, s.sink64, s.sink4, s.zm, s.zv, s.zs, s.zk, s.vn_sink, s.vn_other);
         double *a = &all.stream_pairs, *b = &s.stream_pairs;
         for (size_t i = 0; i < sizeof all / sizeof(double); i++) a[i] += b[i] / sh.n_layers;
+        flx_progress_report("statistics", l + 1, sh.n_layers, "layers");
     }
     printf("%5s %8.3f %8.3f %6.2f %7.3f %7.3f %8.4f %8.4f %7.3f %7.3f %8.3f %8.3f\n", "all", all.stream_pairs,
            all.stream_heads, all.kind_agree, all.sink64, all.sink4, all.zm, all.zv, all.zs, all.zk, all.vn_sink,

@@ -10,7 +10,9 @@
  *      ignore_eos runs to max_new; cancel reports token -1, is_last, CANCELED; a session closed under
  *      the engine ends its step's batch with ERROR, the engine stays usable and the sequence that was
  *      not in that batch gets all its greedy tokens;
- *  (g) seeded sampling gives the same tokens whatever else is in the batch.
+ *  (g) seeded sampling gives the same tokens whatever else is in the batch;
+ *  (h) a prompt longer than the model's context: the prefill entry points, the forward plan and
+ *      flx_engine_add refuse it naming both lengths, before a session is opened or a layer runs.
  * The stop id is taken from a greedy reference run of the same prompt, so the model does produce it.
  */
 #include <math.h>
@@ -20,6 +22,7 @@
 #include "flx/engine.h"
 #include "flx/forward.h"
 #include "flx/model.h"
+#include "flx/progress.h"
 #include "flx_test.h"
 
 enum { NGEN = 10, MAXP = 512 };
@@ -409,6 +412,62 @@ static void test_seeded(void)
     flx_kv_store_destroy(store);
 }
 
+static void count_layers(void *ctx, const char *stage, uint64_t done, uint64_t total, const char *unit)
+{
+    (void)stage, (void)done, (void)total, (void)unit;
+    ++*(int *)ctx;
+}
+
+/* (h) the same weights under a config whose context is 100 tokens */
+static void test_context(void)
+{
+    flx_model_t sm = *g_m;   /* shares the weights; never destroyed */
+    sm.cfg.max_ctx = 100;
+    flx_kv_store_h store = make_store(g_m->cfg.head_dim);
+    int32_t *prompt = make_prompt(150);
+    float *lg = malloc(V * sizeof *lg);
+    flx_kv_session_id_t sid = 12345;
+    int layers_run = 0;
+    flx_progress_observe(count_layers, &layers_run);
+    refused(flx_engine_prefill_into_store(&sm, g_pws, store, prompt, 101, 8, &sid, lg), FLX_ERR_INVALID,
+            "a prompt of 101 tokens is longer than the model's context of 100 tokens", "prefill into store");
+    refused(flx_engine_prefill_with_stats(&sm, g_pws, store, prompt, 150, 8, 0.1f, &sid, lg), FLX_ERR_INVALID,
+            "150 tokens is longer than the model's context of 100", "prefill with stats");
+    flx_prefill_args_t pa = {.tokens = prompt, .n_tokens = 101, .logits_last = lg};
+    refused(flx_model_prefill(&sm, g_pws, &pa), FLX_ERR_INVALID, "101 tokens is longer than the model's context of 100",
+            "model prefill");
+    flx_fwd_shape_t fs = {.max_prompt = 101, .max_batch = 1, .n_threads = 1};
+    size_t bytes = 7;
+    refused(flx_fwd_plan(&sm, &fs, &bytes), FLX_ERR_INVALID, "max_prompt 101 tokens is longer than the model's context "
+            "of 100", "plan");
+    CHECK(bytes == 7 && sid == 12345 && layers_run == 0);
+    flx_kv_store_info_t si;
+    flx_kv_store_info(store, &si);
+    CHECK(si.n_sessions == 0);   /* refused before a session took memory */
+    /* the context itself is accepted, and the prefill reports each layer */
+    CHECK_OK(flx_engine_prefill_into_store(&sm, g_pws, store, prompt, 100, 8, &sid, lg));
+    CHECK(layers_run == (int)g_m->cfg.n_layers);
+    flx_progress_observe(NULL, NULL);
+    CHECK_OK(flx_kv_session_close(store, sid));
+    /* a session made by a prefill node for a longer context is refused by the engine */
+    CHECK_OK(flx_engine_prefill_into_store(g_m, g_pws, store, prompt, 150, 8, &sid, lg));
+    flx_engine_params_t p = flx_engine_params_default();
+    p.n_threads = 1;
+    flx_engine_h e;
+    CHECK_OK(flx_engine_create(&sm, store, &p, &e));
+    flx_gen_params_t good = {.max_new_tokens = 4, .eos_id = -1, .sampling = flx_sampling_greedy()};
+    flx_engine_seq_id_t id = 777;
+    refused(flx_engine_add(e, sid, 1, &good, &id), FLX_ERR_INVALID, "prompt of 150 tokens, longer than the model's "
+            "context of 100", "engine add");
+    CHECK(id == 777);
+    flx_engine_destroy(e);
+    CHECK_OK(flx_kv_session_close(store, sid));
+    free(lg);
+    free(prompt);
+    flx_kv_store_destroy(store);
+    fprintf(stderr, "context: ok\n");
+}
+
 int main(void)
 {
     flx_rng_seed(&rng, flx_test_seed("test_engine_endings"));
@@ -427,6 +486,7 @@ int main(void)
     test_refusals();
     test_endings();
     test_seeded();
+    test_context();
     flx_aligned_free(pmem);
     flx_model_destroy(g_m);
     fprintf(stderr, "test_engine_endings: ok\n");

@@ -67,6 +67,7 @@ static void test_fwd_plan(const flx_model_t *m)
         {{.max_prompt = 1, .max_batch = 0}, "max_batch 0"},
         {{.max_prompt = 1, .max_batch = 5000}, "max_batch 5000"},
         {{.max_prompt = (1u << 22) + 1, .max_batch = 1}, "max_prompt 4194305"},
+        {{.max_prompt = 4097, .max_batch = 1}, "max_prompt 4097 tokens is longer than the model's context of 4096"},
         {{.max_prompt = 1, .max_batch = 1, .prefill_chunk = 70000}, "prefill_chunk 70000"},
     };
     for (size_t i = 0; i < FLX_ARRAY_SIZE(bad); i++) {

@@ -1,6 +1,7 @@
 /*
  * test_model_load.c - model loaders: Hugging Face round trips through flx_model_save_hf and the
- * flx-gen-ckpt tool, GGUF files built here byte by byte (dequantization against the scalar
+ * flx-gen-ckpt tool, GGUF round trips through flx_model_save_gguf (weights, config and its
+ * byte-level tokenizer), GGUF files built here byte by byte (dequantization against the scalar
  * formulas, llama rope un-permute, metadata getters), and refusals of broken inputs, each checked
  * for its status and for naming the culprit.
  *
@@ -21,6 +22,7 @@
 #include "flx/model.h"
 #include "flx/model_load.h"
 #include "flx/safetensors.h"
+#include "flx/tokenizer.h"
 #include "flx_test.h"
 #include "gguf_build.h"
 
@@ -121,7 +123,8 @@ static void cmp_vec(const char *what, uint32_t l, const float *got, const float 
     }
 }
 
-static void cmp_models(const flx_model_t *got, const flx_model_t *ref, flx_dtype_t dt)
+/* Matrices as stored as dt, norms and biases as stored as vdt. */
+static void cmp_models_as(const flx_model_t *got, const flx_model_t *ref, flx_dtype_t dt, flx_dtype_t vdt)
 {
     const flx_model_config_t *a = &got->cfg, *b = &ref->cfg;
     CHECK(a->arch == b->arch && a->n_layers == b->n_layers && a->hidden == b->hidden);
@@ -138,11 +141,11 @@ static void cmp_models(const flx_model_t *got, const flx_model_t *ref, flx_dtype
     cmp_mat("lm_head", 0, got->lm_head, ref->lm_head, V * H, dt);
     if (a->tied_embeddings) CHECK(got->lm_head == got->tok_embd);
     else CHECK(got->lm_head != got->tok_embd);
-    cmp_vec("out_norm", 0, got->out_norm, ref->out_norm, H, dt);
+    cmp_vec("out_norm", 0, got->out_norm, ref->out_norm, H, vdt);
     for (uint32_t l = 0; l < a->n_layers; l++) {
         const flx_layer_weights_t *x = &got->layers[l], *y = &ref->layers[l];
-        cmp_vec("attn_norm", l, x->attn_norm, y->attn_norm, H, dt);
-        cmp_vec("ffn_norm", l, x->ffn_norm, y->ffn_norm, H, dt);
+        cmp_vec("attn_norm", l, x->attn_norm, y->attn_norm, H, vdt);
+        cmp_vec("ffn_norm", l, x->ffn_norm, y->ffn_norm, H, vdt);
         cmp_mat("wq", l, x->wq, y->wq, qd * H, dt);
         cmp_mat("wk", l, x->wk, y->wk, kvd * H, dt);
         cmp_mat("wv", l, x->wv, y->wv, kvd * H, dt);
@@ -151,13 +154,18 @@ static void cmp_models(const flx_model_t *got, const flx_model_t *ref, flx_dtype
         cmp_mat("w_up", l, x->w_up, y->w_up, F * H, dt);
         cmp_mat("w_down", l, x->w_down, y->w_down, H * F, dt);
         if (a->qkv_bias) {
-            cmp_vec("bq", l, x->bq, y->bq, qd, dt);
-            cmp_vec("bk", l, x->bk, y->bk, kvd, dt);
-            cmp_vec("bv", l, x->bv, y->bv, kvd, dt);
+            cmp_vec("bq", l, x->bq, y->bq, qd, vdt);
+            cmp_vec("bk", l, x->bk, y->bk, kvd, vdt);
+            cmp_vec("bv", l, x->bv, y->bv, kvd, vdt);
         } else {
             CHECK(!x->bq && !x->bk && !x->bv);
         }
     }
+}
+
+static void cmp_models(const flx_model_t *got, const flx_model_t *ref, flx_dtype_t dt)
+{
+    cmp_models_as(got, ref, dt, dt);
 }
 
 /* Whether p lies in a mapping of a file whose path contains name (per /proc/self/maps). */
@@ -234,6 +242,70 @@ static void test_hf_roundtrips(void)
     }
 }
 
+/* flx_model_save_gguf then flx_model_load_gguf gives the weights back (Llama q/k rows permuted on
+ * the way out, un-permuted on the way in), and its tokenizer encodes one token per byte. */
+static void test_gguf_save_roundtrips(void)
+{
+    static const hf_case_t cases[] = {
+        {"gguf-llama-hd32-gqa2-untied-bf16", FLX_ARCH_LLAMA, 2, 128, 4, 2, 32, 96, 300, 0, 1, FLX_DT_BF16, 0},
+        {"gguf-qwen2-hd64-gqa4-tied-f16", FLX_ARCH_QWEN2, 1, 128, 4, 1, 64, 64, 257, 1, 1, FLX_DT_F16, 0},
+        {"gguf-llama-hd16-gqa1-tied-f32", FLX_ARCH_LLAMA, 1, 64, 2, 2, 16, 32, 400, 1, 1, FLX_DT_F32, 0},
+    };
+    for (size_t i = 0; i < FLX_ARRAY_SIZE(cases); i++) {
+        const hf_case_t *k = &cases[i];
+        flx_model_config_t cfg = case_cfg(k);
+        flx_model_t *ref, *got = NULL;
+        CHECK_OK(flx_model_init_random(&cfg, g_seed + i, &ref));
+        char p[600];
+        snprintf(p, sizeof p, "%s/%s.gguf", g_tmp, k->label);
+        CHECK_OK(flx_model_save_gguf(ref, p, k->dtype));
+        CHECK_OK(flx_model_load(p, &got));
+        /* norms and biases are F32 in the file: they come back exactly */
+        cmp_models_as(got, ref, k->dtype, FLX_DT_F32);
+        flx_tok_h tok;
+        CHECK_OK(flx_tok_load(p, &tok));
+        CHECK(flx_tok_vocab_size(tok) == cfg.vocab && flx_tok_eos(tok) == 256 && flx_tok_is_eog(tok, 256));
+        const char text[] = "caf\xc3\xa9 \x01\xff <|end|>\n";
+        int32_t ids[64];
+        size_t n = 0;
+        CHECK_OK(flx_tok_encode(tok, text, sizeof text - 1, 0, ids, 64, &n));
+        CHECK(n == sizeof text - 1);
+        for (size_t j = 0; j < n; j++) CHECK(ids[j] >= 0 && ids[j] < 256);
+        char back[64];
+        size_t blen = 0;
+        CHECK_OK(flx_tok_decode(tok, ids, n, 0, back, sizeof back, &blen));
+        CHECK(blen == n && !memcmp(back, text, n));
+        CHECK_OK(flx_tok_encode(tok, "<|endoftext|>", 13, 0, ids, 64, &n));   /* a control token, matched whole */
+        CHECK(n == 1 && ids[0] == 256);
+        int32_t pad = (int32_t)cfg.vocab - 1;   /* the padding ids are control tokens: skipped */
+        CHECK_OK(flx_tok_decode(tok, &pad, 1, FLX_TOK_SKIP_SPECIAL, back, sizeof back, &blen));
+        CHECK(blen == 0 || pad == 256);
+        flx_tok_destroy(tok);
+        fprintf(stderr,
+                "gguf save round trip %s: every weight matches, %zu bytes -> as many tokens -> the same bytes\n",
+                k->label, sizeof text - 1);
+        flx_model_destroy(got);
+        flx_model_destroy(ref);
+    }
+    /* refusals: a vocabulary too small for the byte tokens, llama3 scaling */
+    hf_case_t small = {"gguf-small", FLX_ARCH_LLAMA, 1, 64, 2, 2, 32, 32, 256, 0, 1, FLX_DT_BF16, 0};
+    flx_model_config_t cfg = case_cfg(&small);
+    flx_model_t *m;
+    CHECK_OK(flx_model_init_random(&cfg, g_seed, &m));
+    char p[600];
+    snprintf(p, sizeof p, "%s/refused.gguf", g_tmp);
+    CHECK_ST(flx_model_save_gguf(m, p, FLX_DT_BF16), FLX_ERR_INVALID);
+    CHECK_MSG("vocab 256");
+    flx_model_destroy(m);
+    small.vocab = 300, small.llama3 = 1;
+    cfg = case_cfg(&small);
+    CHECK_OK(flx_model_init_random(&cfg, g_seed, &m));
+    CHECK_ST(flx_model_save_gguf(m, p, FLX_DT_BF16), FLX_ERR_UNSUPPORTED);
+    CHECK_MSG("llama3");
+    CHECK(access(p, F_OK) != 0);
+    flx_model_destroy(m);
+}
+
 /* The tool's output equals flx_model_init_random(seed) stored as the dtype. */
 static void test_gen_tool(const char *tool)
 {
@@ -253,6 +325,20 @@ static void test_gen_tool(const char *tool)
     cmp_models(got, ref, FLX_DT_F16);
     flx_model_destroy(ref);
     flx_model_destroy(got);
+    /* --format gguf: one file, the same weights */
+    char gg[600];
+    snprintf(gg, sizeof gg, "%s/tool.gguf", g_tmp);
+    snprintf(cmd, sizeof cmd,
+             "%s --family llama --layers 1 --hidden 64 --heads 4 --kv-heads 2 --ffn 64 --vocab 260 --seed 7 "
+             "--max-ctx 256 --format gguf %s > /dev/null", tool, gg);
+    CHECK(system(cmd) == 0);
+    CHECK_OK(flx_model_load(gg, &got));
+    cfg = got->cfg;
+    CHECK(cfg.arch == FLX_ARCH_LLAMA && cfg.max_ctx == 256 && cfg.vocab == 260 && cfg.n_kv_heads == 2);
+    CHECK_OK(flx_model_init_random(&cfg, 7, &ref));
+    cmp_models_as(got, ref, FLX_DT_BF16, FLX_DT_F32);
+    flx_model_destroy(ref);
+    flx_model_destroy(got);
     /* Flag validation: each bad invocation exits 2 and writes nothing. */
     static const char *const bad[] = {
         "--family gpt2 --layers 1 --hidden 64 --heads 4 --ffn 32 --vocab 10",
@@ -261,6 +347,9 @@ static void test_gen_tool(const char *tool)
         "--family llama --layers 1 --hidden 64 --heads 4 --kv-heads 3 --ffn 32 --vocab 10",
         "--family llama --layers 1 --hidden 64 --heads 4 --ffn 32 --vocab 10 --dtype f8",
         "--family llama --layers 1 --hidden 64 --heads 4 --ffn 32 --vocab 10 --shards 0",
+        "--family llama --layers 1 --hidden 64 --heads 4 --ffn 32 --vocab 300 --format gguf --shards 2",
+        "--family llama --layers 1 --hidden 64 --heads 4 --ffn 32 --vocab 100 --format gguf",
+        "--family llama --layers 1 --hidden 64 --heads 4 --ffn 32 --vocab 300 --format safetensors",
     };
     for (size_t i = 0; i < FLX_ARRAY_SIZE(bad); i++) {
         snprintf(cmd, sizeof cmd, "%s %s %s/bad%zu 2>/dev/null", tool, bad[i], g_tmp, i);
@@ -1166,6 +1255,7 @@ int main(int argc, char **argv)
     test_gguf_rope_freqs(&rng);
     test_gguf_refusals(&rng);
     test_hf_roundtrips();
+    test_gguf_save_roundtrips();
     test_gen_tool(argv[1]);
     test_hf_refusals();
     fprintf(stderr, "test_model_load: ok\n");

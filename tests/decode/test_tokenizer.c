@@ -566,8 +566,46 @@ static void test_random_bytes(void)
     }
 }
 
+/* Token id files: text and raw i32 forms, every refusal naming the byte. */
+static void test_ids(void)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    const char text[] = " 12\n-3\t2147483647\n-2147483648\n\n0";
+    CHECK_OK(flx_tok_ids_parse("t", text, sizeof text - 1, &ids, &n));
+    CHECK(n == 5 && ids[0] == 12 && ids[1] == -3 && ids[2] == INT32_MAX && ids[3] == INT32_MIN && ids[4] == 0);
+    free(ids);
+    CHECK_OK(flx_tok_ids_parse("t", "", 0, &ids, &n));
+    CHECK(n == 0);
+    free(ids);
+    const int32_t raw[3] = {7, -1, 49151};   /* 4-byte values with bytes other than digits: raw */
+    CHECK_OK(flx_tok_ids_parse("r", raw, sizeof raw, &ids, &n));
+    CHECK(n == 3 && !memcmp(ids, raw, sizeof raw));
+    free(ids);
+    static const struct { const char *s; const char *needle; } bad[] = {
+        {"1 2 3x", "t: 6 bytes is not a whole number of i32 ids"},   /* not text (x), nor raw */
+        {"12 2147483648", "bad token id at byte 3"},
+        {"12 -2147483649", "bad token id at byte 3"},
+        {"5-3", "bad token id at byte 0"},
+        {"1 - 2", "bad token id at byte 2"},
+        {"99999999999999999999", "bad token id at byte 0"},
+        {"--5", "bad token id at byte 0"},
+    };
+    for (size_t i = 0; i < FLX_ARRAY_SIZE(bad); i++) {
+        ids = (int32_t *)(uintptr_t)1;
+        n = 77;
+        CHECK_ST(flx_tok_ids_parse("t", bad[i].s, strlen(bad[i].s), &ids, &n), FLX_ERR_FORMAT);
+        if (!strstr(flx_error_msg(), bad[i].needle))
+            fprintf(stderr, "ids '%s': %s (want '%s')\n", bad[i].s, flx_error_msg(), bad[i].needle);
+        CHECK(strstr(flx_error_msg(), bad[i].needle) && n == 77 && ids == (int32_t *)(uintptr_t)1);
+    }
+    CHECK_ST(flx_tok_ids_read("/nonexistent/ids.txt", &ids, &n), FLX_ERR_NOT_FOUND);
+    CHECK(strstr(flx_error_msg(), "/nonexistent/ids.txt"));
+}
+
 int main(void)
 {
+    test_ids();
     test_bpe();
     test_pretokenizers();
     test_specials_decode_capacity();

@@ -2,8 +2,8 @@
  * test_fluxion_attn_tool - runs the fluxion-attn binary end to end: writes inputs with
  * flx_st_writer, runs the tool (fast kernels and --ref), compares with each other and, for FULL, with
  * a dense softmax computed here from the input arrays (window = first sink + last local tokens, host
- * = the rest: all of them in FULL). Then feeds broken files: each must exit 1 with a message naming
- * the tensor or field, never crash; a bad flag value exits 2.
+ * = the rest: all of them in FULL). Then feeds broken files: each must exit 1 (a runtime failure)
+ * with a message naming the tensor or field, never crash; a bad command line exits 2.
  * argv[1] = path of the fluxion-attn binary; argv[2] = scratch directory.
  */
 #include <math.h>
@@ -179,12 +179,20 @@ int main(int argc, char **argv)
         CHECK(rc == 1);
         CHECK(file_has(err, bad[i].needle));
     }
-    /* fixed (from the file) without a budget; a budget out of range on the command line */
+    /* fixed without a budget (the input's fault: 1); a budget out of range on the command line (2);
+     * options without effect in the input's mode (1) or in the command line's (2) */
     write_input(in, 0, "fixed", "16");
     snprintf(args, sizeof args, "%s %s", in, out);
     CHECK(run_tool(args, err) == 1 && file_has(err, "budget"));
     snprintf(args, sizeof args, "%s %s --budget 2", in, out);
-    CHECK(run_tool(args, err) == 2 && file_has(err, "budget"));
+    CHECK(run_tool(args, err) == 2 && file_has(err, "--budget '2'"));
+    write_input(in, 0, "full", "16");
+    snprintf(args, sizeof args, "%s %s --budget 0.5", in, out);
+    CHECK(run_tool(args, err) == 1 && file_has(err, "--budget has no effect"));
+    snprintf(args, sizeof args, "%s %s --mode sparse --budget 0.5", in, out);
+    CHECK(run_tool(args, err) == 2 && file_has(err, "--budget has no effect"));
+    snprintf(args, sizeof args, "%s %s --ref --isa avx2", in, out);
+    CHECK(run_tool(args, err) == 2 && file_has(err, "--isa has no effect with --ref"));
     /* not a safetensors file; a truncated one; a missing one */
     FILE *f = fopen(in, "wb");
     CHECK(f);
@@ -197,7 +205,7 @@ int main(int argc, char **argv)
     CHECK(run_tool(args, err) == 1 && file_has(err, "cannot read"));
     snprintf(args, sizeof args, "%s/does-not-exist.safetensors %s", dir, out);
     CHECK(run_tool(args, err) == 1);
-    CHECK(run_tool("onlyone", err) == 2);
+    CHECK(run_tool("onlyone", err) == 2 && file_has(err, "missing argument OUT"));
 
     /* The committed bad inputs of issue 14. 02: a duplicated __metadata__ (once a heap overflow in the
      * reader) is refused. 03: an odd header length puts the BF16 data at odd addresses, which the

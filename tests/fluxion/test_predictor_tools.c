@@ -1,7 +1,7 @@
 /*
  * test_predictor_tools.c - fluxion-train and fluxion-predict end to end: a small synthetic dataset
  * is trained on, the weights load, fluxion-predict reports the same held-out metrics format, and
- * bad flags or files exit with 2.
+ * bad flags exit with 2 and bad files with 1.
  * argv[1] = fluxion-train, argv[2] = fluxion-predict, argv[3] = scratch directory.
  */
 #include <string.h>
@@ -141,7 +141,8 @@ int main(int argc, char **argv)
     /* bad flags (exit 2) and files (exit 1) */
     const char *bad[] = {"--data %s --out %s --epochs 0", "--data %s --out %s --lr -1", "--data %s --out %s --lr x",
                          "--data %s --out %s --test-frac 1", "--data %s --out %s --batch 12a", "--data %s",
-                         "--data %s --out %s --bogus", "--data %s --out %s --loss l2", "--data %s --out %s --quantile 1"};
+                         "--data %s --out %s --bogus", "--data %s --out %s --loss l2",
+                         "--data %s --out %s --quantile 1", "--data %s --out %s --loss mse --quantile 0.5"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char args[1100];
         snprintf(args, sizeof args, bad[i], ds, w);
@@ -152,6 +153,8 @@ int main(int argc, char **argv)
     CHECK(run(cmd) == 1);
     snprintf(cmd, sizeof cmd, "%s --weights %s --data %s/missing 2>/dev/null >/dev/null", pr, w, dir);
     CHECK(run(cmd) == 1);
+    snprintf(cmd, sizeof cmd, "%s %s/missing --data %s --out %s 2>/dev/null >/dev/null", tr, dir, ds, w);   /* stray */
+    CHECK(run(cmd) == 2);
     flx_dataset_free(&d);
     return 0;
 }

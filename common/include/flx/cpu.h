@@ -5,13 +5,16 @@
  * Kernels are compiled for several instruction sets in one binary (per-function target attributes,
  * never a global -march), and one of them is chosen at run time. The level is the best the CPU
  * and the OS (XSAVE state for AVX/AVX-512) support, capped by FLX_ISA in the environment
- * (scalar|avx2|avx512|avx512bf16) or by flx_isa_force(). Tests force each level in turn and hold every fast
+ * (scalar|avx2|avx512|avx512bf16; any other value is refused by flx_isa_env_check) or by
+ * flx_isa_force(). Tests force each level in turn and hold every fast
  * kernel to its scalar reference, so a machine without AVX-512 runs the same code paths CI tested.
  */
 #ifndef FLX_CPU_H
 #define FLX_CPU_H
 
 #include <stdint.h>
+
+#include "flx/status.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -48,6 +51,10 @@ flx_isa_t flx_isa_active(void);
 /* Caps the active level (tests use it to exercise each path). Returns the level actually in force
  * (lower than asked when the hardware lacks it). Not meant to be called while kernels run. */
 flx_isa_t flx_isa_force(flx_isa_t isa);
+
+/* FLX_ISA of the environment, when set, names a level: FLX_ERR_INVALID naming the value and the valid ones
+ * otherwise (flx_isa_active then ignores it). Programs call it once at start (flx_cli_main does). */
+flx_status_t flx_isa_env_check(void);
 
 const char *flx_isa_name(flx_isa_t isa);
 /* Parses "scalar", "avx2", "avx512", "avx512bf16"; returns 0 on success. */

@@ -9,11 +9,17 @@
 #ifndef FLX_LOG_H
 #define FLX_LOG_H
 
+#include "flx/status.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 typedef enum { FLX_LOG_ERROR = 0, FLX_LOG_WARN = 1, FLX_LOG_INFO = 2, FLX_LOG_DEBUG = 3 } flx_log_level_t;
+
+/* FLX_LOG of the environment, when set, names a level: FLX_ERR_INVALID naming the value and the valid
+ * ones otherwise (the level then stays warn). Programs call it once at start (flx_cli_main does). */
+flx_status_t flx_log_env_check(void);
 
 void flx_log_set_level(flx_log_level_t lvl);
 flx_log_level_t flx_log_get_level(void);

@@ -42,6 +42,10 @@ static inline flx_status_t flx_add_size(size_t a, size_t b, size_t *out)
 /* Strict decimal parse of a whole string (flags, config values): digits only, no sign, no
  * trailing characters, value in [lo, hi]. FLX_ERR_INVALID otherwise; *out written only on success. */
 flx_status_t flx_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
+/* Strict parse of a whole string as a finite decimal number (strtod's syntax without leading space;
+ * no NaN, no infinity, no overflow, no trailing characters). FLX_ERR_INVALID otherwise; *out written
+ * only on success. The caller checks the range. */
+flx_status_t flx_parse_f64(const char *s, double *out);
 
 /*
  * Name index: names read from a file (tensor names, metadata keys) sorted once so that a lookup is

@@ -190,7 +190,7 @@ typedef struct flx_gen_params {
  * (max_new_tokens 0, too many stop ids, a token id outside the vocabulary, bad sampling params);
  * FLX_ERR_STATE when the session is not READY; FLX_ERR_NOT_FOUND for an unknown session;
  * FLX_ERR_CAPACITY when max_seqs sequences are live or the session has more host tokens than
- * max_l_cpu. */
+ * max_l_cpu; FLX_ERR_INVALID when the session's prompt is longer than the model's context. */
 flx_status_t flx_engine_add(flx_engine_h engine, flx_kv_session_id_t sid, int32_t first_token,
                             const flx_gen_params_t *gen, flx_engine_seq_id_t *seq_p);
 
@@ -248,7 +248,9 @@ void flx_engine_total_stats(flx_engine_h engine, flx_engine_stats_t *stats_p);
  * no predictor statistics: FULL and FIXED need none) with flx_kv_chunk_write as soon as the layer is
  * done, and writes the last position's logits to first_logits (vocab). On success the session is
  * READY and *sid_p is set; on failure the session is closed, *sid_p is not written and
- * first_logits holds nothing meaningful.
+ * first_logits holds nothing meaningful. A prompt longer than the model's context (max_ctx) is
+ * refused with FLX_ERR_INVALID naming both lengths before a session is opened or a layer runs; one
+ * the store cannot hold is refused by flx_kv_session_open (FLX_ERR_CAPACITY), also before any layer.
  */
 flx_status_t flx_engine_prefill_into_store(const flx_model_t *model, flx_fwd_ws_t *ws, flx_kv_store_h store,
                                            const int32_t *tokens, uint32_t n, uint32_t max_new_tokens,

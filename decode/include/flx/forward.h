@@ -41,7 +41,7 @@ extern "C" {
 #endif
 
 typedef struct flx_fwd_shape {
-    uint32_t max_prompt;   /* most tokens one prefill call takes */
+    uint32_t max_prompt;   /* most tokens one prefill call takes, 1..min(2^22, the model's max_ctx) */
     uint32_t max_batch;    /* most sequences one decode step takes */
     uint32_t n_threads;    /* 0: omp_get_max_threads() at plan time */
 } flx_fwd_shape_t;
@@ -62,7 +62,7 @@ typedef flx_status_t (*flx_prefill_layer_fn)(void *ctx, uint32_t layer, uint32_t
 
 typedef struct flx_prefill_args {
     const int32_t *tokens;       /* (n_tokens), each < vocab (checked) */
-    uint32_t n_tokens;           /* 1..max_prompt */
+    uint32_t n_tokens;           /* 1..max_prompt; never above the model's max_ctx */
     flx_prefill_layer_fn on_layer;  /* may be NULL */
     void *ctx;
     float *logits_last;          /* (vocab) logits after the last token, or NULL */
@@ -70,6 +70,9 @@ typedef struct flx_prefill_args {
     float *q_all;                /* (n_layers, n_tokens, Hq, D) every query (KV dumps), or NULL */
 } flx_prefill_args_t;
 
+/* Refuses (FLX_ERR_INVALID, nothing computed) a prompt longer than the model's context (max_ctx)
+ * or the workspace's max_prompt, and token ids outside the vocabulary. Reports its progress per
+ * layer to the calling thread's observer (flx/progress.h, stage "prefill"). */
 flx_status_t flx_model_prefill(const flx_model_t *m, flx_fwd_ws_t *ws, const flx_prefill_args_t *args);
 
 /* Attention of one layer for a decode batch: given the batch's q, and its new k, v (already RoPE'd;

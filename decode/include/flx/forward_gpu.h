@@ -93,7 +93,7 @@ void flx_gpu_model_info(flx_gpu_model_h gm, flx_gpu_model_info_t *info_p);
 /* ---- workspaces: plan, then carve ---- */
 
 typedef struct flx_gpu_fwd_shape {
-    uint32_t max_prompt;     /* most tokens one prefill takes; 0 = decode only */
+    uint32_t max_prompt;     /* most tokens one prefill takes (<= the model's max_ctx); 0 = decode only */
     uint32_t max_batch;      /* most sequences one decode step takes, 1..4096 */
     uint32_t prefill_chunk;  /* prompt tokens per pass of the projections and FFN; 0 = 256. Bounds the
                               * (tokens, ffn) buffers; K, V, q and the residual stream stay whole */

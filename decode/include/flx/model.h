@@ -72,7 +72,8 @@ typedef struct flx_model_config {
     uint32_t head_dim;        /* multiple of 16, <= FLX_MODEL_MAX_HEAD_DIM */
     uint32_t ffn;             /* SwiGLU intermediate size */
     uint32_t vocab;
-    uint32_t max_ctx;         /* trained context length, from the file's metadata; <= FLX_MODEL_MAX_CTX */
+    uint32_t max_ctx;         /* trained context length (tokens, 1 .. FLX_MODEL_MAX_CTX), from the
+                                 file's metadata: no prefill takes a longer prompt */
     float rms_eps;
     float rope_theta;
     flx_rope_scaling_t rope_scaling;

@@ -14,6 +14,8 @@
  *                        BF16 matrices point straight into the read-only file mappings, which the
  *                        model keeps open until flx_model_destroy; F16/F32 ones are converted.
  *   flx_model_save_hf    the inverse of load_hf for generated test checkpoints (flx-gen-ckpt).
+ *   flx_model_save_gguf  the inverse of load_gguf for generated test models, with a byte-level
+ *                        vocabulary, so the file is a whole model for flx-generate.
  *
  * Every refusal names the file and the field or tensor at fault: FLX_ERR_NOT_FOUND for a missing
  * file, config field or tensor; FLX_ERR_FORMAT for a malformed file, a wrong shape or dtype;
@@ -29,6 +31,9 @@
  * their size while loading), each shard's header (flx/safetensors.h: at most 64 x the header + 1
  * MiB), and converted F16/F32 matrices and norm vectors (at most 2 x their bytes in the shard;
  * aligned BF16 matrices stay in the mapping). Context lengths above FLX_MODEL_MAX_CTX are refused.
+ *
+ * The loaders report each layer loaded to the calling thread's progress observer (flx/progress.h,
+ * stage "loading model").
  *
  * Thread mode: loaders share nothing; several may run at once.
  */
@@ -57,6 +62,17 @@ flx_status_t flx_model_load_hf(const char *dir, flx_model_t **model_p);
  * Files are written atomically (temporary + rename).
  */
 flx_status_t flx_model_save_hf(const flx_model_t *model, const char *dir, flx_dtype_t dtype, uint32_t n_shards);
+
+/*
+ * Writes model as one GGUF file at path (version 3, alignment 32; atomically): metadata keys of its
+ * architecture ("llama" or "qwen2", context_length = max_ctx), matrices as dtype (FLX_DT_BF16,
+ * FLX_DT_F16 or FLX_DT_F32; Llama wq/wk rows permuted as llama.cpp's converter does), norms and
+ * biases as F32, and a tokenizer of the model's vocabulary: GPT-2 byte-level BPE with the 256 byte
+ * tokens, no merges, <|endoftext|> (id 256, control) as end of sequence and control tokens
+ * <|pad_N|> for the other ids, so text encodes to one token per byte. Needs vocab >= 257; llama3
+ * rope scaling is refused (FLX_ERR_UNSUPPORTED).
+ */
+flx_status_t flx_model_save_gguf(const flx_model_t *model, const char *path, flx_dtype_t dtype);
 
 #ifdef __cplusplus
 }

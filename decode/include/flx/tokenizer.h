@@ -145,6 +145,14 @@ const char *flx_tok_token_str(flx_tok_h tok, int32_t id);
 /* The id of a stored token string, or -1. */
 int32_t flx_tok_find(flx_tok_h tok, const char *str);
 
+/* Token id files (teacher-forced inputs; llama_ref --tokens-out writes them): len bytes of text
+ * (decimal integers in the i32 range separated by whitespace) or, when any other byte occurs, raw
+ * little-endian i32. On success *ids_p is a new array (free() it) of *n_p ids; FLX_ERR_FORMAT
+ * naming `what` and the byte offset otherwise. Ids are not checked against any vocabulary. */
+flx_status_t flx_tok_ids_parse(const char *what, const void *buf, size_t len, int32_t **ids_p, size_t *n_p);
+/* The same from a file ("-": stdin). */
+flx_status_t flx_tok_ids_read(const char *path, int32_t **ids_p, size_t *n_p);
+
 uint32_t flx_tok_vocab_size(flx_tok_h tok);
 int32_t flx_tok_bos(flx_tok_h tok); /* -1 if none */
 int32_t flx_tok_eos(flx_tok_h tok); /* -1 if none */

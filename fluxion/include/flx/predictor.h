@@ -252,7 +252,8 @@ typedef struct flx_train_report {
 /* Trains m (allocated by the caller with flx_mlp_alloc) on d: feature and target standardization
  * from the training rows, regression of bgt0, k by p->loss over retrieval rows only (a streaming
  * head's budget is never used), binary cross-entropy for s over all rows. Deterministic
- * for a seed and a BLAS thread count. */
+ * for a seed and a BLAS thread count. Reports each epoch to the calling thread's progress observer
+ * (flx/progress.h, stage "training"). */
 flx_status_t flx_train(const flx_dataset_t *d, const flx_train_params_t *p, flx_mlp_t *m, flx_train_report_t *rep);
 
 #ifdef __cplusplus

@@ -1,0 +1,161 @@
+/*
+ * fuzz_cli - a command line made of the fuzzer's bytes through flx_cli_parse, the parser behind
+ * every tool's flx_cli_main, against a table holding every kind of option (flag, string, path,
+ * integer, optional integer, float with open and closed ends, enum, repeatable) and positionals;
+ * then the checks between options, the help text and flx_cli_u64_list on the same words.
+ *
+ * Input: words separated by NUL bytes (at most 48; argv[0] is "fuzz"). Properties checked (a
+ * broken one aborts, which libFuzzer reports): an accepted line writes each destination inside its
+ * declared range or choices and every string points at one of the words; a refused line writes
+ * nothing and leaves a non-empty one-line message; parsing the same words twice gives the same
+ * outcome.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flx/cli.h"
+#include "flx/log.h"
+
+#define CLI_CHECK(c)                                                                       \
+    do {                                                                                   \
+        if (!(c)) {                                                                        \
+            fprintf(stderr, "%s:%d: fuzz property failed: %s\n", __FILE__, __LINE__, #c); \
+            abort();                                                                       \
+        }                                                                                  \
+    } while (0)
+
+#define MAX_WORDS 48
+
+typedef struct dst {
+    const char *model, *prompt, *list[3], *in, *out;
+    uint64_t n, gpu;
+    double p, t;
+    int flag, mode;
+    uint32_t n_list;
+} dst_t;
+
+static const char *const modes[] = {"full", "fixed", "fluxion", NULL};
+
+static void table(dst_t *d, flx_cli_opt_t *o, flx_cli_pos_t *p)
+{
+    const flx_cli_opt_t opts[] = {
+        FLX_CLI_PATH('m', "model", "PATH", &d->model, FLX_CLI_REQUIRED, "model"),
+        FLX_CLI_STR('p', "prompt", "TEXT", &d->prompt, 0, "prompt"),
+        FLX_CLI_LIST('d', "data", "FILE", d->list, 3, &d->n_list, 0, "data"),
+        FLX_CLI_UINT('n', "max-new", "N", &d->n, 1, 1000000, 0, "count"),
+        FLX_CLI_UINT(0, "gpu", "DEV", &d->gpu, 0, 7, FLX_CLI_OPTIONAL, "device"),
+        FLX_CLI_FLOAT(0, "top-p", "P", &d->p, 0.0, 1.0, FLX_CLI_LO_OPEN, "mass"),
+        FLX_CLI_FLOAT('T', "temp", "T", &d->t, -2.0, 2.0, FLX_CLI_HI_OPEN, "temperature"),
+        FLX_CLI_FLAG('c', "chat", &d->flag, "flag"),
+        FLX_CLI_ENUM(0, "mode", &d->mode, modes, 0, "mode"),
+    };
+    const flx_cli_pos_t pos[] = {FLX_CLI_ARG("IN", &d->in, "in"), FLX_CLI_ARG_OPT("OUT", &d->out, "out")};
+    memcpy(o, opts, sizeof opts);
+    memcpy(p, pos, sizeof pos);
+}
+
+static void sentinels(dst_t *d)
+{
+    static const char unset[] = "unset";
+    d->model = d->prompt = d->in = d->out = d->list[0] = d->list[1] = d->list[2] = unset;
+    d->n = d->gpu = 999;
+    d->p = d->t = 999.0;
+    d->flag = d->mode = 999;
+    d->n_list = 999;
+}
+
+static int is_word(const char *s, char *const *argv, int argc)
+{
+    for (int i = 1; i < argc; i++)
+        if (s >= argv[i] && s <= argv[i] + strlen(argv[i])) return 1;
+    return 0;
+}
+
+static flx_status_t parse(char *const *argv, int argc, dst_t *d, flx_cli_t *cli, flx_cli_opt_t *o, flx_cli_pos_t *p,
+                          flx_cli_action_t *act)
+{
+    table(d, o, p);
+    sentinels(d);
+    *cli = (flx_cli_t){.prog = "fuzz", .summary = "fuzz", .opts = o, .n_opts = 9, .pos = p, .n_pos = 2, .progress = 1};
+    return flx_cli_parse(cli, argc, argv, act);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc, (void)argv;
+    flx_log_set_level(FLX_LOG_ERROR);
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    char *buf = malloc(size + 1), *argv[MAX_WORDS + 2];
+    CLI_CHECK(buf);
+    memcpy(buf, data, size);
+    buf[size] = '\0';
+    int argc = 0;
+    argv[argc++] = "fuzz";
+    for (size_t i = 0; i <= size && argc <= MAX_WORDS; i += strlen(buf + i) + 1) argv[argc++] = buf + i;
+    argv[argc] = NULL;
+
+    dst_t d, d2;
+    flx_cli_opt_t o[9], o2[9];
+    flx_cli_pos_t p[2], p2[2];
+    flx_cli_t cli, cli2;
+    flx_cli_action_t act = FLX_CLI_RUN, act2 = FLX_CLI_RUN;
+    flx_status_t st = parse(argv, argc, &d, &cli, o, p, &act);
+    char msg[FLX_ERROR_MSG_MAX];
+    snprintf(msg, sizeof msg, "%s", flx_error_msg());
+    flx_status_t st2 = parse(argv, argc, &d2, &cli2, o2, p2, &act2);
+    CLI_CHECK(st == st2 && (st != FLX_OK || act == act2));
+    CLI_CHECK(st == FLX_OK || !strcmp(msg, flx_error_msg()));
+    if (st != FLX_OK || act != FLX_CLI_RUN) {
+        dst_t s;
+        sentinels(&s);
+        CLI_CHECK(st == FLX_OK || st == FLX_ERR_INVALID);
+        CLI_CHECK(st == FLX_OK || (msg[0] && !strchr(msg, '\n')));
+        CLI_CHECK(!strcmp(d.model, s.model) && !strcmp(d.prompt, s.prompt) && !strcmp(d.in, s.in) &&
+                  !strcmp(d.out, s.out) && !strcmp(d.list[0], s.list[0]) && d.n == s.n && d.gpu == s.gpu &&
+                  d.p == s.p && d.t == s.t && d.flag == s.flag && d.mode == s.mode && d.n_list == s.n_list);
+    } else {
+        CLI_CHECK(is_word(d.model, argv, argc) && d.model[0]);
+        CLI_CHECK(is_word(d.in, argv, argc));
+        CLI_CHECK(!strcmp(d.out, "unset") || is_word(d.out, argv, argc));
+        CLI_CHECK(!strcmp(d.prompt, "unset") || is_word(d.prompt, argv, argc));
+        CLI_CHECK(d.n == 999 || (d.n >= 1 && d.n <= 1000000));
+        CLI_CHECK(d.gpu == 999 || d.gpu <= 7);
+        CLI_CHECK(d.p == 999.0 || (isfinite(d.p) && d.p > 0.0 && d.p <= 1.0));
+        CLI_CHECK(d.t == 999.0 || (isfinite(d.t) && d.t >= -2.0 && d.t < 2.0));
+        CLI_CHECK(d.flag == 999 || d.flag == 1);
+        CLI_CHECK(d.mode == 999 || (d.mode >= 0 && d.mode <= 2));
+        CLI_CHECK((d.n_list == 999) == (flx_cli_given(&cli, "data") == 0));
+        for (uint32_t i = 0; d.n_list != 999 && i < d.n_list; i++)
+            CLI_CHECK(d.n_list <= 3 && is_word(d.list[i], argv, argc));
+        CLI_CHECK(flx_cli_given(&cli, "model") >= 1);
+        flx_status_t e = flx_cli_exclusive(&cli, "prompt", "data", 0);
+        CLI_CHECK((e != FLX_OK) == (flx_cli_given(&cli, "prompt") && flx_cli_given(&cli, "data")));
+        e = flx_cli_applies(&cli, 0, "in this mode", "chat", "top-p", NULL);
+        CLI_CHECK((e != FLX_OK) == (flx_cli_given(&cli, "chat") || flx_cli_given(&cli, "top-p")));
+    }
+    FILE *sink = fopen("/dev/null", "w");
+    if (sink) {
+        flx_cli_help(&cli, sink);
+        flx_cli_version(&cli, sink);
+        fclose(sink);
+    }
+    uint64_t items[8];
+    uint32_t n_items = 77;
+    for (int i = 1; i < argc; i++) {
+        if (flx_cli_u64_list("lens", argv[i], 1, UINT32_MAX, items, 8, &n_items) == FLX_OK) {
+            CLI_CHECK(n_items >= 1 && n_items <= 8);
+            for (uint32_t k = 0; k < n_items; k++) CLI_CHECK(items[k] >= 1 && items[k] <= UINT32_MAX);
+        }
+    }
+    free(buf);
+    return 0;
+}
