@@ -60,7 +60,10 @@ static void usage(FILE *f)
             "  --max-new      tokens to generate, 1..1000000 (the first one included)\n"
             "  --temp         sampling temperature >= 0 (0 = greedy); --top-k >= 0 (0 = off); --top-p in (0, 1]\n"
             "  --seed         sampling seed (default 1)\n"
-            "  --threads      attention and forward threads, 1..1024 (default: OpenMP's)\n"
+            "  --threads      workers of the pool that runs loading, prefill and every decode step, 1..1024,\n"
+            "                 this thread included (default: FLX_THREADS, else the CPUs this process may use:\n"
+            "                 its affinity mask, capped by its cgroup CPU quota); the choice and its reason\n"
+            "                 are printed on stderr (\"workers N: ...\")\n"
             "  --gpu          prefill and the dense part of decoding on CUDA device DEVICE (default 0), window\n"
             "                 attention on its device windows; host-resident attention stays on the CPU threads\n");
 }
@@ -274,7 +277,6 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    ep.n_threads = (uint32_t)threads;
     flx_predictor_h pred = NULL;
     if (ep.mode == FLX_ENGINE_ATTN_FLUXION) {   /* load the weights before the model: fail fast */
         if (!pred_path) pred_path = FLX_DEFAULT_PREDICTOR;
@@ -303,10 +305,19 @@ int main(int argc, char **argv)
     flx_cuda_stream_t gstream = NULL;
     float *logits = NULL;
     uint64_t *tpot = NULL;
+    flx_pool_h pool = NULL;
     flx_status_t st;
 
+    /* one pool for everything: loading, prefill, the engine's steps */
+    flx_pool_params_t pp = {.field_mask = threads ? FLX_POOL_FIELD_N_WORKERS : 0, .n_workers = (uint32_t)threads};
+    if ((st = flx_pool_create(&pp, &pool))) {
+        fprintf(stderr, PROG ": worker pool: %s\n", flx_error_msg());
+        goto out;
+    }
+    fprintf(stderr, PROG ": %s\n", flx_pool_describe(pool));
+    ep.pool = pool;
     uint64_t t_load = flx_now_ns();
-    if ((st = flx_model_load(model_path, &m)) || (st = flx_tok_load(model_path, &tok))) {
+    if ((st = flx_model_load_pool(model_path, pool, &m)) || (st = flx_tok_load(model_path, &tok))) {
         fprintf(stderr, PROG ": loading %s: %s\n", model_path, flx_error_msg());
         goto out;
     }
@@ -396,7 +407,7 @@ int main(int argc, char **argv)
     }
 
     /* prefill */
-    flx_fwd_shape_t fs = {.max_prompt = n, .max_batch = 1, .n_threads = (uint32_t)threads};
+    flx_fwd_shape_t fs = {.max_prompt = n, .max_batch = 1, .pool = pool};
     size_t pbytes = 0;
     flx_fwd_ws_t *pws = NULL;
     if (use_gpu) {
@@ -557,5 +568,6 @@ out:
     free(text);
     flx_tok_destroy(tok);
     flx_model_destroy(m);
+    flx_pool_destroy(pool);
     return rc;
 }

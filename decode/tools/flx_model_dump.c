@@ -152,8 +152,17 @@ int main(int argc, char **argv)
         return 2;
     }
     flx_model_t *m = NULL;
-    if (flx_model_load(model_path, &m) != FLX_OK) {
+    flx_pool_params_t pp = {0};   /* FLX_THREADS, else the CPU budget */
+    flx_pool_h pool = NULL;
+    if (flx_pool_create(&pp, &pool) != FLX_OK) {
+        fprintf(stderr, "flx-model-dump: worker pool: %s\n", flx_error_msg());
+        free(ids);
+        return 2;
+    }
+    fprintf(stderr, "flx-model-dump: %s\n", flx_pool_describe(pool));
+    if (flx_model_load_pool(model_path, pool, &m) != FLX_OK) {
         fprintf(stderr, "flx-model-dump: %s\n", flx_error_msg());
+        flx_pool_destroy(pool);
         free(ids);
         return 2;
     }
@@ -162,7 +171,7 @@ int main(int argc, char **argv)
     void *wsmem = NULL;
     float *logits = NULL;
     FILE *out = NULL;
-    flx_fwd_shape_t shape = {.max_prompt = n, .max_batch = 1, .n_threads = 0};
+    flx_fwd_shape_t shape = {.max_prompt = n, .max_batch = 1, .pool = pool};
     size_t wsb;
     flx_fwd_ws_t *ws;
     if (flx_fwd_plan(m, &shape, &wsb) != FLX_OK || !(wsmem = flx_aligned_alloc(64, wsb)) ||
@@ -228,6 +237,7 @@ out:
     free(logits);
     flx_aligned_free(wsmem);
     flx_model_destroy(m);
+    flx_pool_destroy(pool);
     free(ids);
     return rc;
 }

@@ -122,7 +122,14 @@ int main(int argc, char **argv)
     void *wsmem = NULL;
     float *q_all = NULL, *q = NULL;
     flx_kvdump_writer_h w = NULL;
-    if (flx_model_load(model_path, &m) != FLX_OK || flx_tok_load(model_path, &tok) != FLX_OK) {
+    flx_pool_params_t pp = {0};   /* FLX_THREADS, else the CPU budget */
+    flx_pool_h pool = NULL;
+    if (flx_pool_create(&pp, &pool) != FLX_OK) {
+        fprintf(stderr, "flx-kv-dump: worker pool: %s\n", flx_error_msg());
+        goto out;
+    }
+    fprintf(stderr, "flx-kv-dump: %s\n", flx_pool_describe(pool));
+    if (flx_model_load_pool(model_path, pool, &m) != FLX_OK || flx_tok_load(model_path, &tok) != FLX_OK) {
         fprintf(stderr, "flx-kv-dump: %s: %s\n", model_path, flx_error_msg());
         goto out;
     }
@@ -140,7 +147,7 @@ int main(int argc, char **argv)
     }
     const flx_model_config_t *c = &m->cfg;
     rc = 1;
-    flx_fwd_shape_t shape = {.max_prompt = n, .max_batch = 1, .n_threads = 0};
+    flx_fwd_shape_t shape = {.max_prompt = n, .max_batch = 1, .pool = pool};
     size_t wsb;
     flx_fwd_ws_t *ws;
     if (flx_fwd_plan(m, &shape, &wsb) != FLX_OK || !(wsmem = flx_aligned_alloc(64, wsb)) ||
@@ -184,6 +191,7 @@ out:
     free(ids);
     flx_tok_destroy(tok);
     flx_model_destroy(m);
+    flx_pool_destroy(pool);
     free(text);
     return rc;
 }

@@ -20,6 +20,8 @@
  * beyond its window: k = ceil(budget * l_cpu / blk) blocks (see flx/attn.h).
  * OUTPUT tensors: o F32 (H, D), lse F32 (H) (natural log of the softmax denominator over the tokens
  * read, scale 1/sqrt(D)); metadata records mode, blk, sink, local, isa.
+ * --threads N: workers of the pool the kernels run on (0 or absent: FLX_THREADS, else the CPU
+ * budget; printed on stderr as "workers N: <why>"); the output does not depend on it.
  * Exit status: 0 ok, 2 malformed/inconsistent input or arguments (message names the tensor or key),
  * 1 other failures.
  */
@@ -154,6 +156,7 @@ int main(int argc, char **argv)
     int rc = 2;
     flx_attn_layout_t *lays = NULL;
     void *mem = NULL;
+    flx_pool_h pool = NULL;
     float *q = NULL, *o = NULL, *lse = NULL, *budgets = NULL;
     uint32_t H_kv = 0;
     flx_st_writer_h wr = NULL;
@@ -221,8 +224,9 @@ int main(int argc, char **argv)
                 sink_s ? sink_s : "", local_s ? local_s : "");
         goto out;
     }
-    if (thr_s && (parse_u32(thr_s, &threads) || threads > 1024)) {
-        fprintf(stderr, "fluxion-attn: threads \"%s\" invalid\n", thr_s);
+    if (thr_s && (parse_u32(thr_s, &threads) || threads > FLX_POOL_MAX_WORKERS)) {
+        fprintf(stderr, "fluxion-attn: threads \"%s\" invalid (0..%u; 0: FLX_THREADS, else the CPU budget)\n", thr_s,
+                FLX_POOL_MAX_WORKERS);
         goto out;
     }
     if (isa_s) {
@@ -271,7 +275,13 @@ int main(int argc, char **argv)
     }
     for (int64_t i = 0; i < H * D; i++) q[i] = get_f(tq, i);
 
-    flx_attn_shape_t shape = {.group = G, .head_dim = (uint32_t)D, .max_l_cpu = (uint32_t)L, .n_threads = threads};
+    flx_pool_params_t pp = {.field_mask = threads ? FLX_POOL_FIELD_N_WORKERS : 0, .n_workers = threads};
+    if ((st = flx_pool_create(&pp, &pool))) {
+        fprintf(stderr, "fluxion-attn: worker pool: %s\n", flx_error_msg());
+        goto out;
+    }
+    fprintf(stderr, "fluxion-attn: %s\n", flx_pool_describe(pool));
+    flx_attn_shape_t shape = {.group = G, .head_dim = (uint32_t)D, .max_l_cpu = (uint32_t)L, .pool = pool};
     size_t bytes;
     if ((st = flx_attn_plan(&shape, &bytes))) {
         fprintf(stderr, "fluxion-attn: %s\n", flx_error_msg());
@@ -350,5 +360,6 @@ out:
     free(lse);
     free(budgets);
     flx_st_close(rd);
+    flx_pool_destroy(pool);
     return rc;
 }

@@ -67,7 +67,7 @@ int main(int argc, char **argv)
                 return 2;
             }
         } else if (!strcmp(a, "--threads")) {
-            if (flx_parse_u64(v, 0, 1024, &threads)) {
+            if (flx_parse_u64(v, 0, FLX_POOL_MAX_WORKERS, &threads)) {
                 fprintf(stderr, "fluxion-label: --threads: %s\n", flx_error_msg());
                 return 2;
             }
@@ -101,9 +101,13 @@ int main(int argc, char **argv)
     flx_dataset_t ds = {0};
     uint8_t *on = NULL;
     flx_head_label_t *lab = NULL;
+    flx_pool_h pool = NULL;
     int rc = 1;
-    flx_status_t st = flx_replay_open_source(source, &src);
+    flx_pool_params_t pp = {.field_mask = threads ? FLX_POOL_FIELD_N_WORKERS : 0, .n_workers = (uint32_t)threads};
+    flx_status_t st = flx_pool_create(&pp, &pool);
     if (st) goto done;
+    fprintf(stderr, "fluxion-label: %s\n", flx_pool_describe(pool));
+    if ((st = flx_replay_open_source(source, &src))) goto done;
     flx_kvsrc_shape_t sh;
     flx_kvsrc_shape(src, &sh);
     on = malloc(sh.n_layers);
@@ -113,6 +117,7 @@ int main(int argc, char **argv)
         goto done;
     }
     if ((st = flx_replay_create(src, tau, &r))) goto done;
+    r->pool = pool;
     uint32_t n_layers_on = 0, n_steps_on = (sh.n_steps + (uint32_t)every - 1) / (uint32_t)every;
     for (uint32_t l = 0; l < sh.n_layers; l++) n_layers_on += on[l];
     size_t rows = (size_t)n_layers_on * n_steps_on * sh.n_q_heads, row = 0;
@@ -139,7 +144,7 @@ int main(int argc, char **argv)
             float *feat = ds.features + row * FLX_FEAT_COUNT;
             if ((st = flx_replay_features(r, feat, NULL, NULL, NULL))) goto done;
             flx_label_layer_in_t li = {.n_q_heads = sh.n_q_heads, .n_kv_heads = sh.n_kv_heads, .views = r->views,
-                                       .q = r->q_step, .crit = crit, .tau = tau, .n_threads = (uint32_t)threads};
+                                       .q = r->q_step, .crit = crit, .tau = tau, .pool = pool};
             if ((st = flx_label_layer(&li, lab))) goto done;
             for (uint32_t h = 0; h < sh.n_q_heads; h++, row++) {
                 ds.labels[row * 3 + 0] = lab[h].bgt0;
@@ -170,5 +175,6 @@ done:
     free(ds.where);
     flx_replay_destroy(r);
     flx_kvsrc_close(src);
+    flx_pool_destroy(pool);
     return rc;
 }

@@ -167,6 +167,18 @@ static void test_refusals(void)
     p.max_seqs = 0;
     p.mode = (flx_engine_attn_mode_t)7;
     refused(flx_engine_create(g_m, store, &p, &e), FLX_ERR_INVALID, "mode 7", "mode");
+    p = flx_engine_params_default();
+    p.n_threads = 5000;
+    refused(flx_engine_create(g_m, store, &p, &e), FLX_ERR_INVALID, "n_threads 5000", "n_threads");
+    {   /* a lent pool is sized and placed by its creator */
+        flx_pool_h lent = flx_test_pool(1);
+        p = flx_engine_params_default();
+        p.pool = lent, p.n_threads = 2;
+        refused(flx_engine_create(g_m, store, &p, &e), FLX_ERR_INVALID, "with a lent pool", "n_threads with pool");
+        p.n_threads = 0, p.bind_numa = 1;
+        refused(flx_engine_create(g_m, store, &p, &e), FLX_ERR_INVALID, "bind_numa 1", "bind_numa with pool");
+        flx_pool_destroy(lent);
+    }
     {
         flx_kv_store_h other = make_store(2 * g_m->cfg.head_dim);
         p = flx_engine_params_default();
@@ -418,7 +430,8 @@ int main(void)
     snprintf(c.name, sizeof c.name, "llama-2x256-d64-g4");
     CHECK_OK(flx_model_init_random(&c, flx_rng_u64(&rng), &g_m));
     V = c.vocab;
-    flx_fwd_shape_t s = {.max_prompt = MAXP, .max_batch = 1, .n_threads = 2};
+    flx_pool_h pool = flx_test_pool(2);
+    flx_fwd_shape_t s = {.max_prompt = MAXP, .max_batch = 1, .pool = pool};
     size_t b;
     CHECK_OK(flx_fwd_plan(g_m, &s, &b));
     void *pmem = flx_aligned_alloc(64, b);
@@ -429,6 +442,7 @@ int main(void)
     test_seeded();
     flx_aligned_free(pmem);
     flx_model_destroy(g_m);
+    flx_pool_destroy(pool);
     fprintf(stderr, "test_engine_endings: ok\n");
     return 0;
 }
