@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test: the plain build (all labels; gpu tests skip without a GPU),
-# an ASan+UBSan build (all but slow/model tests) and a TSan build (concurrency tests).
+# an ASan+UBSan build (all but slow/model tests) and a TSan build (concurrency tests: the worker pool,
+# and the kernels, forward pass and engine on pools of 1, 2, 3 and 7 workers; every parallel path is
+# plain pthreads and C11 atomics, so TSan sees all of it).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"

@@ -2,8 +2,9 @@
  * test_pool - the persistent worker pool (flx/pool.h): every chunk and item runs exactly once at
  * 1, 2, 3 and 7 workers; chunk boundaries are fixed; the driving thread is worker 0; the lowest
  * failing chunk's error reaches the driver with its message; nested runs and two drivers; a pull
- * shared with a thread outside the pool; scratch; many tiny runs with and without spinning (a
- * lost wake-up hangs, and the alarm fails the test); idle workers block instead of spinning; the
+ * shared with a thread outside the pool; scratch; many tiny runs with and without spinning (a lost
+ * wake-up of the driver hangs, and the alarm fails the test); sleeping workers are woken (runs whose
+ * chunks wait for each other cannot finish on the driver alone); idle workers block; the
  * FLX_THREADS override and refusals; the binding calls on a fake two-node topology (pool_internal.h)
  * and the real binding on this machine's node.
  * Label concurrency: TSan runs it.
@@ -387,6 +388,46 @@ static void test_many_runs(void)
         }
 }
 
+/* ---- sleeping workers are woken: each chunk waits until all of the run's chunks have started ---- */
+
+typedef struct meet {
+    _Atomic uint32_t started;
+    uint32_t n;
+    _Atomic int timed_out;
+} meet_t;
+
+static flx_status_t meet_body(void *ctx, const flx_pool_worker_t *w, uint64_t b, uint64_t e)
+{
+    (void)w, (void)b, (void)e;
+    meet_t *m = ctx;
+    m->started++;
+    const uint64_t t0 = flx_now_ns();
+    while (m->started < m->n)
+        if (flx_now_ns() - t0 > 5000000000ull) {
+            m->timed_out = 1;
+            break;
+        }
+    return FLX_OK;
+}
+
+static void test_wakeup(void)
+{
+    const uint32_t spins[] = {0, 5000};
+    for (size_t s = 0; s < FLX_ARRAY_SIZE(spins); s++) {
+        flx_pool_h p = make_pool(3, spins[s]);
+        for (int r = 0; r < 100; r++) {
+            meet_t m = {.n = 3};
+            if (r % 10 == 0) {   /* long enough for every worker to be asleep */
+                struct timespec ts = {0, 2000000};
+                nanosleep(&ts, NULL);
+            }
+            CHECK_OK(flx_pool_for(p, 3, 1, meet_body, &m));
+            CHECK(!m.timed_out);
+        }
+        flx_pool_destroy(p);
+    }
+}
+
 /* ---- idle workers block: little CPU while nothing runs ---- */
 
 static double cpu_seconds(void)
@@ -697,6 +738,7 @@ int main(void)
     test_nesting_and_sharing();
     test_scratch();
     test_many_runs();
+    test_wakeup();
     test_idle_blocks();
     test_count_and_refusals();
     test_fake_topology();
