@@ -22,7 +22,8 @@
  * measures on the same pool (the best of its samples: start and after each length).
  *
  * usage: step_bench -m MODEL --text FILE [--lens 2048,8192] [--rounds 5] [--window 8] [--warm 2]
- *                   [--mode full|fixed|fluxion] [--threads N] [--csv PATH]
+ *                   [--mode full|fixed|fluxion] [--predictor WEIGHTS] [--threads N] [--csv PATH]
+ * (fixed: (16, 0.05); fluxion: the given predictor, prefill statistics with tau 0.1)
  * Last line: SUMMARY tpot_loaded_over_quiet_real_8k=<x> tpot_2loaded_over_quiet_real_8k=<y>
  *            tpot_workers1_over_quiet_real_8k=<z> gemv_bw_frac=<w> (8k: the largest length)
  */
@@ -43,6 +44,7 @@
 #include "flx/forward.h"
 #include "flx/kvstore.h"
 #include "flx/model_load.h"
+#include "flx/predictor.h"
 #include "flx/tokenizer.h"
 #include "flx/util.h"
 
@@ -117,7 +119,10 @@ static void side_open(side_t *s, const flx_model_t *m, flx_fwd_ws_t *fws, flx_kv
                       uint32_t L, uint32_t room, const flx_engine_params_t *ep, float *logits)
 {
     flx_kv_session_id_t sid;
-    if (flx_engine_prefill_into_store(m, fws, store, ids, L, room, &sid, logits)) die("prefill");
+    if (ep->mode == FLX_ENGINE_ATTN_FLUXION
+            ? flx_engine_prefill_with_stats(m, fws, store, ids, L, room, 0.1f, &sid, logits)
+            : flx_engine_prefill_into_store(m, fws, store, ids, L, room, &sid, logits))
+        die("prefill");
     if (flx_engine_create(m, store, ep, &s->e)) die("engine");
     flx_gen_params_t gen = {.max_new_tokens = room, .eos_id = -1, .ignore_eos = 1,
                             .sampling = flx_sampling_greedy()};
@@ -159,7 +164,7 @@ static double median(double *v, int n)
 
 int main(int argc, char **argv)
 {
-    const char *model_path = NULL, *text_path = NULL, *csv_path = NULL, *mode_s = "full";
+    const char *model_path = NULL, *text_path = NULL, *csv_path = NULL, *mode_s = "full", *pred_path = NULL;
     uint32_t lens[MAX_LENS] = {2048, 8192}, rounds = 5, win = 8, warm = 2, threads = 0;
     int n_lens = 2;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -170,6 +175,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--text")) text_path = v;
         else if (!strcmp(a, "--csv")) csv_path = v;
         else if (!strcmp(a, "--mode")) mode_s = v;
+        else if (!strcmp(a, "--predictor")) pred_path = v;
         else if (!strcmp(a, "--rounds")) bad = flx_parse_u64(v, 1, MAX_ROUNDS, &x), rounds = (uint32_t)x;
         else if (!strcmp(a, "--window")) bad = flx_parse_u64(v, 1, 1000, &x), win = (uint32_t)x;
         else if (!strcmp(a, "--warm")) bad = flx_parse_u64(v, 0, 100, &x), warm = (uint32_t)x;
@@ -192,11 +198,14 @@ int main(int argc, char **argv)
     }
     flx_engine_attn_mode_t mode;
     if (!model_path || !text_path || n_lens == 0 || flx_engine_attn_mode_parse(mode_s, &mode) ||
-        mode == FLX_ENGINE_ATTN_FLUXION) {
+        (mode == FLX_ENGINE_ATTN_FLUXION) != (pred_path != NULL)) {
         fprintf(stderr, "usage: step_bench -m MODEL --text FILE [--lens 2048,8192] [--rounds 5] [--window 8] "
-                        "[--warm 2] [--mode full|fixed] [--threads N] [--csv PATH]\n");
+                        "[--warm 2] [--mode full|fixed|fluxion] [--predictor WEIGHTS (fluxion)] [--threads N] "
+                        "[--csv PATH]\n");
         return 2;
     }
+    flx_predictor_h pred = NULL;
+    if (pred_path && flx_predictor_load(pred_path, &pred)) die(pred_path);
     flx_pool_params_t pp = {.field_mask = threads ? FLX_POOL_FIELD_N_WORKERS : 0, .n_workers = threads};
     flx_pool_params_t p1 = {.field_mask = FLX_POOL_FIELD_N_WORKERS, .n_workers = 1};
     flx_pool_h pool, pool1;
@@ -261,7 +270,7 @@ int main(int argc, char **argv)
     for (int li = 0; li < n_lens; li++) {
         const uint32_t L = lens[li];
         flx_engine_params_t ep = flx_engine_params_default();
-        ep.mode = mode, ep.blk = 16, ep.bgt = 0.05f, ep.max_batch = 1, ep.max_l_cpu = L;
+        ep.mode = mode, ep.blk = 16, ep.bgt = 0.05f, ep.max_batch = 1, ep.max_l_cpu = L, ep.predictor = pred;
         side_t A, B;
         ep.pool = pool;
         side_open(&A, m, fws, store, ids, L, room, &ep, logits);
@@ -315,6 +324,7 @@ int main(int argc, char **argv)
     flx_kv_store_destroy(store);
     flx_tok_destroy(tok);
     flx_model_destroy(m);
+    flx_predictor_destroy(pred);
     flx_pool_destroy(pool1);
     flx_pool_destroy(pool);
     return 0;

@@ -601,9 +601,8 @@ static flx_status_t real_topo(void *ctx, pool_topo_t *t)
 
 /* libnuma says a node with no memory or past numa_max_node does not exist; without NUMA support
  * only node 0 does (measured: numa_alloc_onnode on a missing node still returns memory). */
-static flx_status_t real_check_node(void *ctx, int node)
+flx_status_t flx_numa_node_check(int node)
 {
-    (void)ctx;
     if (node < 0) return flx_error_set(FLX_ERR_INVALID, "numa node %d is negative", node);
     if (numa_available() < 0) {
         if (node != 0)
@@ -614,6 +613,12 @@ static flx_status_t real_check_node(void *ctx, int node)
         return flx_error_set(FLX_ERR_INVALID, "numa node %d does not exist or has no memory (max node %d)", node,
                              numa_max_node());
     return FLX_OK;
+}
+
+static flx_status_t real_check_node(void *ctx, int node)
+{
+    (void)ctx;
+    return flx_numa_node_check(node);
 }
 
 static flx_status_t real_budget(void *ctx, flx_cpu_budget_t *b)

@@ -36,6 +36,7 @@
 #include <immintrin.h>
 #include <stdatomic.h>
 
+#include "../../bench/common/bench_read.h"
 #include "flx/cpu.h"
 #include "flx/forward.h"
 #include "flx/model.h"
@@ -595,39 +596,6 @@ static void test_workers(const flx_model_config_t *c, uint32_t n)
 
 /* ================= benchmark (not a test) ================= */
 
-typedef struct read_job {
-    const uint8_t *p;
-    _Atomic uint64_t total;
-} read_job_t;
-
-__attribute__((target("avx2"))) static flx_status_t read_chunks(void *ctx, const flx_pool_worker_t *w, uint64_t c0,
-                                                                uint64_t c1)
-{
-    (void)w;
-    read_job_t *j = ctx;
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-    for (uint64_t ci = c0; ci < c1; ci++) {
-        const __m256i *q = (const __m256i *)(j->p + ci * 128);
-        a0 = _mm256_xor_si256(a0, _mm256_load_si256(q));
-        a1 = _mm256_xor_si256(a1, _mm256_load_si256(q + 1));
-        a2 = _mm256_xor_si256(a2, _mm256_load_si256(q + 2));
-        a3 = _mm256_xor_si256(a3, _mm256_load_si256(q + 3));
-    }
-    __m256i a = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
-    uint64_t t[4];
-    _mm256_storeu_si256((__m256i *)t, a);
-    atomic_fetch_xor(&j->total, t[0] ^ t[1] ^ t[2] ^ t[3]);
-    return FLX_OK;
-}
-
-/* A STREAM-like read on the pool the kernels use (chunks of 64 KiB, claimed like theirs). */
-static uint64_t read_buf(const uint8_t *p, size_t bytes, flx_pool_h pool)
-{
-    read_job_t j = {p, 0};
-    (void)flx_pool_for(pool, bytes / 128, 512, read_chunks, &j);
-    return j.total;
-}
-
 static double best_of(int reps, double (*fn)(void *), void *arg)
 {
     double best = 1e30;
@@ -646,14 +614,11 @@ typedef struct {
     uint32_t cols, n;
 } bench_arg_t;
 
-static volatile uint64_t g_sink;
 
 static double time_read(void *p)
 {
     bench_arg_t *a = p;
-    uint64_t t0 = flx_now_ns();
-    g_sink ^= read_buf(a->buf, a->bytes, a->pool);
-    return (flx_now_ns() - t0) * 1e-9;
+    return a->bytes / (flx_bench_read_bw(a->pool, a->buf, a->bytes, 1) * 1e9);
 }
 
 static double time_gemv(void *p)
@@ -727,12 +692,13 @@ static int bench(int argc, char **argv)
                 size_t sz[7] = {qd_ * c.hidden, kvd_ * c.hidden, kvd_ * c.hidden, qd_ * c.hidden,
                                 (size_t)c.ffn * c.hidden, (size_t)c.ffn * c.hidden, (size_t)c.ffn * c.hidden};
                 for (int i = 0; i < 7; i++) {
-                    g_sink ^= read_buf((const uint8_t *)mats[i], sz[i] * 2, g_pool);
-                    bytes += sz[i] * 2;
+                    (void)flx_bench_read_bw(g_pool, (const uint8_t *)mats[i], sz[i] * 2 / 128 * 128, 1);
+                    bytes += sz[i] * 2 / 128 * 128;
                 }
             }
-            g_sink ^= read_buf((const uint8_t *)f.m->lm_head, (size_t)c.vocab * c.hidden * 2, g_pool);
-            bytes += (size_t)c.vocab * c.hidden * 2;
+            const size_t head = (size_t)c.vocab * c.hidden * 2 / 128 * 128;
+            (void)flx_bench_read_bw(g_pool, (const uint8_t *)f.m->lm_head, head, 1);
+            bytes += head;
             double t = (flx_now_ns() - t0) * 1e-9;
             best = t < best ? t : best;
         }

@@ -111,6 +111,10 @@ flx_status_t flx_cpu_budget_read(const char *root, uint32_t n_affinity, flx_cpu_
 /* "affinity 2 CPUs, cgroup quota none" / "affinity 64 CPUs, cgroup quota 2.5 CPUs (v2 <file>)". */
 void flx_cpu_budget_format(const flx_cpu_budget_t *b, char *buf, size_t cap);
 
+/* FLX_OK when NUMA node exists and has memory (libnuma; without NUMA support only node 0 exists),
+ * else FLX_ERR_INVALID naming it. The one check the pool and the kvstore share. */
+flx_status_t flx_numa_node_check(int node);
+
 /* ---- the pool ---- */
 
 typedef struct flx_pool *flx_pool_h;
