@@ -1,7 +1,8 @@
 /*
  * bench_read.h - the read bandwidth every benchmark holds its kernels to: a STREAM-like read of a
- * buffer on the same worker pool the kernels run on (flx/pool.h), in 64 KiB chunks claimed the way
- * theirs are, so "fraction of bandwidth" compares like with like in one binary and one run.
+ * buffer on the same worker pool the kernels run on (flx/pool.h), in chunks claimed the way the
+ * GEMV's are (about 8 per worker, at least 64 KiB), so "fraction of bandwidth" compares like with
+ * like in one binary and one run.
  */
 #ifndef FLX_BENCH_READ_H
 #define FLX_BENCH_READ_H
@@ -46,7 +47,8 @@ static inline double flx_bench_read_bw(flx_pool_h pool, const uint8_t *buf, size
     for (int i = 0; i < reps; i++) {
         flx_bench_read_t r = {buf, 0};
         const uint64_t t0 = flx_now_ns();
-        (void)flx_pool_for(pool, bytes / 128, 512, flx_bench_read_chunks, &r);
+        const uint64_t lines = bytes / 128, per = lines / (8 * flx_pool_size(pool));
+        (void)flx_pool_for(pool, lines, per > 512 ? per : 512, flx_bench_read_chunks, &r);
         const double s = (flx_now_ns() - t0) * 1e-9;
         sink += r.sum;
         if (bytes / s / 1e9 > best) best = bytes / s / 1e9;

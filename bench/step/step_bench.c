@@ -17,6 +17,9 @@
  * this binary (sched_setaffinity, as taskset does), started before the window's warm-up steps and
  * killed after it; they die with the benchmark (PR_SET_PDEATHSIG).
  *
+ * CPU ms: the process's CPU time per step (all its workers; the competitors are other processes):
+ * what a step costs in CPU, spinning included, whatever the wall time.
+ *
  * gemv_bw_frac: the dense part's bandwidth (weight bytes a step reads over the time the forward
  * pass spends outside attention) in the quiet windows, over the read bandwidth this binary
  * measures on the same pool (the best of its samples: start and after each length).
@@ -37,6 +40,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../common/bench_read.h"
@@ -130,14 +134,24 @@ static void side_open(side_t *s, const flx_model_t *m, flx_fwd_ws_t *fws, flx_kv
 }
 
 typedef struct window {
-    double tpot_ms, dense_ms, attn_ms, dense_gbs;
+    double tpot_ms, dense_ms, attn_ms, dense_gbs, cpu_ms;
 } window_t;
+
+/* CPU time of this process (its worker threads included), in ns. */
+static uint64_t cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 /* warm steps, then n measured steps: their mean. */
 static window_t run_window(side_t *s, uint32_t warm, uint32_t n)
 {
     flx_engine_stats_t st, sum = {0};
+    uint64_t c0 = 0;
     for (uint32_t i = 0; i < warm + n; i++) {
+        if (i == warm) c0 = cpu_ns();
         flx_status_t rc = flx_engine_step(s->e);
         if (rc != FLX_INPROGRESS) die(rc < 0 ? "engine step" : "engine step: the sequence ended early");
         if (i < warm) continue;
@@ -146,7 +160,7 @@ static window_t run_window(side_t *s, uint32_t warm, uint32_t n)
         sum.dense_bytes += st.dense_bytes;
     }
     window_t w = {sum.step_ns / 1e6 / n, sum.dense_ns / 1e6 / n, sum.attn_ns / 1e6 / n,
-                  sum.dense_ns ? sum.dense_bytes / (double)sum.dense_ns : 0};
+                  sum.dense_ns ? sum.dense_bytes / (double)sum.dense_ns : 0, (cpu_ns() - c0) / 1e6 / n};
     return w;
 }
 
@@ -261,12 +275,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "step_bench: %s: %s\n", csv_path, strerror(errno));
         return 1;
     }
-    if (csv) fprintf(csv, "L,round,condition,tpot_ms,dense_ms,attn_ms,dense_GBps,ratio_to_quiet\n");
+    if (csv) fprintf(csv, "L,round,condition,tpot_ms,dense_ms,attn_ms,dense_GBps,cpu_ms,ratio_to_quiet\n");
 
     double summ[MAX_LENS][N_COND] = {{0}}, gb_sum = 0;
     int frac_n = 0;
-    printf("\n%6s %-9s %10s %10s %10s %12s %22s\n", "L", "condition", "TPOT ms", "dense ms", "attn ms",
-           "dense GB/s", "x quiet: median (range)");
+    printf("\n%6s %-9s %10s %10s %10s %12s %8s %22s\n", "L", "condition", "TPOT ms", "dense ms", "attn ms",
+           "dense GB/s", "CPU ms", "x quiet: median (range)");
     for (int li = 0; li < n_lens; li++) {
         const uint32_t L = lens[li];
         flx_engine_params_t ep = flx_engine_params_default();
@@ -287,19 +301,21 @@ int main(int argc, char **argv)
                 kill_busy(pids, np);
             }
         for (int cond = 0; cond < N_COND; cond++) {
-            double t[MAX_ROUNDS], ratio[MAX_ROUNDS], dn[MAX_ROUNDS], at[MAX_ROUNDS], gb[MAX_ROUNDS];
+            double t[MAX_ROUNDS], ratio[MAX_ROUNDS], dn[MAX_ROUNDS], at[MAX_ROUNDS], gb[MAX_ROUNDS], cp[MAX_ROUNDS];
             for (uint32_t r = 0; r < rounds; r++) {
                 t[r] = w[r][cond].tpot_ms, dn[r] = w[r][cond].dense_ms, at[r] = w[r][cond].attn_ms;
-                gb[r] = w[r][cond].dense_gbs, ratio[r] = w[r][cond].tpot_ms / w[r][C_QUIET].tpot_ms;
+                gb[r] = w[r][cond].dense_gbs, cp[r] = w[r][cond].cpu_ms;
+                ratio[r] = w[r][cond].tpot_ms / w[r][C_QUIET].tpot_ms;
                 if (csv)
-                    fprintf(csv, "%u,%u,%s,%.4f,%.4f,%.4f,%.3f,%.4f\n", L, r, COND[cond], t[r], dn[r], at[r], gb[r],
-                            ratio[r]);
+                    fprintf(csv, "%u,%u,%s,%.4f,%.4f,%.4f,%.3f,%.4f,%.4f\n", L, r, COND[cond], t[r], dn[r], at[r], gb[r],
+                            cp[r], ratio[r]);
                 if (cond == C_QUIET) gb_sum += gb[r], frac_n++;
             }
             const double rmed = median(ratio, (int)rounds), rlo = ratio[0], rhi = ratio[rounds - 1];
             summ[li][cond] = rmed;
-            printf("%6u %-9s %10.2f %10.2f %10.2f %12.1f %10.2f (%.2f .. %.2f)\n", L, COND[cond], median(t, (int)rounds),
-                   median(dn, (int)rounds), median(at, (int)rounds), median(gb, (int)rounds), rmed, rlo, rhi);
+            printf("%6u %-9s %10.2f %10.2f %10.2f %12.1f %8.2f %10.2f (%.2f .. %.2f)\n", L, COND[cond],
+                   median(t, (int)rounds), median(dn, (int)rounds), median(at, (int)rounds), median(gb, (int)rounds),
+                   median(cp, (int)rounds), rmed, rlo, rhi);
         }
         fflush(stdout);
         flx_engine_destroy(A.e);

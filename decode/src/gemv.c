@@ -279,8 +279,11 @@ static void gemv_rows(flx_gemv_level_t lv, const flx_bf16_t *w, size_t cols, uin
 
 /* A fused GEMV's rows are cut per matrix into 16-row units (so every row sits at the same position
  * in its tile however the work is split: results do not depend on the chunking), and units into
- * chunks of about GEMV_CHUNK_BYTES of weights, which the pool's workers claim. */
-#define GEMV_CHUNK_BYTES 65536u
+ * chunks the pool's workers claim: about 8 per worker (few enough that each stays one long
+ * sequential stream for the prefetchers, enough that a worker that loses its core leaves little
+ * behind), never below GEMV_MIN_CHUNK_BYTES of weights. */
+#define GEMV_MIN_CHUNK_BYTES 65536u
+#define GEMV_CHUNKS_PER_WORKER 8u
 
 typedef struct gemv_job {
     const flx_gemv_mat_t *mats;
@@ -313,7 +316,8 @@ void flx_gemv_bf16(const flx_gemv_mat_t *mats, int n_mats, uint32_t cols, const 
     gemv_job_t j = {.mats = mats, .n_mats = n_mats, .cols = cols, .n = n, .x = x, .lv = flx_gemv_level()};
     uint64_t total = 0;
     for (int i = 0; i < n_mats; i++) total += j.units[i] = FLX_DIV_UP(mats[i].rows, 16);
-    const uint64_t per = FLX_MAX(1, GEMV_CHUNK_BYTES / (16u * 2u * FLX_MAX(cols, 1u)));
+    const uint64_t min_units = FLX_MAX(1, GEMV_MIN_CHUNK_BYTES / (16u * 2u * FLX_MAX(cols, 1u)));
+    const uint64_t per = FLX_MAX(min_units, total / ((uint64_t)GEMV_CHUNKS_PER_WORKER * flx_pool_size(pool)));
     (void)flx_pool_for(pool, total, per, gemv_chunk, &j);   /* the body cannot fail */
 }
 

@@ -25,9 +25,10 @@
  * bitwise identical results for any worker count, including 1, and for any interleaving.
  *
  * WAITING
- * An idle worker, and a driver waiting for chunks that others still run, spin for spin_ns, then
- * block on a futex: a descheduled or competing thread never makes the others burn the core it
- * needs, and a core that goes idle lets the kernel move a preempted worker there. A run wakes only
+ * An idle worker, and a driver waiting for chunks that others still run, pause for 10 us, then
+ * yield the CPU between checks until spin_ns, then block on a futex: a descheduled or competing
+ * thread never makes the others burn the core it needs (a thread sharing the core runs while one
+ * waits), and a core that goes idle lets the kernel move a preempted worker there. A run wakes only
  * as many sleeping workers as it has chunks for; a run of one chunk runs on the caller alone.
  *
  * WORKER COUNT (flx_pool_params_t.n_workers, else the environment's FLX_THREADS, else the budget)
@@ -70,8 +71,9 @@
  * NULL pool, or one of one worker, runs everything on the caller.
  *
  * THREAD MODE
- * create / destroy / flx_pool_reserve_scratch: one thread, with no run in progress. Runs: any
- * thread, one at a time (see above). flx_pool_queue_pop: any thread. Info accessors: any thread.
+ * create / destroy: one thread, with no run in progress. flx_pool_reserve_scratch: any thread but
+ * never from a body (it waits for a run in progress to end). Runs: any thread, one at a time (see
+ * above). flx_pool_queue_pop: any thread. Info accessors: any thread.
  */
 #ifndef FLX_POOL_H
 #define FLX_POOL_H
@@ -168,7 +170,8 @@ uint32_t flx_pool_reserved_cpus(flx_pool_h pool, int *cpus, uint32_t max);
  * FLX_ERR_STATE when no concrete CPU is reserved. */
 flx_status_t flx_pool_bind_reserved(flx_pool_h pool);
 
-/* Grows every worker's scratch to at least bytes (node-local, 64-byte aligned); plan time only. */
+/* Grows every worker's scratch to at least bytes (node-local, 64-byte aligned); plan time (an
+ * engine's create), never from a body: it waits for a run in progress. */
 flx_status_t flx_pool_reserve_scratch(flx_pool_h pool, size_t bytes);
 
 /* Who runs a body. Valid during the body's call. */
