@@ -78,8 +78,9 @@
  * One persistent pool (flx/pool.h) runs the whole step: the forward pass, the features and the
  * predictor, the attention chunks and the sampling; the driving thread is its worker 0. The engine
  * creates its own (n_threads workers, 0 = FLX_THREADS or the process's CPU budget; bind_numa: on
- * the store's NUMA node) or borrows params.pool (then n_threads and bind_numa must be 0). Tokens and
- * logits are bitwise the same for any number of workers.
+ * the store's NUMA node) or borrows params.pool (then n_threads and bind_numa must be 0; create
+ * reserves the sampling scratch in that pool's workers). Tokens and logits are bitwise the same for
+ * any number of workers.
  *
  * THREAD MODE
  * An engine is driven by one thread at a time (add, step, cancel, stats). Callbacks run on the
