@@ -188,6 +188,19 @@ static void test_refusals(void)
         flx_kv_store_destroy(other);
     }
     CHECK(e == (flx_engine_h)(uintptr_t)0x1);
+    {   /* the engine's own pool: n_threads workers, on the store's NUMA node with bind_numa */
+        flx_kv_store_info_t si;
+        flx_kv_store_info(store, &si);
+        p = flx_engine_params_default();
+        p.n_threads = 3, p.bind_numa = 1;
+        CHECK_OK(flx_engine_create(g_m, store, &p, &e));
+        flx_pool_info_t pi;
+        flx_pool_info(flx_engine_pool(e), &pi);
+        CHECK(pi.n_workers == 3 && pi.numa_node == si.numa_node);
+        CHECK(strncmp(flx_pool_describe(flx_engine_pool(e)), "workers 3: requested", 20) == 0);
+        flx_engine_destroy(e);
+        CHECK(flx_engine_pool(NULL) == NULL);
+    }
 
     e = make_engine(store, 2, 2, 1);
     uint32_t n = 200 + (uint32_t)flx_rng_below(&rng, 100);
