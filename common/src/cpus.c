@@ -522,8 +522,9 @@ void flx_cpu_budget_format(const flx_cpu_budget_t *b, char *buf, size_t cap)
     if (!b->quota_mcpu)
         snprintf(buf, cap, "affinity %u CPU%s, cgroup quota none", b->n_affinity, s);
     else
-        snprintf(buf, cap, "affinity %u CPU%s, cgroup quota %.3g CPU%s (v%d %s)", b->n_affinity, s,
-                 b->quota_mcpu / 1000.0, b->quota_mcpu == 1000 ? "" : "s", b->quota_version, b->quota_file);
+        snprintf(buf, cap, "affinity %u CPU%s, cgroup quota %.3g CPU%s (v%d%s%s)", b->n_affinity, s,
+                 b->quota_mcpu / 1000.0, b->quota_mcpu == 1000 ? "" : "s", b->quota_version,
+                 b->quota_file[0] ? " " : "", b->quota_file);
 }
 
 /* ---------------- topology ---------------- */

@@ -447,6 +447,7 @@ static void scratch_free(worker_t *w)
 flx_status_t flx_pool_reserve_scratch(flx_pool_h p, size_t bytes)
 {
     if (!p) return flx_error_set(FLX_ERR_INVALID, "pool reserve scratch: pool is NULL");
+    if (tl_pool == p) return flx_error_set(FLX_ERR_STATE, "pool reserve scratch: called from a run of the pool");
     if (bytes > ((size_t)1 << 40))
         return flx_error_set(FLX_ERR_INVALID, "pool reserve scratch: %zu bytes per worker is too many", bytes);
     bytes = FLX_ALIGN_UP(bytes, FLX_CACHELINE);

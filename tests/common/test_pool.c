@@ -338,6 +338,12 @@ static flx_status_t scratch_body(void *ctx, const flx_pool_worker_t *w, uint64_t
     return FLX_OK;
 }
 
+static flx_status_t reserve_in_run_body(void *ctx, const flx_pool_worker_t *w, uint64_t b, uint64_t e)
+{
+    (void)w, (void)b, (void)e;
+    return flx_pool_reserve_scratch(ctx, 4096);   /* refused, not a deadlock on the run lock */
+}
+
 static void test_scratch(void)
 {
     flx_pool_params_t pp = {.field_mask = FLX_POOL_FIELD_N_WORKERS | FLX_POOL_FIELD_SCRATCH, .n_workers = 3,
@@ -354,6 +360,7 @@ static void test_scratch(void)
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < i; j++) CHECK(!s.seen[i] || s.seen[i] != s.seen[j]);
     CHECK_ST(flx_pool_reserve_scratch(p, (size_t)1 << 41), FLX_ERR_INVALID);
+    CHECK_ST(flx_pool_for(p, 8, 1, reserve_in_run_body, p), FLX_ERR_STATE);
     flx_pool_destroy(p);
 }
 

@@ -70,6 +70,10 @@
  * while another is in progress waits for it (two engines may share a pool; they take turns). A
  * NULL pool, or one of one worker, runs everything on the caller.
  *
+ * LIBRARY
+ * flx_pool (common/src/pool.c and cpus.c), apart from flx_common so that flx_common stays free of
+ * libnuma and threads; a module that runs on a pool links flx_pool.
+ *
  * THREAD MODE
  * create / destroy: one thread, with no run in progress. flx_pool_reserve_scratch: any thread but
  * never from a body (it waits for a run in progress to end). Runs: any thread, one at a time (see
