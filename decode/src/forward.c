@@ -27,7 +27,8 @@
  * workers. Decode: a step's cost is the weight bytes; per layer it runs four pool runs (q|k|v,
  * the output projection, gate|up, down: as few as the data dependencies allow), the small
  * row-wise steps of a decode batch on the driving thread, and the caller's attention between the
- * QKV and output projections, timed separately.
+ * QKV and output projections, timed separately. The prefill's projections are fused the same way
+ * (q|k|v one run, gate|up one run, per FFN chunk).
  *
  * RoPE angles are pos * inv_freq[i] in double (positions up to 2^20 keep full fp32 accuracy).
  */
@@ -458,9 +459,8 @@ flx_status_t flx_model_prefill(const flx_model_t *m, flx_fwd_ws_t *ws, const flx
     for (uint32_t l = 0; l < c->n_layers; l++) {
         const flx_layer_weights_t *w = &m->layers[l];
         rmsnorm(ws->x, w->attn_norm, c->rms_eps, n, H, ws->xn, pool);
-        flx_gemm_bf16(w->wq, qd, H, ws->xn, n, ws->q, pool, pack);
-        flx_gemm_bf16(w->wk, kvd, H, ws->xn, n, ws->k, pool, pack);
-        flx_gemm_bf16(w->wv, kvd, H, ws->xn, n, ws->v, pool, pack);
+        flx_gemv_mat_t qkv[3] = {{w->wq, qd, ws->q}, {w->wk, kvd, ws->k}, {w->wv, kvd, ws->v}};
+        flx_gemm_bf16(qkv, 3, H, ws->xn, n, pool, pack);
         bias_rope(m, w, ws->inv_freq, n, NULL, ws->q, ws->k, ws->v, pool);
         if (args->q_all) memcpy(args->q_all + (size_t)l * n * qd, ws->q, (size_t)n * qd * sizeof(float));
         attn_prefill(ws, n);
@@ -468,22 +468,24 @@ flx_status_t flx_model_prefill(const flx_model_t *m, flx_fwd_ws_t *ws, const flx
             st = args->on_layer(args->ctx, l, n, ws->kb, ws->vb, ws->q + (size_t)(n - 1) * qd);
             if (st != FLX_OK) return st;
         }
-        flx_gemm_bf16(w->wo, H, qd, ws->o, n, ws->xn, pool, pack);
+        flx_gemv_mat_t wo = {w->wo, H, ws->xn};
+        flx_gemm_bf16(&wo, 1, qd, ws->o, n, pool, pack);
         add_inplace(ws->x, ws->xn, (size_t)n * H, pool);
         rmsnorm(ws->x, w->ffn_norm, c->rms_eps, n, H, ws->xn, pool);
         for (uint32_t t0 = 0; t0 < n; t0 += FFN_CHUNK) {
             const uint32_t tn = FLX_MIN(FFN_CHUNK, n - t0);
             float *xn = ws->xn + (size_t)t0 * H;
-            flx_gemm_bf16(w->w_gate, F, H, xn, tn, ws->gate, pool, pack);
-            flx_gemm_bf16(w->w_up, F, H, xn, tn, ws->up, pool, pack);
+            flx_gemv_mat_t gu[2] = {{w->w_gate, F, ws->gate}, {w->w_up, F, ws->up}}, wd = {w->w_down, H, xn};
+            flx_gemm_bf16(gu, 2, H, xn, tn, pool, pack);
             silu_mul(ws->gate, ws->up, (size_t)tn * F, pool);
-            flx_gemm_bf16(w->w_down, H, F, ws->gate, tn, xn, pool, pack);   /* xn rows of this chunk are done */
+            flx_gemm_bf16(&wd, 1, F, ws->gate, tn, pool, pack);   /* xn rows of this chunk are done */
         }
         add_inplace(ws->x, ws->xn, (size_t)n * H, pool);
     }
     if (args->logits_all) {
         rmsnorm(ws->x, m->out_norm, c->rms_eps, n, H, ws->xn, pool);
-        flx_gemm_bf16(m->lm_head, c->vocab, H, ws->xn, n, args->logits_all, pool, pack);
+        flx_gemv_mat_t head = {m->lm_head, c->vocab, args->logits_all};
+        flx_gemm_bf16(&head, 1, H, ws->xn, n, pool, pack);
         if (args->logits_last)
             memcpy(args->logits_last, args->logits_all + (size_t)(n - 1) * c->vocab, c->vocab * sizeof(float));
     } else if (args->logits_last) {

@@ -484,51 +484,56 @@ static void pack_panel(const flx_bf16_t *src, uint32_t pw, uint32_t kc, size_t l
 }
 
 typedef struct gemm_job {
-    const flx_bf16_t *w;
-    uint32_t rows, cols, n, np, rg;
-    size_t nrg;
+    const flx_gemv_mat_t *mats;
+    int n_mats;
+    uint32_t cols, n, np, rg;
+    size_t nrg[4];       /* row groups before matrix i (nrg[n_mats]: all of them) */
     const float *x;
-    float *y, *pack;
+    float *pack;
     flx_gemv_level_t lv;
 } gemm_job_t;
 
-/* One item: a token block x a row group; items are token-block major, so a worker's consecutive
- * items tend to share their token block in L2. Each output element is one item's: no reduction
- * crosses items. */
+/* One item: a token block x a row group of one matrix; items are token-block major, so a worker's
+ * consecutive items tend to share their token block in L2. Each output element is one item's: no
+ * reduction crosses items. */
 static flx_status_t gemm_item(void *ctx, const flx_pool_worker_t *wk, uint64_t ib, uint64_t ie)
 {
     const gemm_job_t *j = ctx;
     float *pk = j->pack + (size_t)wk->index * flx_gemm_pack_floats();
+    const size_t nrg = j->nrg[j->n_mats];
     for (uint64_t it = ib; it < ie; it++) {
-        const uint32_t t0 = (uint32_t)(it / j->nrg) * GEMM_TB, tn = FLX_MIN(GEMM_TB, j->n - t0);
-        const uint32_t r0 = (uint32_t)(it % j->nrg) * j->rg, r1 = FLX_MIN(j->rows, r0 + j->rg);
+        const uint32_t t0 = (uint32_t)(it / nrg) * GEMM_TB, tn = FLX_MIN(GEMM_TB, j->n - t0);
+        const size_t g = it % nrg;
+        int mi = 0;
+        while (g >= j->nrg[mi + 1]) mi++;
+        const flx_gemv_mat_t *m = &j->mats[mi];
+        const uint32_t r0 = (uint32_t)(g - j->nrg[mi]) * j->rg, r1 = FLX_MIN(m->rows, r0 + j->rg);
         for (uint32_t k0 = 0; k0 < j->cols; k0 += GEMM_KC) {
             const uint32_t kc = FLX_MIN(GEMM_KC, j->cols - k0);
             for (uint32_t pr = r0; pr < r1; pr += j->np) {
                 const uint32_t pw = FLX_MIN(j->np, r1 - pr);
-                pack_panel(j->w + (size_t)pr * j->cols + k0, pw, kc, j->cols, j->np, pk);
+                pack_panel(m->w + (size_t)pr * j->cols + k0, pw, kc, j->cols, j->np, pk);
                 flx_gemm_panels(j->lv, tn, pw, kc, j->x + (size_t)t0 * j->cols + k0, j->cols, pk, 0, j->np,
-                                j->y + (size_t)t0 * j->rows + pr, j->rows, k0 > 0);
+                                m->y + (size_t)t0 * m->rows + pr, m->rows, k0 > 0);
             }
         }
     }
     return FLX_OK;
 }
 
-void flx_gemm_bf16(const flx_bf16_t *w, uint32_t rows, uint32_t cols, const float *x, uint32_t n, float *y,
+void flx_gemm_bf16(const flx_gemv_mat_t *mats, int n_mats, uint32_t cols, const float *x, uint32_t n,
                    flx_pool_h pool, float *pack)
 {
     if (n <= GEMV_SMALL_N) {
-        flx_gemv_mat_t mat = {w, rows, y};
-        flx_gemv_bf16(&mat, 1, cols, x, n, pool);
+        flx_gemv_bf16(mats, n_mats, cols, x, n, pool);
         return;
     }
-    gemm_job_t j = {.w = w, .rows = rows, .cols = cols, .n = n, .x = x, .y = y, .pack = pack,
+    gemm_job_t j = {.mats = mats, .n_mats = n_mats, .cols = cols, .n = n, .x = x, .pack = pack,
                     .lv = flx_gemv_level()};
     j.np = flx_gemm_panel(j.lv);
     j.rg = 4 * j.np;
-    j.nrg = FLX_DIV_UP(rows, j.rg);
-    (void)flx_pool_for(pool, FLX_DIV_UP(n, GEMM_TB) * j.nrg, 1, gemm_item, &j);
+    for (int i = 0; i < n_mats; i++) j.nrg[i + 1] = j.nrg[i] + FLX_DIV_UP(mats[i].rows, j.rg);
+    (void)flx_pool_for(pool, FLX_DIV_UP(n, GEMM_TB) * j.nrg[n_mats], 1, gemm_item, &j);
 }
 
 /* ================= row kernels ================= */

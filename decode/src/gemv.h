@@ -58,9 +58,11 @@ void flx_gemv_bf16(const flx_gemv_mat_t *mats, int n_mats, uint32_t cols, const 
 /* Floats of per-worker scratch flx_gemm_bf16 needs (times the pool's size). */
 size_t flx_gemm_pack_floats(void);
 
-/* y (n, rows) = x (n, cols) . W^T for any n; small n goes to flx_gemv_bf16. pack: flx_pool_size(pool)
- * * flx_gemm_pack_floats() floats, 64-byte aligned (worker i packs into its own slice). */
-void flx_gemm_bf16(const flx_bf16_t *w, uint32_t rows, uint32_t cols, const float *x, uint32_t n, float *y,
+/* y_m (n, rows_m) = x (n, cols) . W_m^T for n_mats matrices (1..3) and any n, in one pool run (the
+ * matrices' (token block, row group) items together); small n goes to flx_gemv_bf16. pack:
+ * flx_pool_size(pool) * flx_gemm_pack_floats() floats, 64-byte aligned (worker i packs into its
+ * own slice). Results do not depend on the pool's size. */
+void flx_gemm_bf16(const flx_gemv_mat_t *mats, int n_mats, uint32_t cols, const float *x, uint32_t n,
                    flx_pool_h pool, float *pack);
 
 /* ---- packed-panel micro-GEMM (prefill attention; serial, one thread) ----

@@ -125,14 +125,37 @@ static void test_gemm(void)
         rand_bf16(w, (size_t)rows * cols);
         rand_f(x, (size_t)n * cols, 1.0);
         flx_matmul_bf16_ref(w, rows, cols, x, n, yr);
-        flx_gemm_bf16(w, rows, cols, x, n, y, g_pool, pack);
+        flx_gemv_mat_t mat = {w, rows, y};
+        flx_gemm_bf16(&mat, 1, cols, x, n, g_pool, pack);
         char label[96];
         snprintf(label, sizeof label, "gemm %ux%u n=%u", rows, cols, n);
         CHECK_CLOSE(label, y, yr, (size_t)n * rows, 1e-4 * sqrt(cols), 1e-5);
         for (int wi = 0; wi < 4; wi++) {   /* the same bits at 1, 2, 3, 7 workers */
-            flx_gemm_bf16(w, rows, cols, x, n, yr, g_pools[wi], pack);
+            mat.y = yr;
+            flx_gemm_bf16(&mat, 1, cols, x, n, g_pools[wi], pack);
             snprintf(label, sizeof label, "gemm %ux%u n=%u workers %u", rows, cols, n, FLX_TEST_WORKERS[wi]);
             CHECK_SAME(label, yr, y, (size_t)n * rows);
+        }
+        /* fused: three matrices in one run give each matrix's bits alone (W, the first rows of W,
+         * W again), at every worker count */
+        const uint32_t r3[3] = {rows, rows / 2 + 1, rows};
+        float *y3[3];
+        for (int wi = 0; wi < 4; wi++) {
+            flx_gemv_mat_t m3[3];
+            for (int i = 0; i < 3; i++) y3[i] = malloc((size_t)n * r3[i] * 4), m3[i] = (flx_gemv_mat_t){w, r3[i], y3[i]};
+            flx_gemm_bf16(m3, 3, cols, x, n, g_pools[wi], pack);
+            for (int i = 0; i < 3; i++) {
+                snprintf(label, sizeof label, "gemm fused %ux%u n=%u mat %d workers %u", r3[i], cols, n, i,
+                         FLX_TEST_WORKERS[wi]);
+                if (r3[i] == rows) {
+                    CHECK_SAME(label, y3[i], y, (size_t)n * rows);
+                } else {
+                    mat = (flx_gemv_mat_t){w, r3[i], yr};
+                    flx_gemm_bf16(&mat, 1, cols, x, n, NULL, pack);
+                    CHECK_SAME(label, y3[i], yr, (size_t)n * r3[i]);
+                }
+                free(y3[i]);
+            }
         }
         free(w), free(x), free(y), free(yr), flx_aligned_free(pack);
     }
