@@ -108,9 +108,10 @@ static void test_cpu_max(void)
             CHECK(m == 77 && strncmp(flx_error_msg(), "cpu.max: '", 10) == 0);
         }
     }
-    /* a NUL inside is refused, not read as the end */
+    /* a NUL inside is refused, not read as the end: "max 1000" (valid up to the NUL), NUL, "00" */
+    static const char nul_inside[] = "max 1000\0" "00";
     uint32_t m;
-    CHECK_ST(flx_cg_parse_cpu_max("max 100\0000", 11, "cpu.max", &m), FLX_ERR_FORMAT);
+    CHECK_ST(flx_cg_parse_cpu_max(nul_inside, sizeof nul_inside - 1, "cpu.max", &m), FLX_ERR_FORMAT);
 }
 
 static void test_resolve(void)
