@@ -4,7 +4,8 @@
 #      prompt (the GPL-3 text every Debian machine has, ~2K tokens, plus a question) is prefilled
 #      into the NUMA-aware host KV store and decoded by the engine with full attention, the
 #      paper's fixed (16, 0.05) sparse baseline and Fluxion (shipped predictor, calibrated
-#      selector): text, TPOT, attention share, host bytes read per step, predictor time;
+#      selector): text, TPOT, attention share, host bytes read per step, predictor time; each run
+#      first says how many workers run the step and why ("workers 2: affinity 2 CPUs, ...");
 #   2. the attention core at Llama-3.1-8B layer shapes over a 32K-token prompt (fluxion-demo).
 # The loopback cluster (prefill stub -> decode node over UCX + gRPC) replaces this as it lands.
 set -euo pipefail

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs every test: the plain build (all labels; gpu tests skip without a GPU),
-# an ASan+UBSan build (all but slow/model tests), a TSan build (concurrency tests), then every
-# libFuzzer target for a bounded time (scripts/fuzz.sh: clang build tree build-fuzz, ~20 s each).
+# an ASan+UBSan build (all but slow/model tests), a TSan build (concurrency tests: the worker pool,
+# and the kernels, forward pass and engine on pools of 1, 2, 3 and 7 workers; every parallel path is
+# plain pthreads and C11 atomics, so TSan sees all of it), then every libFuzzer target for a bounded
+# time (scripts/fuzz.sh: clang build tree build-fuzz, ~20 s each).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"

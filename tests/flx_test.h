@@ -12,12 +12,46 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
+#include "flx/pool.h"
 #include "flx/status.h"
 #include "flx/util.h"
 
 #define FLX_TEST_SKIP 77
+
+/* The worker counts the determinism checks force: results must be bitwise the same at each. */
+static const uint32_t FLX_TEST_WORKERS[4] = {1, 2, 3, 7};
+
+/* A pool of exactly n workers (the caller destroys it); exits the test on failure. */
+static inline flx_pool_h flx_test_pool(uint32_t n)
+{
+    flx_pool_params_t pp = {.field_mask = FLX_POOL_FIELD_N_WORKERS, .n_workers = n};
+    flx_pool_h p = NULL;
+    if (flx_pool_create(&pp, &p) != FLX_OK) {
+        fprintf(stderr, "flx_test_pool(%u): %s\n", n, flx_error_msg());
+        exit(1);
+    }
+    return p;
+}
+
+/* 1 when the n floats are the same bits; else prints the first difference and returns 0. */
+static inline int flx_test_same_bits(const char *label, const float *x, const float *ref, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t a, b;
+        memcpy(&a, &x[i], 4);
+        memcpy(&b, &ref[i], 4);
+        if (a != b) {
+            fprintf(stderr, "%s: element %zu differs: %.9g (0x%08x) vs %.9g (0x%08x)\n", label, i, (double)x[i], a,
+                    (double)ref[i], b);
+            return 0;
+        }
+    }
+    return 1;
+}
+#define CHECK_SAME(label, x, ref, n) CHECK(flx_test_same_bits(label, x, ref, n))
 
 /* The real model file the model tests use: $FLX_CACHE (or ~/.cache/fluxion, as scripts/setup.sh
  * fetches it) / SmolLM2-135M-Instruct.Q4_1.gguf into path. Returns 1 when it is readable, else

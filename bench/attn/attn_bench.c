@@ -4,14 +4,14 @@
  *
  * For each L it creates a one-layer kvstore (sink 64, local 256; l_cpu = L - 320 host tokens per kv
  * head), pushes the KV of the largest batch's sequences through flx_kv_chunk_write (the store builds
- * the pyramid), binds the OpenMP pool to the store's NUMA node, and times the host part of one decode step
- * (flx_attn_host_run for every (sequence, kv group): tasks spread over the threads, one workspace each,
- * as the decode loop runs them; the best of --reps steps) in modes: FULL, and FIXED (blk, bgt) for blk in
+ * the pyramid), runs a worker pool bound to the store's NUMA node (flx/pool.h), and times the host
+ * part of one decode step (flx_attn_host_run for every (sequence, kv group): tasks claimed by the
+ * workers, one workspace each; the best of --reps steps) in modes: FULL, and FIXED (blk, bgt) for blk in
  * {16,32,64,128} x bgt in {0.02, 0.05}. Time is split into scoring+top-k and attention (Fig. 2(d)
  * of the paper); GB/s is over the bytes each kernel must read (scoring: the metadata entries at that
  * blk; attention: K+V of the distinct blocks the group's heads selected; full: all K+V), against a
- * STREAM-like read bandwidth measured by this binary with the same thread count (the best of its samples:
- * start, after each prompt length).
+ * STREAM-like read bandwidth measured by this binary on the same pool (the best of its samples:
+ * start, after each prompt length). Workers: FLX_THREADS, else the process's CPU budget.
  *
  * usage: attn_bench [--lens 32768,65536,131072] [--batches 1,4,8] [--reps N] [--csv PATH]
  */
@@ -20,8 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <immintrin.h>
-#include <omp.h>
 
+#include "../common/bench_read.h"
 #include "flx/attn.h"
 #include "flx/cli.h"
 #include "flx/kvstore.h"
@@ -60,35 +60,61 @@ static void gen_row(void *ctx, uint32_t i, flx_bf16_t *k, flx_bf16_t *v)
     }
 }
 
-__attribute__((target("avx2"))) static double read_bw(const uint8_t *buf, size_t bytes, int threads, int reps)
+enum { CH = 1024 };   /* tokens per pushed chunk */
+
+typedef struct push {
+    flx_kv_store_h store;
+    flx_kv_session_id_t sid;
+    uint32_t L, x;
+} push_t;
+
+/* Chunk c of sequence x's KV, generated into the worker's scratch and written to the store. */
+static flx_status_t push_chunk(void *ctx, const flx_pool_worker_t *w, uint64_t c, uint64_t c_end)
 {
-    double best = 0;
-    volatile uint64_t sink = 0;
-    for (int r = 0; r < reps; r++) {
-        uint64_t t0 = flx_now_ns();
-        uint64_t tot = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : tot)
-        {
-            int t = omp_get_thread_num(), n = omp_get_num_threads();
-            size_t c = bytes / 64, b0 = c * t / n * 64, b1 = c * (t + 1) / n * 64;
-            __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-            for (size_t o = b0; o + 128 <= b1; o += 128) {
-                a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i *)(buf + o)));
-                a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i *)(buf + o + 32)));
-                a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i *)(buf + o + 64)));
-                a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i *)(buf + o + 96)));
-            }
-            a0 = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
-            uint64_t x[4];
-            _mm256_storeu_si256((__m256i *)x, a0);
-            tot += x[0] + x[1] + x[2] + x[3];
+    const push_t *p = ctx;
+    flx_bf16_t *ck = w->scratch, *cv = ck + (size_t)HKV * CH * D;
+    for (; c < c_end; c++) {
+        const uint32_t c0 = (uint32_t)c * CH, c1 = c0 + CH < p->L ? c0 + CH : p->L;
+        for (uint32_t h = 0; h < HKV; h++) {
+            rowgen_t g = {.seed = mix(p->L * 1000003ull + p->x * HKV + h)};
+            for (uint32_t t = c0; t < c1; t++)
+                gen_row(&g, t, ck + ((size_t)h * (c1 - c0) + t - c0) * D, cv + ((size_t)h * (c1 - c0) + t - c0) * D);
         }
-        double s = (flx_now_ns() - t0) * 1e-9;
-        sink += tot;
-        if (bytes / s / 1e9 > best) best = bytes / s / 1e9;
+        flx_kv_chunk_t kc = {.layer = 0, .head_begin = 0, .head_end = HKV, .tok_begin = c0, .tok_end = c1,
+                             .dtype = FLX_DT_BF16, .head_dim = D};
+        flx_status_t st = flx_kv_chunk_write(p->store, p->sid, &kc, ck, cv);
+        if (st) return st;
     }
-    (void)sink;
-    return best;
+    return FLX_OK;
+}
+
+typedef struct acc {
+    uint64_t score_ns, topk_ns, attn_ns, score_bytes, attn_bytes;
+} acc_t;
+
+typedef struct task_job {
+    flx_attn_ws_t *wss;            /* one per worker */
+    const flx_kv_head_view_t *views;
+    const float *qs;
+    const flx_attn_cfg_t *cfg;
+    acc_t *per;                    /* one per worker */
+} task_job_t;
+
+/* Tasks [t0, t1) (sequence x kv group), each on the claiming worker's workspace. */
+static flx_status_t task_run(void *ctx, const flx_pool_worker_t *w, uint64_t t0, uint64_t t1)
+{
+    const task_job_t *j = ctx;
+    for (uint64_t task = t0; task < t1; task++) {
+        float o[G * D], lse[G];
+        flx_attn_timing_t tm = {0};
+        flx_status_t st = flx_attn_host_run(&j->wss[w->index], &j->views[task], j->qs + (size_t)task * G * D, j->cfg,
+                                            o, lse, &tm);
+        if (st) return st;
+        acc_t *a = &j->per[w->index];
+        a->score_ns += tm.score_ns, a->topk_ns += tm.topk_ns, a->attn_ns += tm.attn_ns;
+        a->score_bytes += tm.score_bytes, a->attn_bytes += tm.attn_bytes;
+    }
+    return FLX_OK;
 }
 
 static long mem_available_kb(void)
@@ -101,10 +127,6 @@ static long mem_available_kb(void)
     if (f) fclose(f);
     return kb;
 }
-
-typedef struct {
-    uint64_t score_ns, topk_ns, attn_ns, score_bytes, attn_bytes;
-} acc_t;
 
 /* One measured configuration, kept until the end: its fractions use the run's best bandwidth. */
 typedef struct {
@@ -139,13 +161,32 @@ int main(int argc, char **argv)
         for (uint32_t i = 0; i < n_b; i++) batches[i] = (uint32_t)list[i];
     }
     const int reps = (int)reps_u;
-    int threads = omp_get_max_threads();
-    if (threads > 64) threads = 64;
+    flx_pool_h pool = NULL;   /* made with the first store, on its NUMA node */
+    {
+        flx_kv_store_params_t sp = {.field_mask = FLX_KV_STORE_FIELD_CAPACITY | FLX_KV_STORE_FIELD_SHAPE,
+                                    .capacity_bytes = (size_t)16 << 20, .n_layers = 1, .n_kv_heads = HKV,
+                                    .n_q_heads = HQ, .head_dim = D};
+        flx_kv_store_h probe;
+        flx_kv_store_info_t pi;
+        if (flx_kv_store_create(&sp, &probe)) return 1;
+        flx_kv_store_info(probe, &pi);
+        flx_kv_store_destroy(probe);
+        flx_pool_params_t pp = {.field_mask = FLX_POOL_FIELD_NUMA_NODE, .numa_node = pi.numa_node};
+        if (flx_pool_create(&pp, &pool)) {
+            fprintf(stderr, "attn_bench: worker pool: %s\n", flx_error_msg());
+            return 1;
+        }
+    }
+    int threads = (int)flx_pool_size(pool);
+    if (threads > 64) {
+        fprintf(stderr, "attn_bench: %d workers, at most 64 (FLX_THREADS)\n", threads);
+        return 2;
+    }
     uint32_t bmax = 0;
     for (uint32_t i = 0; i < n_b; i++) bmax = batches[i] > bmax ? batches[i] : bmax;
     if (bmax > 64) bmax = 64;
-    printf("attn_bench: Llama-3.1-8B layer shapes (H %d, H_kv %d, D %d), sink %d local %d, %d threads, isa %s\n", HQ,
-           HKV, D, SINK, LOCAL, threads, flx_isa_name(flx_isa_active()));
+    printf("attn_bench: Llama-3.1-8B layer shapes (H %d, H_kv %d, D %d), sink %d local %d, %s, isa %s\n", HQ, HKV,
+           D, SINK, LOCAL, flx_pool_describe(pool), flx_isa_name(flx_isa_active()));
 
     /* STREAM-like read bandwidth over 1 GiB with the same thread count, sampled at the start, after
      * each prompt length and at the end: every fraction uses the best sample (on a shared machine a
@@ -154,20 +195,21 @@ int main(int argc, char **argv)
     uint8_t *sbuf = flx_aligned_alloc(4096, sb);
     if (!sbuf) return 1;
     memset(sbuf, 1, sb);
-    double bw = read_bw(sbuf, sb, threads, 5);
-    printf("read bandwidth: %.1f GB/s (%d threads, best of 5 passes over 1 GiB)\n", bw, threads);
+    double bw = flx_bench_read_bw(pool, sbuf, sb, 5);
+    printf("read bandwidth: %.1f GB/s (%d workers, best of 5 passes over 1 GiB)\n", bw, threads);
     row_t *rows = calloc(64 * 8 * 8, sizeof *rows);
     int n_rows = 0;
     printf("%7s %5s %-6s %4s %6s %9s %9s %10s %10s %7s %9s %9s\n", "L", "batch", "mode", "blk", "bgt", "score ms",
            "topk ms", "attn ms",
            "total ms", "topk%", "score GB/s", "attn GB/s");
 
-    /* One workspace per thread, single-threaded kernels: a layer's tasks (sequence x kv group) run
-     * in parallel across threads, as the decode loop and the scheduler's CPU workers run them. */
-    flx_attn_shape_t shape = {.group = G, .head_dim = D, .max_l_cpu = 0, .n_threads = 1};
+    /* One workspace per worker, each task on one worker: a layer's tasks (sequence x kv group) are
+     * claimed by the workers, as the scheduler's CPU workers pull them. */
+    flx_attn_shape_t shape = {.group = G, .head_dim = D, .max_l_cpu = 0, .pool = NULL};
     for (uint32_t li = 0; li < n_lens; li++) shape.max_l_cpu = lens[li] > shape.max_l_cpu ? lens[li] : shape.max_l_cpu;
     size_t wsb;
     if (flx_attn_plan(&shape, &wsb)) return 1;
+    if (flx_pool_reserve_scratch(pool, (size_t)2 * HKV * CH * D * sizeof(flx_bf16_t))) return 1;
     flx_attn_ws_t *wss = calloc((size_t)threads, sizeof *wss);
     void **wsm = calloc((size_t)threads, sizeof *wsm);
     for (int t = 0; t < threads; t++) {
@@ -202,41 +244,21 @@ int main(int argc, char **argv)
         }
         flx_kv_session_id_t sid[64];
         flx_kv_session_h sess[64];
-        enum { CH = 1024 };
         for (uint32_t x = 0; x < B; x++) {
             flx_kv_session_params_t ssp = {.prompt_len = L, .max_new_tokens = 16, .flags = FLX_KV_SESSION_NO_STATS};
             if (flx_kv_session_open(store, &ssp, &sid[x])) {
                 printf("L %u: session: %s\n", L, flx_error_msg());
                 return 1;
             }
-            int fail = 0;
-#pragma omp parallel num_threads(threads)
-            {
-                flx_bf16_t *ck = malloc((size_t)HKV * CH * D * 2), *cv = malloc((size_t)HKV * CH * D * 2);
-#pragma omp for schedule(dynamic)
-                for (uint32_t c0 = 0; c0 < L; c0 += CH) {
-                    uint32_t c1 = c0 + CH < L ? c0 + CH : L;
-                    for (uint32_t h = 0; h < HKV; h++) {
-                        rowgen_t g = {.seed = mix(L * 1000003ull + x * HKV + h)};
-                        for (uint32_t t = c0; t < c1; t++)
-                            gen_row(&g, t, ck + ((size_t)h * (c1 - c0) + t - c0) * D, cv + ((size_t)h * (c1 - c0) + t - c0) * D);
-                    }
-                    flx_kv_chunk_t c = {.layer = 0, .head_begin = 0, .head_end = HKV, .tok_begin = c0, .tok_end = c1,
-                                        .dtype = FLX_DT_BF16, .head_dim = D};
-                    if (flx_kv_chunk_write(store, sid[x], &c, ck, cv)) fail = 1;
-                }
-                free(ck);
-                free(cv);
-            }
-            if (fail || flx_kv_session_acquire(store, sid[x], &sess[x])) {
+            push_t pj = {store, sid[x], L, x};
+            if (flx_pool_for(pool, FLX_DIV_UP(L, CH), 1, push_chunk, &pj) ||
+                flx_kv_session_acquire(store, sid[x], &sess[x])) {
                 printf("L %u: push/acquire: %s\n", L, flx_error_msg());
                 return 1;
             }
         }
         flx_kv_store_info_t sinfo;
         flx_kv_store_info(store, &sinfo);
-        if (flx_attn_bind_threads(sinfo.numa_node, (uint32_t)threads))
-            printf("binding threads to numa node %d failed: %s\n", sinfo.numa_node, flx_error_msg());
         flx_kv_head_view_t *views = calloc((size_t)B * HKV, sizeof *views);
         for (uint32_t x = 0; x < B * HKV; x++)
             if (flx_kv_head_view(sess[x / HKV], 0, x % HKV, &views[x])) {
@@ -267,26 +289,12 @@ int main(int argc, char **argv)
                 for (int r = 0; r < r_n + 1; r++) {
                     for (uint32_t i = 0; i < b * HQ * D; i++) qs[i] = (float)flx_rng_normal(&rng);
                     acc_t per[64] = {{0}};
-                    int fail = 0;
+                    task_job_t tj = {wss, views, qs, &cfg, per};
                     uint64_t w0 = flx_now_ns();
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(| : fail)
-                    for (uint32_t task = 0; task < b * HKV; task++) {
-                        int tid = omp_get_thread_num();
-                        float o[G * D], lse[G];
-                        flx_attn_timing_t tm = {0};
-                        if (flx_attn_host_run(&wss[tid], &views[task], qs + (size_t)task * G * D, &cfg, o, lse, &tm)) {
-                            fail = 1;
-                            continue;
-                        }
-                        per[tid].score_ns += tm.score_ns;
-                        per[tid].topk_ns += tm.topk_ns;
-                        per[tid].attn_ns += tm.attn_ns;
-                        per[tid].score_bytes += tm.score_bytes;
-                        per[tid].attn_bytes += tm.attn_bytes;
-                    }
+                    flx_status_t fail = flx_pool_for(pool, (uint64_t)b * HKV, 1, task_run, &tj);
                     double wall = (flx_now_ns() - w0) * 1e-9;
                     if (fail) {
-                        printf("host_run failed\n");
+                        printf("host_run failed: %s\n", flx_error_msg());
                         return 1;
                     }
                     if (r == 0 || wall >= best_wall) continue;
@@ -319,7 +327,7 @@ int main(int argc, char **argv)
         }
         free(views);
         flx_kv_store_destroy(store);
-        double bw2 = read_bw(sbuf, sb, threads, 5);
+        double bw2 = flx_bench_read_bw(pool, sbuf, sb, 5);
         printf("read bandwidth after L %u: %.1f GB/s\n", L, bw2);
         bw = bw2 > bw ? bw2 : bw;
     }
@@ -328,6 +336,7 @@ int main(int argc, char **argv)
     free(wsm);
     free(wss);
     free(qs);
+    flx_pool_destroy(pool);
 
     FILE *csv = fopen(csv_path, "w");
     if (!csv) {

@@ -14,15 +14,15 @@
  * over every (L, mode) run: the dense part does not depend on L or the attention mode).
  *
  * usage: model_bench -m MODEL --tokens IDS [--lens 2048,4096,8192] [--steps N] [-t T] [--csv PATH]
+ * (-t: pool workers; absent: FLX_THREADS, else the process's CPU budget)
  * Last line: SUMMARY gemv_bw_frac=<x> tpot_full_over_16_005_8k=<TPOT full / TPOT fixed at the largest L>
  */
 #include <errno.h>
-#include <immintrin.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/bench_read.h"
 #include "flx/cli.h"
 #include "flx/engine.h"
 #include "flx/forward.h"
@@ -40,45 +40,6 @@ static void die(const char *what)
     exit(1);
 }
 
-/* STREAM-like read of a buffer with `threads` threads: best GB/s of reps passes. */
-__attribute__((target("avx2"))) static double read_bw(const uint8_t *buf, size_t bytes, int threads, int reps)
-{
-    double best = 0;
-    for (int r = 0; r < reps; r++) {
-        uint64_t t0 = flx_now_ns(), tot = 0;
-#pragma omp parallel num_threads(threads) reduction(+ : tot)
-        {
-            int t = omp_get_thread_num(), n = omp_get_num_threads();
-            size_t c = bytes / 64, b0 = c * t / n * 64, b1 = c * (t + 1) / n * 64;
-            __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-            for (size_t o = b0; o + 128 <= b1; o += 128) {
-                a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i *)(buf + o)));
-                a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i *)(buf + o + 32)));
-                a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i *)(buf + o + 64)));
-                a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i *)(buf + o + 96)));
-            }
-            uint64_t x[4];
-            _mm256_storeu_si256((__m256i *)x, _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
-            tot += x[0] + x[1] + x[2] + x[3];
-        }
-        double s = (flx_now_ns() - t0) * 1e-9;
-        if (tot == 42) printf(" ");
-        if (bytes / s / 1e9 > best) best = bytes / s / 1e9;
-    }
-    return best;
-}
-
-static double measure_bw(int threads)
-{
-    size_t sb = (size_t)1 << 30;
-    uint8_t *b = flx_aligned_alloc(4096, sb);
-    if (!b) return 0;
-    memset(b, 1, sb);
-    double bw = read_bw(b, sb, threads, 5);
-    flx_aligned_free(b);
-    return bw;
-}
-
 typedef struct {
     double prefill_tok_s, tpot_ms, dense_ms, attn_ms, other_ms, dense_gbs, host_mb;
     uint32_t L;
@@ -86,7 +47,7 @@ typedef struct {
 } run_t;
 
 static run_t run_one(const flx_model_t *m, flx_fwd_ws_t *fws, flx_kv_store_h store, const int32_t *ids, uint32_t L,
-                     uint32_t steps, int threads, const flx_engine_params_t *ep, float *logits)
+                     uint32_t steps, flx_pool_h pool, const flx_engine_params_t *ep, float *logits)
 {
     run_t r = {0};
     flx_kv_session_id_t sid;
@@ -97,7 +58,7 @@ static run_t run_one(const flx_model_t *m, flx_fwd_ws_t *fws, flx_kv_store_h sto
     for (uint32_t j = 1; j < m->cfg.vocab; j++)
         if (logits[j] > logits[first]) first = (int32_t)j;
     flx_engine_params_t p = *ep;
-    p.n_threads = (uint32_t)threads;
+    p.pool = pool;
     flx_engine_h eng;
     if (flx_engine_create(m, store, &p, &eng) != FLX_OK) die("engine");
     flx_gen_params_t gen = {.max_new_tokens = steps + 1, .eos_id = -1, .ignore_eos = 1,
@@ -135,14 +96,14 @@ int main(int argc, char **argv)
 {
     const char *model_path = NULL, *ids_path = NULL, *csv_path = NULL, *lens_s = NULL;
     uint32_t lens[8] = {2048, 4096, 8192}, n_lens = 3;
-    uint64_t steps_u = 24, threads_u = (uint64_t)omp_get_max_threads(), list[8];
+    uint64_t steps_u = 24, threads_u = 0, list[8];
     flx_cli_opt_t opts[] = {
         FLX_CLI_PATH('m', "model", "MODEL", &model_path, FLX_CLI_REQUIRED, "a .gguf file or a Hugging Face folder"),
         FLX_CLI_PATH(0, "tokens", "IDS", &ids_path, FLX_CLI_REQUIRED, "token ids, one per line (the prompts' source)"),
         FLX_CLI_STR(0, "lens", "L,L,..", &lens_s, 0, "prompt lengths (default 2048,4096,8192)"),
         FLX_CLI_UINT(0, "steps", "N", &steps_u, WARM + 1, 100000, 0, "decode steps per run, the first 2 not counted "
                      "(default 24)"),
-        FLX_CLI_UINT('t', "threads", "N", &threads_u, 1, 1024, 0, "worker threads (default: all)"),
+        FLX_CLI_UINT('t', "threads", "N", &threads_u, 1, 1024, 0, "pool workers (default: FLX_THREADS, else the CPU budget)"),
         FLX_CLI_PATH(0, "csv", "PATH", &csv_path, 0, "CSV written"),
     };
     flx_cli_t cli = FLX_CLI_INIT("model_bench", "TPOT of the real model, full vs fixed (16, 0.05), the dense/attention "
@@ -167,22 +128,24 @@ int main(int argc, char **argv)
         }
         Lmax = lens[i] > Lmax ? lens[i] : Lmax;
     }
-    omp_set_num_threads(threads);
-    double bw0 = measure_bw(threads);
+    flx_pool_params_t pp = {.field_mask = threads ? FLX_POOL_FIELD_N_WORKERS : 0, .n_workers = (uint32_t)threads};
+    flx_pool_h pool;
+    if (flx_pool_create(&pp, &pool) != FLX_OK) die("worker pool");
+    double bw0 = flx_bench_read_bw_1g(pool, 5);
     flx_model_t *m;
-    if (flx_model_load(model_path, &m) != FLX_OK) die("model");
+    if (flx_model_load_pool(model_path, pool, &m) != FLX_OK) die("model");
     const flx_model_config_t *c = &m->cfg;
-    printf("model_bench: %s (%u layers, %u/%u heads, head_dim %u), %d threads, %u decode steps (%d warm-up)\n",
-           c->name, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, threads, steps, WARM);
-    printf("weights read per decode step: %.1f MB; read bandwidth (same binary, %d threads): %.1f GB/s\n",
-           flx_model_weight_bytes(m) / 1e6, threads, bw0);
+    printf("model_bench: %s (%u layers, %u/%u heads, head_dim %u), %s, %u decode steps (%d warm-up)\n", c->name,
+           c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, flx_pool_describe(pool), steps, WARM);
+    printf("weights read per decode step: %.1f MB; read bandwidth (same binary, same pool): %.1f GB/s\n",
+           flx_model_weight_bytes(m) / 1e6, bw0);
 
     flx_kv_store_params_t sp = {.field_mask = FLX_KV_STORE_FIELD_CAPACITY | FLX_KV_STORE_FIELD_SHAPE,
                                 .capacity_bytes = (size_t)1 << 30, .n_layers = c->n_layers,
                                 .n_kv_heads = c->n_kv_heads, .n_q_heads = c->n_heads, .head_dim = c->head_dim};
     flx_kv_store_h store;
     if (flx_kv_store_create(&sp, &store) != FLX_OK) die("kvstore");
-    flx_fwd_shape_t fs = {.max_prompt = Lmax, .max_batch = 1, .n_threads = (uint32_t)threads};
+    flx_fwd_shape_t fs = {.max_prompt = Lmax, .max_batch = 1, .pool = pool};
     size_t wsb;
     flx_fwd_ws_t *fws;
     void *wsmem = NULL;
@@ -209,7 +172,7 @@ int main(int argc, char **argv)
     double bw = bw0;   /* the best sample of the run: start, after each length, end */
     for (uint32_t li = 0; li < n_lens; li++) {
         for (int k = 0; k < 2; k++) {
-            run_t r = run_one(m, fws, store, ids, lens[li], steps, threads, &modes[k], logits);
+            run_t r = run_one(m, fws, store, ids, lens[li], steps, pool, &modes[k], logits);
             r.L = lens[li];
             r.mode = k;
             printf("%6u %-14s %12.0f %9.2f %9.2f %9.2f %9.2f %11.1f %12.2f\n", lens[li], k ? "fixed(16,0.05)" : "full",
@@ -217,7 +180,7 @@ int main(int argc, char **argv)
             fflush(stdout);
             runs[n_runs++] = r;
         }
-        double b = measure_bw(threads);
+        double b = flx_bench_read_bw_1g(pool, 5);
         bw = b > bw ? b : bw;
     }
     printf("\nread bandwidth samples: %.1f GB/s at the start, best of the run %.1f GB/s (fractions use the best)\n", bw0,
@@ -239,6 +202,7 @@ int main(int argc, char **argv)
     flx_aligned_free(wsmem);
     flx_kv_store_destroy(store);
     flx_model_destroy(m);
+    flx_pool_destroy(pool);
     free(ids);
     printf("SUMMARY gemv_bw_frac=%.3f tpot_full_over_16_005_8k=%.3f\n", frac_sum / n_runs, tpot_last[0] / tpot_last[1]);
     return 0;

@@ -17,7 +17,6 @@
  * step of B sequences per layer and reports the predictor's share of it.
  */
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +77,101 @@ static double dist(const float *a, const float *b, uint32_t D)
     return sqrt(s);
 }
 
+/* One configuration of one step, a kv group per item; each group's recall counts in its own slot,
+ * summed in group order afterwards (the totals do not depend on the pool). */
+typedef struct qjob {
+    int c;
+    flx_replay_t *r;
+    const flx_synth_t *syn;
+    flx_attn_ws_t *ws;                 /* one per worker */
+    const flx_head_pred_t *hp;
+    const flx_select_params_t *sel_cal, *sel_paper;
+    float *budgets, *o, *lse;
+    const float *o_win, *lse_win;
+    uint32_t *sel_blk;
+    uint64_t *bytes_g;
+    acc_t *recall_g;                   /* (Hkv) */
+    uint32_t layer, step, n_sink, l_cpu, G, D;
+} qjob_t;
+
+static flx_status_t q_group(void *ctx, const flx_pool_worker_t *wk, uint64_t g0, uint64_t g1)
+{
+    const qjob_t *j = ctx;
+    const uint32_t G = j->G, D = j->D, c = (uint32_t)j->c;
+    flx_attn_ws_t *w = &j->ws[wk->index];
+    for (uint64_t g = g0; g < g1; g++) {
+        const float *qg = j->r->q_step + (size_t)g * G * D;
+        float *og = j->o + (size_t)g * G * D, *lg = j->lse + (size_t)g * G;
+        flx_attn_timing_t tm = {0};
+        flx_status_t st = FLX_OK;
+        j->sel_blk[g] = CFG_BLK[c];
+        if (c >= CFG_FLUXION) {
+            flx_selection_t s;
+            st = flx_select_group(j->hp + (size_t)g * G, G, j->l_cpu, c == CFG_FLUXION ? j->sel_cal : j->sel_paper,
+                                  j->budgets + (size_t)g * G, &s);
+            j->sel_blk[g] = s.skip ? 16 : s.blk;
+            if (!st && s.skip) {
+                memcpy(og, j->o_win + (size_t)g * G * D, (size_t)G * D * sizeof(float));
+                memset(w->k, 0, G * sizeof(uint32_t));
+            } else if (!st) {
+                flx_attn_cfg_t cfg = {.mode = FLX_ATTN_SPARSE, .blk = s.blk, .budgets = j->budgets + (size_t)g * G};
+                st = flx_attn_host_run(w, &j->r->views[g], qg, &cfg, og, lg, &tm);
+                if (!st)
+                    flx_attn_merge(G, D, j->o_win + (size_t)g * G * D, j->lse_win + (size_t)g * G, og, lg, og, lg);
+            }
+        } else {
+            flx_attn_cfg_t cfg = {.mode = c == 0 ? FLX_ATTN_FULL : FLX_ATTN_FIXED, .blk = CFG_BLK[c] ? CFG_BLK[c] : 16,
+                                  .budget = CFG_BGT[c]};
+            st = flx_attn_group_run(w, &j->r->views[g], qg, &cfg, og, lg, &tm);
+        }
+        if (st) return st;
+        j->bytes_g[g] = tm.score_bytes + tm.attn_bytes;
+        acc_t *rc = &j->recall_g[g];
+        memset(rc, 0, sizeof *rc);
+        if (j->syn && c != 0)
+            for (uint32_t jj = 0; jj < G; jj++) {
+                uint32_t h = (uint32_t)g * G + jj;
+                if (flx_synth_head_kind(j->syn, j->layer, h) != FLX_SYNTH_RETRIEVAL) continue;
+                needle_recall(j->syn, j->layer, h, j->step, j->n_sink, j->l_cpu, j->sel_blk[g],
+                              w->sel + (size_t)jj * w->n_max, w->k[jj], rc);
+            }
+    }
+    return FLX_OK;
+}
+
+/* The timed Fluxion attention step: task = (sequence, kv group) of a batch. */
+typedef struct tjob {
+    flx_replay_t *r;
+    flx_attn_ws_t *ws;
+    const flx_head_pred_t *pb;
+    const flx_select_params_t *sel;
+    float *bb, *ob, *lb;
+    const float *owb, *lwb;
+    uint32_t Hq, Hkv, G, D, l_cpu;
+} tjob_t;
+
+static flx_status_t t_task(void *ctx, const flx_pool_worker_t *wk, uint64_t t0, uint64_t t1)
+{
+    const tjob_t *j = ctx;
+    const uint32_t G = j->G, D = j->D;
+    for (uint64_t task = t0; task < t1; task++) {
+        const uint32_t b = (uint32_t)task / j->Hkv, g = (uint32_t)task % j->Hkv;
+        const size_t base = (size_t)b * j->Hq + (size_t)g * G;
+        flx_selection_t s;
+        flx_status_t st = flx_select_group(j->pb + base, G, j->l_cpu, j->sel, j->bb + base, &s);
+        if (!st && !s.skip) {
+            flx_attn_cfg_t cfg = {.mode = FLX_ATTN_SPARSE, .blk = s.blk, .budgets = j->bb + base};
+            st = flx_attn_host_run(&j->ws[wk->index], &j->r->views[g], j->r->q_step + (size_t)g * G * D, &cfg,
+                                   j->ob + base * D, j->lb + base, NULL);
+            if (!st)
+                flx_attn_merge(G, D, j->owb + base * D, j->lwb + base, j->ob + base * D, j->lb + base,
+                               j->ob + base * D, j->lb + base);
+        }
+        if (st) return st;
+    }
+    return FLX_OK;
+}
+
 int main(int argc, char **argv)
 {
     const char *source = NULL, *weights = NULL, *csv = NULL, *label = "", *layers_s = NULL;
@@ -94,7 +188,7 @@ int main(int argc, char **argv)
         FLX_CLI_UINT(0, "n-layers", "N", &n_layers_pick, 1, 4096, 0, "or N layers spread over the model (default 4)"),
         FLX_CLI_UINT(0, "step-every", "N", &every, 1, 1u << 20, 0, "every N-th decode step (default 8)"),
         FLX_CLI_UINT(0, "time-batch", "B", &time_batch, 0, 64, 0, "also time the predictor at batch B (0: no)"),
-        FLX_CLI_UINT('t', "threads", "N", &threads, 1, 256, 0, "worker threads (default: all)"),
+        FLX_CLI_UINT('t', "threads", "N", &threads, 1, 256, 0, "pool workers (default: FLX_THREADS, else the CPU budget)"),
     };
     flx_cli_t cli = FLX_CLI_INIT("quality_bench", "Attention quality of Fluxion against full and fixed (blk, bgt) on a "
                                  "KV source: within-tau share, error, needle recall, host bytes.", opts);
@@ -103,7 +197,11 @@ int main(int argc, char **argv)
     if (flx_cli_exclusive(&cli, "layers", "n-layers", 0) ||
         (layers_s && flx_cli_u64_list("layers", layers_s, 0, 4095, layer_arg, 256, &n_layer_arg)))
         return flx_cli_usage_error(&cli, NULL);
-    int nt = threads ? (int)threads : omp_get_max_threads();
+    flx_pool_params_t pp = {.field_mask = threads ? FLX_POOL_FIELD_N_WORKERS : 0, .n_workers = (uint32_t)threads};
+    flx_pool_h pool;
+    if (flx_pool_create(&pp, &pool)) die("worker pool");
+    printf("quality_bench: %s\n", flx_pool_describe(pool));
+    const int nt = (int)flx_pool_size(pool);
     flx_kvsrc_h src;
     if (flx_replay_open_source(source, &src)) die(source);
     flx_kvsrc_shape_t sh;
@@ -111,6 +209,7 @@ int main(int argc, char **argv)
     const flx_synth_t *syn = flx_kvsrc_synth(src);
     flx_replay_t *r;
     if (flx_replay_create(src, tau, &r)) die("replay");
+    r->pool = pool;
     flx_predictor_h pred;
     if (flx_predictor_load(weights, &pred)) die(weights);
     const flx_select_params_t sel_cal = flx_predictor_select_params(pred), sel_paper = flx_select_params_paper();
@@ -132,7 +231,7 @@ int main(int argc, char **argv)
     }
 
     uint32_t Hq = sh.n_q_heads, Hkv = sh.n_kv_heads, G = Hq / Hkv, D = sh.head_dim;
-    flx_attn_shape_t ash = {.group = G, .head_dim = D, .max_l_cpu = sh.prompt_len, .n_threads = 1};
+    flx_attn_shape_t ash = {.group = G, .head_dim = D, .max_l_cpu = sh.prompt_len, .pool = NULL};
     size_t ws_bytes;
     if (flx_attn_plan(&ash, &ws_bytes)) die("plan");
     flx_attn_ws_t *ws = calloc((size_t)nt, sizeof *ws);
@@ -152,6 +251,7 @@ int main(int argc, char **argv)
     acc_t acc[N_CFG] = {0};
     uint32_t sel_blk[FLX_ATTN_MAX_GROUP * 4];
     uint64_t bytes_g[FLX_ATTN_MAX_GROUP * 4];
+    acc_t recall_g[FLX_ATTN_MAX_GROUP * 4];
     double t_pred = 0, t_step = 0;
     uint32_t n_timed = 0;
 
@@ -165,56 +265,18 @@ int main(int argc, char **argv)
             double maxn = 0;
             for (uint32_t h = 0; h < Hq; h++) maxn = onorm[h] > maxn ? onorm[h] : maxn;
             if (flx_replay_features(r, feat, o_win, lse_win, &ws[0])) die("features");
-            if (flx_predictor_run(pred, feat, Hq, hp, pscr, pscr_bytes, 1)) die("predictor");
+            if (flx_predictor_run(pred, feat, Hq, hp, pscr, pscr_bytes, NULL)) die("predictor");
             for (int c = 0; c < N_CFG; c++) {
                 acc_t *a = &acc[c];
-                int fail = 0;
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+                qjob_t qj = {.c = c, .r = r, .syn = syn, .ws = ws, .hp = hp, .sel_cal = &sel_cal, .sel_paper = &sel_paper,
+                             .budgets = budgets, .o = o, .lse = lse, .o_win = o_win, .lse_win = lse_win,
+                             .sel_blk = sel_blk, .bytes_g = bytes_g, .recall_g = recall_g, .layer = layer,
+                             .step = step, .n_sink = n_sink, .l_cpu = l_cpu, .G = G, .D = D};
+                if (flx_pool_for(pool, Hkv, 1, q_group, &qj)) die(CFG_NAME[c]);
                 for (uint32_t g = 0; g < Hkv; g++) {
-                    flx_attn_ws_t *w = &ws[omp_get_thread_num()];
-                    const float *qg = r->q_step + (size_t)g * G * D;
-                    float *og = o + (size_t)g * G * D, *lg = lse + (size_t)g * G;
-                    flx_attn_timing_t tm = {0};
-                    flx_status_t st = FLX_OK;
-                    sel_blk[g] = CFG_BLK[c];
-                    if (c >= CFG_FLUXION) {
-                        flx_selection_t s;
-                        st = flx_select_group(hp + (size_t)g * G, G, l_cpu, c == CFG_FLUXION ? &sel_cal : &sel_paper,
-                                              budgets + (size_t)g * G, &s);
-                        sel_blk[g] = s.skip ? 16 : s.blk;
-                        if (!st && s.skip) {
-                            memcpy(og, o_win + (size_t)g * G * D, (size_t)G * D * sizeof(float));
-                            memset(w->k, 0, G * sizeof(uint32_t));
-                        } else if (!st) {
-                            flx_attn_cfg_t cfg = {.mode = FLX_ATTN_SPARSE, .blk = s.blk, .budgets = budgets + (size_t)g * G};
-                            st = flx_attn_host_run(w, &r->views[g], qg, &cfg, og, lg, &tm);
-                            if (!st)
-                                flx_attn_merge(G, D, o_win + (size_t)g * G * D, lse_win + (size_t)g * G, og, lg, og, lg);
-                        }
-                    } else {
-                        flx_attn_cfg_t cfg = {.mode = c == 0 ? FLX_ATTN_FULL : FLX_ATTN_FIXED, .blk = CFG_BLK[c] ? CFG_BLK[c] : 16,
-                                              .budget = CFG_BGT[c]};
-                        st = flx_attn_group_run(w, &r->views[g], qg, &cfg, og, lg, &tm);
-                    }
-                    if (st) {
-#pragma omp atomic write
-                        fail = 1;
-                    }
-                    bytes_g[g] = tm.score_bytes + tm.attn_bytes;
-                    if (syn && c != 0 && !st)
-                        for (uint32_t j = 0; j < G; j++) {
-                            uint32_t h = g * G + j;
-                            if (flx_synth_head_kind(syn, layer, h) != FLX_SYNTH_RETRIEVAL) continue;
-                            acc_t local = {0};
-                            needle_recall(syn, layer, h, step, n_sink, l_cpu, sel_blk[g],
-                                          w->sel + (size_t)j * w->n_max, w->k[j], &local);
-#pragma omp atomic
-                            a->recall_num += local.recall_num;
-#pragma omp atomic
-                            a->recall_den += local.recall_den;
-                        }
+                    a->recall_num += recall_g[g].recall_num;
+                    a->recall_den += recall_g[g].recall_den;
                 }
-                if (fail) die(CFG_NAME[c]);
                 if (syn && c == 0)
                     for (uint32_t h = 0; h < Hq; h++)
                         if (flx_synth_head_kind(syn, layer, h) == FLX_SYNTH_RETRIEVAL)
@@ -253,28 +315,11 @@ int main(int argc, char **argv)
                                             &ws[0]))
                         die("features");
                 uint64_t t1 = flx_now_ns();
-                if (flx_predictor_run(pred, fb, R, pb, pscr, pscr_bytes, (uint32_t)nt)) die("predictor");
+                if (flx_predictor_run(pred, fb, R, pb, pscr, pscr_bytes, pool)) die("predictor");
                 uint64_t t2 = flx_now_ns();
-                int fail = 0;
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-                for (uint32_t task = 0; task < B * Hkv; task++) {
-                    uint32_t b = task / Hkv, g = task % Hkv;
-                    flx_attn_ws_t *w = &ws[omp_get_thread_num()];
-                    size_t base = (size_t)b * Hq + (size_t)g * G;
-                    flx_selection_t s;
-                    flx_status_t st = flx_select_group(pb + base, G, l_cpu, &sel_cal, bb + base, &s);
-                    if (!st && !s.skip) {
-                        flx_attn_cfg_t cfg = {.mode = FLX_ATTN_SPARSE, .blk = s.blk, .budgets = bb + base};
-                        st = flx_attn_host_run(w, &r->views[g], r->q_step + (size_t)g * G * D, &cfg, ob + base * D,
-                                               lb + base, NULL);
-                        if (!st) flx_attn_merge(G, D, owb + base * D, lwb + base, ob + base * D, lb + base, ob + base * D, lb + base);
-                    }
-                    if (st) {
-#pragma omp atomic write
-                        fail = 1;
-                    }
-                }
-                if (fail) die("timed step");
+                tjob_t tj = {.r = r, .ws = ws, .pb = pb, .sel = &sel_cal, .bb = bb, .ob = ob, .lb = lb, .owb = owb,
+                             .lwb = lwb, .Hq = Hq, .Hkv = Hkv, .G = G, .D = D, .l_cpu = l_cpu};
+                if (flx_pool_for(pool, (uint64_t)B * Hkv, 1, t_task, &tj)) die("timed step");
                 uint64_t t3 = flx_now_ns();
                 if (rep > 0) {   /* the first repetition warms caches and the thread pool */
                     t_pred += (double)(t2 - t1);
@@ -315,7 +360,7 @@ int main(int argc, char **argv)
                     mblk, tshare, share);
     }
     if (n_timed) {
-        printf("timed Fluxion attention step, batch %llu, %u threads: %.3f ms per layer, predictor %.3f ms = %.2f%%\n",
+        printf("timed Fluxion attention step, batch %llu, %u workers: %.3f ms per layer, predictor %.3f ms = %.2f%%\n",
                (unsigned long long)time_batch, nt, t_step / n_timed * 1e-6, t_pred / n_timed * 1e-6,
                100.0 * t_pred / t_step);
         if (f) fprintf(f, "%s,\"%s\",%u,predictor_share_b%llu,0,%.6f,0,0,0,0,0,%.2f\n", label, flx_kvsrc_describe(src),
@@ -328,5 +373,6 @@ int main(int argc, char **argv)
     flx_predictor_destroy(pred);
     flx_replay_destroy(r);
     flx_kvsrc_close(src);
+    flx_pool_destroy(pool);
     return 0;
 }

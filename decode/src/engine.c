@@ -2,11 +2,10 @@
  * engine.c - the decode loop (flx/engine.h).
  *
  * DESIGN
- * Everything a step touches is allocated at create: one block for the forward workspace, one
- * attention workspace per thread (flx_attn_plan with n_threads = 1: the parallelism is across
- * (sequence, kv group) tasks, which are many and similar, not inside one task), the logits, the
- * sampling scratch, bf16 staging for the window appends and per-thread timing slots on their own
- * cache lines. Sequences live in a fixed array of max_seqs slots; `order` lists the live slots in
+ * Everything a step touches is allocated at create: the worker pool (or the caller's), one block
+ * for the forward workspace, one attention workspace per (sequence slot, kv group) task, the
+ * logits, per-worker sampling scratch (the pool's), bf16 staging for the window appends and
+ * per-task slots on their own cache lines. Sequences live in a fixed array of max_seqs slots; `order` lists the live slots in
  * the order they were added, so the first max_batch of it form a step's batch (FIFO admission)
  * and a waiting sequence joins as soon as an earlier one retires.
  *
@@ -16,20 +15,32 @@
  * is a broken invariant or a session closed under us: the step fails and ends its whole batch,
  * because the other layers' windows of those sequences are now out of step.
  *
- * Errors inside OpenMP tasks are recorded per thread (status + message copy, since flx_error_msg is
- * thread-local) and re-raised on the driving thread after the parallel region.
+ * ONE POOL RUNS THE STEP. The forward pass, the attention and the sampling all run on the engine's
+ * pool (flx/pool.h). Attention per layer is cut finer than one task per (sequence, kv group): each
+ * task is begun (checks, scoring, top-k, the chunk plan: flx_attn_task_begin), then all tasks'
+ * chunks (window slices, host-block slices) are pulled from one list by the workers, and the worker
+ * that finishes a task's last chunk merges that task (flx_attn_task_end, an atomic count per task):
+ * a descheduled worker holds up at most one chunk, never a whole task. Joins per layer: FULL one
+ * (its begins are cheap and run on the driving thread), FIXED two (begins, chunks), FLUXION three
+ * or four (features, the predictor when it has more than one chunk of rows, begins, chunks).
+ * Every chunk boundary depends on the data only and every merge runs in chunk order, so a step's
+ * output is bitwise the same for any number of workers.
  *
- * FLUXION: attn_fluxion() replaces the one-cfg-per-step task loop with, per layer: features of
- * every (sequence, query head) (which also yield the window partials), one predictor call over all
- * of them, the selector per (sequence, kv group), then the host parts of the retrieval groups in
- * descending priority V on the CPU workers (OpenMP dynamic schedule over the sorted task list: a
- * free worker takes the next-highest task), each merged with its window partial. The GPU worker
- * joins that queue with the scheduler stage.
+ * Errors inside pool runs reach the driving thread through the pool's error slots (the lowest
+ * failing item wins, its message copied: flx_error_msg is thread-local); items add the layer,
+ * sequence and kv head to the message.
+ *
+ * FLUXION: fluxion_plan() runs, per layer: features of every (sequence, query head) (which also
+ * yield the window partials), one per (sequence, kv group) on the pool, one predictor call over all
+ * of them, the selector per (sequence, kv group), then the retrieval groups' tasks in descending
+ * priority V: their begins, and their chunks in that order in the pull list (a free worker takes
+ * the next-highest task's next chunk), each merged with its window partial. The GPU worker joins
+ * that list with the scheduler stage (the pool's flx_pool_queue_pop from outside).
  *
  * GPU PATH (use_gpu): the step runs flx_gpu_model_decode with attn_layer_gpu as its callback. In
  * FULL and FIXED, the window launch (one per layer, all (sequence, group) items) and the copy of
  * its partials to page-locked host memory are queued first, then the CPU threads run the host
- * parts into o (the forward's page-locked output) and lse_c, then the engine waits for the stream
+ * parts into o (the forward's page-locked output) and lse_host, then the engine waits for the stream
  * and merges. The wait comes after the CPU work, never before, so the device window and the host
  * parts overlap; it is also taken when a host task failed, so no copy is still in flight into
  * engine memory when the step returns. FLUXION runs attn_layer unchanged (its features compute the
@@ -39,7 +50,7 @@
 #include "flx/engine.h"
 
 #include <math.h>
-#include <omp.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,12 +87,26 @@ typedef struct seq {
     uint32_t n_steps;
 } seq_t;
 
-typedef struct thr_slot {
-    flx_attn_timing_t t;         /* sums over this thread's tasks in one layer call */
-    uint64_t n_tasks;
+/* One (sequence slot, kv group) attention task of the layer in progress. */
+typedef struct task_slot {
+    flx_attn_timing_t t;         /* of this layer's task */
+    uint32_t n_chunks;
+    _Atomic uint32_t left;       /* chunks not done yet: who finishes the last one ends the task */
+} __attribute__((aligned(FLX_CACHELINE))) task_slot_t;
+
+/* How a layer's tasks end (their chunks are alike). */
+typedef enum {
+    TASK_GROUP = 0,              /* CPU path, FULL / FIXED: window + host + merge -> o */
+    TASK_HOST = 1,               /* GPU path: host part -> o, lse_host (the device gives the window) */
+    TASK_FLUXION = 2,            /* host part merged with the features' window partial -> o */
+} task_kind_t;
+
+/* A sampled token (or the sampler's refusal) of one sequence of the step. */
+typedef struct sample_slot {
+    int32_t tok;
     flx_status_t st;
     char msg[FLX_ERROR_MSG_MAX];
-} __attribute__((aligned(FLX_CACHELINE))) thr_slot_t;
+} sample_slot_t;
 
 struct flx_engine {
     const flx_model_t *m;
@@ -90,16 +115,20 @@ struct flx_engine {
     uint32_t Hq, Hkv, G, D, vocab;
     flx_attn_cfg_t cfg;
 
+    flx_pool_h pool;             /* runs the step (the caller's, or the engine's own) */
+    int pool_owned;
     void *fwd_mem;
     flx_fwd_ws_t *fwd;
-    void *attn_mem;              /* n_threads workspaces of attn_ws_bytes */
+    void *attn_mem;              /* max_batch * Hkv workspaces of attn_ws_bytes */
     size_t attn_ws_bytes;
-    flx_attn_ws_t *aws;          /* (n_threads) */
-    float *lse;                  /* (n_threads, G) */
-    thr_slot_t *thr;             /* (n_threads) */
+    flx_attn_ws_t *tws;          /* (max_batch, Hkv) one attention workspace per task */
+    task_slot_t *slots;          /* (max_batch, Hkv) */
+    uint32_t *task_ids;          /* (max_batch, Hkv) the layer's tasks in the order they are pulled */
+    uint32_t *item_task, *item_chunk; /* (max_batch * Hkv * FLX_ATTN_MAX_CHUNKS) the pull list */
+    float *lse_host;             /* (max_batch, Hq) lse of the host parts */
     float *logits;               /* (max_batch, vocab) */
-    void *sample_scratch;
-    size_t sample_scratch_bytes;
+    size_t sample_scratch_bytes; /* per worker, in the pool's scratch */
+    sample_slot_t *samples;      /* (max_batch) */
     flx_bf16_t *kv_bf16;         /* (2, Hkv, D) staging for one append */
     /* FLUXION only (NULL otherwise) */
     float *feat;                 /* (max_batch, Hq, 41) */
@@ -108,8 +137,8 @@ struct flx_engine {
     float *budgets;              /* (max_batch, Hq) */
     flx_selection_t *sel;        /* (max_batch, Hkv) */
     flx_select_params_t select;  /* the selector's operating point (params.select or the predictor's) */
-    uint32_t *tasks;             /* (max_batch, Hkv) retrieval tasks, highest V first */
     const flx_bf16_t **win_ptr;  /* (max_batch, 2, Hkv) window row pointers for the features */
+    flx_feat_layer_t *feat_in;   /* (max_batch) the features' inputs of each sequence */
     void *pred_scratch;
     size_t pred_scratch_bytes;
     /* GPU path only (use_gpu; NULL otherwise) */
@@ -124,7 +153,6 @@ struct flx_engine {
     flx_attn_gpu_item_t *items;  /* (max_batch, Hkv) one window item per (sequence, group) */
     float *ow_dev, *lw_dev;      /* device (max_batch, Hq, D), (max_batch, Hq) window partials */
     float *ow_host, *lw_host;    /* page-locked copies of them */
-    float *lse_c;                /* (max_batch, Hq) lse of the host parts */
 
     seq_t *seqs;                 /* (max_seqs) */
     uint32_t *order;             /* (max_seqs) live slots, oldest first */
@@ -136,6 +164,11 @@ struct flx_engine {
     seq_t **bseq;                /* (max_batch) */
     int32_t *btok;               /* (max_batch) */
     uint32_t *bpos;              /* (max_batch) */
+    /* the layer in progress, read by the pool's items */
+    uint32_t layer;
+    task_kind_t kind;
+    const float *q;              /* (B, Hq, D) */
+    float *o;                    /* (B, Hq, D) */
 
     flx_engine_stats_t last, total, cur;
 };
@@ -187,7 +220,7 @@ flx_engine_params_t flx_engine_params_default(void)
 {
     flx_engine_params_t p = {.max_batch = 8, .max_seqs = 0, .n_threads = 0, .max_l_cpu = 0,
                              .mode = FLX_ENGINE_ATTN_FULL, .blk = 16, .bgt = 0.05f, .close_sessions = 1,
-                             .use_gpu = 0, .cuda_device = 0, .gpu_model = NULL};
+                             .use_gpu = 0, .cuda_device = 0, .gpu_model = NULL, .pool = NULL};
     return p;
 }
 
@@ -200,8 +233,13 @@ static flx_status_t check_params(const flx_engine_params_t *p)
     if (p->max_seqs != 0 && (p->max_seqs < p->max_batch || p->max_seqs > 64 * FLX_ENGINE_MAX_BATCH))
         return flx_error_set(FLX_ERR_INVALID, "max_seqs %u must be 0 or in [max_batch %u, %u]", p->max_seqs,
                              p->max_batch, 64 * FLX_ENGINE_MAX_BATCH);
-    if (p->n_threads > 1024)
-        return flx_error_set(FLX_ERR_INVALID, "n_threads %u out of range [0, 1024]", p->n_threads);
+    if (p->n_threads > FLX_POOL_MAX_WORKERS)
+        return flx_error_set(FLX_ERR_INVALID, "n_threads %u out of range [0, %u]", p->n_threads, FLX_POOL_MAX_WORKERS);
+    if (p->pool && (p->n_threads || p->bind_numa))
+        return flx_error_set(FLX_ERR_INVALID,
+                             "n_threads %u / bind_numa %d size and place the engine's own pool; with a lent pool "
+                             "(params.pool) they must be 0 (create that pool with its worker count and numa_node)",
+                             p->n_threads, p->bind_numa);
     switch (p->mode) {
     case FLX_ENGINE_ATTN_FULL:
         break;
@@ -301,8 +339,7 @@ static flx_status_t create_gpu(struct flx_engine *e)
     e->ow_host = (float *)((uint8_t *)e->gwin_host + hpart_o);
     e->lw_host = (float *)((uint8_t *)e->gwin_host + hpart_l);
     e->items = calloc(items, sizeof *e->items);
-    e->lse_c = malloc(rows * sizeof *e->lse_c);
-    if (!e->items || !e->lse_c)
+    if (!e->items)
         return flx_error_set(FLX_ERR_NOMEM, "engine create: gpu window tables for %u items", items);
     return FLX_OK;
 }
@@ -318,7 +355,6 @@ static void destroy_gpu(struct flx_engine *e)
     flx_cuda_host_free(e->gwin_host);
     if (e->gm_owned) flx_gpu_model_destroy(e->gm);
     free(e->items);
-    free(e->lse_c);
 }
 
 /* ---- create / destroy ---- */
@@ -353,11 +389,6 @@ flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, c
     e->store = store;
     e->p = *params;
     if (e->p.max_seqs == 0) e->p.max_seqs = e->p.max_batch;
-#ifdef FLX_TSAN
-    e->p.n_threads = 1;   /* libgomp is not TSan-instrumented */
-#else
-    if (e->p.n_threads == 0) e->p.n_threads = (uint32_t)omp_get_max_threads();
-#endif
     if (e->p.max_l_cpu == 0) e->p.max_l_cpu = c->max_ctx ? c->max_ctx : 1;
     e->Hq = c->n_heads;
     e->Hkv = c->n_kv_heads;
@@ -369,25 +400,44 @@ flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, c
     e->cfg.blk = e->p.mode == FLX_ENGINE_ATTN_FIXED ? e->p.blk : 16;
     e->cfg.budget = e->p.mode == FLX_ENGINE_ATTN_FIXED ? e->p.bgt : 1.0f;
     e->cfg.budgets = NULL;
-    const uint32_t T = e->p.n_threads, B = e->p.max_batch;
+    const uint32_t B = e->p.max_batch, n_tasks = B * e->Hkv;
 
-    flx_fwd_shape_t fs = {.max_prompt = 1, .max_batch = B, .n_threads = e->p.n_threads};
+    if (params->pool) {
+        e->pool = params->pool;
+    } else {
+        flx_pool_params_t pp = {0};
+        if (e->p.n_threads) pp.field_mask |= FLX_POOL_FIELD_N_WORKERS, pp.n_workers = e->p.n_threads;
+        if (e->p.bind_numa) pp.field_mask |= FLX_POOL_FIELD_NUMA_NODE, pp.numa_node = si.numa_node;
+        if ((st = flx_pool_create(&pp, &e->pool)))
+            goto fail;
+        e->pool_owned = 1;
+    }
+    e->p.n_threads = flx_pool_size(e->pool);
+    e->p.pool = e->pool;
+
+    flx_fwd_shape_t fs = {.max_prompt = 1, .max_batch = B, .pool = e->pool};
     size_t fwd_bytes = 0;
     if ((st = flx_fwd_plan(model, &fs, &fwd_bytes)))
         goto fail;
-    flx_attn_shape_t as = {.group = e->G, .head_dim = e->D, .max_l_cpu = e->p.max_l_cpu, .n_threads = 1};
+    flx_attn_shape_t as = {.group = e->G, .head_dim = e->D, .max_l_cpu = e->p.max_l_cpu, .pool = e->pool};
     if ((st = flx_attn_plan(&as, &e->attn_ws_bytes)))
         goto fail;
     e->attn_ws_bytes = FLX_ALIGN_UP(e->attn_ws_bytes, FLX_CACHELINE);
     e->sample_scratch_bytes = flx_sample_scratch_bytes(e->vocab);
+    if ((st = flx_pool_reserve_scratch(e->pool, e->sample_scratch_bytes)))
+        goto fail;
 
+    const size_t n_items = (size_t)n_tasks * FLX_ATTN_MAX_CHUNKS;
     e->fwd_mem = flx_aligned_alloc(FLX_CACHELINE, fwd_bytes ? fwd_bytes : FLX_CACHELINE);
-    e->attn_mem = flx_aligned_alloc(FLX_CACHELINE, e->attn_ws_bytes * T);
-    e->aws = calloc(T, sizeof *e->aws);
-    e->lse = calloc((size_t)T * e->G, sizeof *e->lse);
-    e->thr = flx_aligned_alloc(FLX_CACHELINE, T * sizeof *e->thr);
+    e->attn_mem = flx_aligned_alloc(FLX_CACHELINE, e->attn_ws_bytes * n_tasks);
+    e->tws = calloc(n_tasks, sizeof *e->tws);
+    e->slots = flx_aligned_alloc(FLX_CACHELINE, n_tasks * sizeof *e->slots);
+    e->task_ids = calloc(n_tasks, sizeof *e->task_ids);
+    e->item_task = malloc(n_items * sizeof *e->item_task);
+    e->item_chunk = malloc(n_items * sizeof *e->item_chunk);
+    e->lse_host = calloc((size_t)B * e->Hq, sizeof *e->lse_host);
     e->logits = flx_aligned_alloc(FLX_CACHELINE, (size_t)B * e->vocab * sizeof(float));
-    e->sample_scratch = flx_aligned_alloc(FLX_CACHELINE, e->sample_scratch_bytes);
+    e->samples = calloc(B, sizeof *e->samples);
     e->kv_bf16 = calloc((size_t)2 * e->Hkv * e->D, sizeof *e->kv_bf16);
     e->seqs = calloc(e->p.max_seqs, sizeof *e->seqs);
     e->order = calloc(e->p.max_seqs, sizeof *e->order);
@@ -401,41 +451,45 @@ flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, c
         e->lse_win = malloc(rows * sizeof(float));
         e->pred = malloc(rows * sizeof *e->pred);
         e->budgets = malloc(rows * sizeof(float));
-        e->sel = malloc((size_t)B * e->Hkv * sizeof *e->sel);
-        e->tasks = malloc((size_t)B * e->Hkv * sizeof *e->tasks);
+        e->sel = malloc((size_t)n_tasks * sizeof *e->sel);
         e->win_ptr = malloc((size_t)B * 2 * e->Hkv * sizeof *e->win_ptr);
+        e->feat_in = calloc(B, sizeof *e->feat_in);
         e->select = params->select ? *params->select : flx_predictor_select_params(params->predictor);
         e->p.select = NULL;          /* copied: the caller's struct need not outlive create */
         e->pred_scratch_bytes = flx_predictor_scratch_bytes((uint32_t)rows);
         e->pred_scratch = flx_aligned_alloc(FLX_CACHELINE, FLX_ALIGN_UP(e->pred_scratch_bytes + 1, FLX_CACHELINE));
-        if (!e->feat || !e->o_win || !e->lse_win || !e->pred || !e->budgets || !e->sel || !e->tasks || !e->win_ptr ||
-            !e->pred_scratch) {
+        if (!e->feat || !e->o_win || !e->lse_win || !e->pred || !e->budgets || !e->sel || !e->win_ptr ||
+            !e->feat_in || !e->pred_scratch) {
             st = flx_error_set(FLX_ERR_NOMEM, "engine create: fluxion buffers for max_batch %u", B);
             goto fail;
         }
     }
-    if (!e->fwd_mem || !e->attn_mem || !e->aws || !e->lse || !e->thr || !e->logits || !e->sample_scratch ||
-        !e->kv_bf16 || !e->seqs || !e->order || !e->bseq || !e->btok || !e->bpos) {
-        st = flx_error_set(FLX_ERR_NOMEM, "engine create: workspaces for max_batch %u, %u threads, vocab %u", B, T,
-                           e->vocab);
+    if (!e->fwd_mem || !e->attn_mem || !e->tws || !e->slots || !e->task_ids || !e->item_task || !e->item_chunk ||
+        !e->lse_host || !e->logits || !e->samples || !e->kv_bf16 || !e->seqs || !e->order || !e->bseq || !e->btok ||
+        !e->bpos) {
+        st = flx_error_set(FLX_ERR_NOMEM, "engine create: workspaces for max_batch %u, %u tasks, vocab %u", B,
+                           n_tasks, e->vocab);
         goto fail;
     }
-    memset(e->thr, 0, T * sizeof *e->thr);
+    memset(e->slots, 0, n_tasks * sizeof *e->slots);
     if ((st = flx_fwd_ws_init(model, &fs, e->fwd_mem, fwd_bytes, &e->fwd)))
         goto fail;
-    for (uint32_t t = 0; t < T; t++)
-        if ((st = flx_attn_ws_init(&e->aws[t], &as, (uint8_t *)e->attn_mem + (size_t)t * e->attn_ws_bytes,
+    for (uint32_t t = 0; t < n_tasks; t++)
+        if ((st = flx_attn_ws_init(&e->tws[t], &as, (uint8_t *)e->attn_mem + (size_t)t * e->attn_ws_bytes,
                                    e->attn_ws_bytes)))
             goto fail;
     if (e->p.use_gpu && (st = create_gpu(e)))
-        goto fail;
-    if (e->p.bind_numa && (st = flx_attn_bind_threads(si.numa_node, T)))
         goto fail;
     *engine_p = e;
     return FLX_OK;
 fail:
     flx_engine_destroy(e);
     return st;
+}
+
+flx_pool_h flx_engine_pool(flx_engine_h e)
+{
+    return e ? e->pool : NULL;
 }
 
 void flx_engine_destroy(flx_engine_h e)
@@ -446,11 +500,14 @@ void flx_engine_destroy(flx_engine_h e)
     if (e->gpu) destroy_gpu(e);
     flx_aligned_free(e->fwd_mem);
     flx_aligned_free(e->attn_mem);
-    free(e->aws);
-    free(e->lse);
-    flx_aligned_free(e->thr);
+    free(e->tws);
+    flx_aligned_free(e->slots);
+    free(e->task_ids);
+    free(e->item_task);
+    free(e->item_chunk);
+    free(e->lse_host);
     flx_aligned_free(e->logits);
-    flx_aligned_free(e->sample_scratch);
+    free(e->samples);
     free(e->kv_bf16);
     free(e->seqs);
     free(e->order);
@@ -463,9 +520,10 @@ void flx_engine_destroy(flx_engine_h e)
     free(e->pred);
     free(e->budgets);
     free(e->sel);
-    free(e->tasks);
     free(e->win_ptr);
+    free(e->feat_in);
     flx_aligned_free(e->pred_scratch);
+    if (e->pool_owned) flx_pool_destroy(e->pool);
     free(e);
 }
 
@@ -654,40 +712,52 @@ void flx_engine_total_stats(flx_engine_h e, flx_engine_stats_t *stats_p)
 
 /* ---- the attention entry point ---- */
 
-static void timing_add(flx_attn_timing_t *a, const flx_attn_timing_t *b)
+/* The error of an item, with the task it belongs to. */
+static flx_status_t task_error(const struct flx_engine *e, flx_status_t st, uint32_t id)
 {
-    a->window_ns += b->window_ns;
-    a->score_ns += b->score_ns;
-    a->topk_ns += b->topk_ns;
-    a->attn_ns += b->attn_ns;
-    a->merge_ns += b->merge_ns;
-    a->score_bytes += b->score_bytes;
-    a->attn_bytes += b->attn_bytes;
+    return flx_error_set(st, "layer %u sequence %llu kv head %u: %s", e->layer,
+                         (unsigned long long)e->bseq[id / e->Hkv]->id, id % e->Hkv, flx_error_msg());
 }
 
-/* FLUXION, before the tasks run: features (+ window partials) of every (sequence, query head),
- * the predictor over all of them, the selector per (sequence, kv group). Streaming-only groups get
- * their window partial as output now; the others are listed in e->tasks, highest V first. */
+/* FLUXION features of (sequence, kv group) item = id, on its task's workspace. */
+static flx_status_t feat_item(void *ctx, const flx_pool_worker_t *w, uint64_t i0, uint64_t i1)
+{
+    (void)w;
+    struct flx_engine *e = ctx;
+    for (uint64_t id = i0; id < i1; id++) {
+        const uint32_t b = (uint32_t)id / e->Hkv, g = (uint32_t)id % e->Hkv;
+        flx_feat_layer_t in = e->feat_in[b];
+        in.ws = &e->tws[id];   /* the window partials on the attention core's SIMD window kernel */
+        const size_t r0 = (size_t)b * e->Hq;
+        flx_status_t st = flx_features_decode_groups(&in, g, g + 1, e->feat + r0 * FLX_FEAT_COUNT,
+                                                     e->o_win + r0 * e->D, e->lse_win + r0);
+        if (st) return task_error(e, st, (uint32_t)id);
+    }
+    return FLX_OK;
+}
+
+/* FLUXION, before the tasks run: features (+ window partials) of every (sequence, query head), one
+ * item per (sequence, kv group); the predictor over all of them; the selector per (sequence, kv
+ * group). Streaming-only groups get their window partial as output now; the others are listed in
+ * e->task_ids, highest V first. */
 static flx_status_t fluxion_plan(struct flx_engine *e, uint32_t layer, uint32_t B, const float *q, float *o,
                                  uint32_t *n_tasks_p)
 {
     const uint32_t Hq = e->Hq, Hkv = e->Hkv, G = e->G, D = e->D;
     uint64_t t0 = flx_now_ns();
     flx_status_t st = FLX_OK;
-    for (uint32_t b = 0; b < B && !st; b++) {
+    for (uint32_t b = 0; b < B; b++) {
         const flx_bf16_t **wk = e->win_ptr + (size_t)b * 2 * Hkv, **wv = wk + Hkv;
-        flx_feat_layer_t in;
-        const size_t r0 = (size_t)b * Hq;
-        st = flx_features_layer_from_session(e->bseq[b]->sess, layer, q + r0 * D, wk, wv, &in);
-        in.ws = &e->aws[0];   /* the driving thread's: the window partials on the SIMD window kernel */
-        if (!st)
-            st = flx_features_decode(&in, e->feat + r0 * FLX_FEAT_COUNT, e->o_win + r0 * D, e->lse_win + r0);
+        st = flx_features_layer_from_session(e->bseq[b]->sess, layer, q + (size_t)b * Hq * D, wk, wv, &e->feat_in[b]);
         if (st)
-            return flx_error_set(st, "layer %u sequence %llu: features: %s", layer,
-                                 (unsigned long long)e->bseq[b]->id, flx_error_msg());
+            return flx_error_set(st, "layer %u sequence %llu: features: %s", layer, (unsigned long long)e->bseq[b]->id,
+                                 flx_error_msg());
     }
+    if ((st = flx_pool_for(e->pool, (uint64_t)B * Hkv, 1, feat_item, e)))
+        return st;
+    for (uint32_t b = 0; b < B; b++) flx_features_decode_finish(&e->feat_in[b], e->feat + (size_t)b * Hq * FLX_FEAT_COUNT);
     if ((st = flx_predictor_run(e->p.predictor, e->feat, B * Hq, e->pred, e->pred_scratch, e->pred_scratch_bytes,
-                                e->p.n_threads)))
+                                e->pool)))
         return flx_error_set(st, "layer %u: predictor: %s", layer, flx_error_msg());
     uint32_t n = 0;
     for (uint32_t id = 0; id < B * Hkv; id++) {
@@ -705,11 +775,11 @@ static flx_status_t fluxion_plan(struct flx_engine *e, uint32_t layer, uint32_t 
         }
         /* insertion into the list kept in descending V (B * Hkv is small) */
         uint32_t i = n++;
-        while (i > 0 && e->sel[e->tasks[i - 1]].v < e->sel[id].v) {
-            e->tasks[i] = e->tasks[i - 1];
+        while (i > 0 && e->sel[e->task_ids[i - 1]].v < e->sel[id].v) {
+            e->task_ids[i] = e->task_ids[i - 1];
             i--;
         }
-        e->tasks[i] = id;
+        e->task_ids[i] = id;
     }
     *n_tasks_p = n;
     e->cur.predict_ns += flx_now_ns() - t0;
@@ -732,73 +802,109 @@ static flx_status_t append_kv(struct flx_engine *e, uint32_t layer, uint32_t B, 
     return FLX_OK;
 }
 
-/* The (sequence, kv group) tasks of a layer on the OpenMP threads, each into o (B, Hq, D):
- *   FLUXION   host part of e->tasks[0, n_tasks) merged with its window partial (e->o_win);
- *   GPU path  host part only, its lse into e->lse_c (the window partial comes from the device);
- *   CPU path  window + host part + merge (flx_attn_group_run).
- * Sums the threads' timings into e->cur; returns the first task error. */
-static flx_status_t tasks_run(struct flx_engine *e, uint32_t layer, const float *q, float *o, uint32_t n_tasks)
+/* Task id (b * Hkv + g) of the layer: its view, cfg and task_begin on its workspace. */
+static flx_status_t task_begin(struct flx_engine *e, uint32_t id)
 {
-    const uint32_t Hq = e->Hq, Hkv = e->Hkv, G = e->G, D = e->D;
-    const int fluxion = e->p.mode == FLX_ENGINE_ATTN_FLUXION;
-    const uint32_t T = e->p.n_threads;
-    for (uint32_t t = 0; t < T; t++) {
-        memset(&e->thr[t].t, 0, sizeof e->thr[t].t);
-        e->thr[t].n_tasks = 0;
-        e->thr[t].st = FLX_OK;
+    const uint32_t b = id / e->Hkv, g = id % e->Hkv;
+    const size_t r0 = (size_t)b * e->Hq + (size_t)g * e->G;
+    flx_kv_head_view_t view;
+    flx_status_t st = flx_kv_head_view(e->bseq[b]->sess, e->layer, g, &view);
+    flx_attn_cfg_t cfg = e->cfg;
+    if (e->kind == TASK_FLUXION)
+        cfg = (flx_attn_cfg_t){.mode = FLX_ATTN_SPARSE, .blk = e->sel[id].blk, .budgets = e->budgets + r0};
+    uint32_t n = 0;
+    if (!st) st = flx_attn_task_begin(&e->tws[id], &view, e->q + r0 * e->D, &cfg, e->kind == TASK_GROUP, &n);
+    if (st) return task_error(e, st, id);
+    e->slots[id].n_chunks = n;
+    atomic_store_explicit(&e->slots[id].left, n, memory_order_relaxed);
+    return FLX_OK;
+}
+
+static flx_status_t begin_items(void *ctx, const flx_pool_worker_t *w, uint64_t i0, uint64_t i1)
+{
+    (void)w;
+    struct flx_engine *e = ctx;
+    for (uint64_t i = i0; i < i1; i++) {
+        flx_status_t st = task_begin(e, e->task_ids[i]);
+        if (st) return st;
     }
-    const uint32_t nt = n_tasks ? FLX_MIN(T, n_tasks) : 1;   /* FLUXION: every group may be streaming */
-#pragma omp parallel num_threads(nt)
-    {
-        const uint32_t tid = (uint32_t)omp_get_thread_num();
-        thr_slot_t *ts = &e->thr[tid];
-#pragma omp for schedule(dynamic, 1)
-        for (uint32_t task = 0; task < n_tasks; task++) {
-            if (ts->st)
-                continue;
-            const uint32_t id = fluxion ? e->tasks[task] : task, b = id / Hkv, g = id % Hkv;
-            flx_kv_head_view_t view;
-            flx_attn_timing_t tim = {0};
-            flx_status_t st = flx_kv_head_view(e->bseq[b]->sess, layer, g, &view);
-            const size_t r0 = (size_t)b * Hq + (size_t)g * G, off = r0 * D;
-            if (!st && fluxion) {
-                flx_attn_cfg_t cfg = {.mode = FLX_ATTN_SPARSE, .blk = e->sel[id].blk, .budgets = e->budgets + r0};
-                float *lg = e->lse + (size_t)tid * G;
-                st = flx_attn_host_run(&e->aws[tid], &view, q + off, &cfg, o + off, lg, &tim);
-                if (!st) {
-                    const uint64_t t0 = flx_now_ns();
-                    flx_attn_merge(G, D, e->o_win + off, e->lse_win + r0, o + off, lg, o + off, lg);
-                    tim.merge_ns = flx_now_ns() - t0;
-                }
-            } else if (!st && e->gpu) {
-                st = flx_attn_host_run(&e->aws[tid], &view, q + off, &e->cfg, o + off, e->lse_c + r0, &tim);
-            } else if (!st) {
-                st = flx_attn_group_run(&e->aws[tid], &view, q + off, &e->cfg, o + off, e->lse + (size_t)tid * G,
-                                        &tim);
-            }
-            if (st) {
-                ts->st = st;
-                snprintf(ts->msg, sizeof ts->msg, "layer %u sequence %llu kv head %u: %s", layer,
-                         (unsigned long long)e->bseq[b]->id, g, flx_error_msg());
-                continue;
-            }
-            timing_add(&ts->t, &tim);
-            ts->n_tasks++;
+    return FLX_OK;
+}
+
+/* The merges of task id once all its chunks are done: into o and lse_host (rows of its heads). */
+static flx_status_t task_end(struct flx_engine *e, uint32_t id)
+{
+    const uint32_t b = id / e->Hkv, g = id % e->Hkv, G = e->G, D = e->D;
+    const size_t r0 = (size_t)b * e->Hq + (size_t)g * G, off = r0 * D;
+    flx_attn_timing_t *t = &e->slots[id].t;
+    flx_status_t st = flx_attn_task_end(&e->tws[id], e->o + off, e->lse_host + r0, t);
+    if (st) return task_error(e, st, id);
+    if (e->kind == TASK_FLUXION) {   /* with the window partial the features computed */
+        const uint64_t t0 = flx_now_ns();
+        flx_attn_merge(G, D, e->o_win + off, e->lse_win + r0, e->o + off, e->lse_host + r0, e->o + off,
+                       e->lse_host + r0);
+        t->merge_ns = flx_now_ns() - t0;
+    }
+    return FLX_OK;
+}
+
+/* One chunk of the pull list; the worker that finishes a task's last chunk ends the task. */
+static flx_status_t chunk_item(void *ctx, const flx_pool_worker_t *w, uint32_t item)
+{
+    (void)w;
+    struct flx_engine *e = ctx;
+    const uint32_t id = e->item_task[item];
+    flx_status_t st = flx_attn_task_chunk(&e->tws[id], e->item_chunk[item]);
+    if (st) return task_error(e, st, id);
+    if (atomic_fetch_sub_explicit(&e->slots[id].left, 1, memory_order_acq_rel) == 1) return task_end(e, id);
+    return FLX_OK;
+}
+
+/* The tasks e->task_ids[0, n_tasks) of a layer, each into o (B, Hq, D) as e->kind says:
+ *   TASK_FLUXION  host part merged with its window partial (e->o_win);
+ *   TASK_HOST     host part only, its lse into e->lse_host (the window partial comes from the device);
+ *   TASK_GROUP    window + host part + merge.
+ * Begins (on the driving thread for FULL, whose begins only lay out the blocks; else one pool run),
+ * then one pull of every task's chunks, in task order. Sums the tasks' timings into e->cur; returns
+ * the first (lowest) task error. */
+static flx_status_t tasks_run(struct flx_engine *e, uint32_t layer, const float *q, float *o, uint32_t n_tasks,
+                              task_kind_t kind)
+{
+    e->layer = layer, e->q = q, e->o = o, e->kind = kind;
+    flx_status_t st = FLX_OK;
+    if (kind != TASK_FLUXION && e->cfg.mode == FLX_ATTN_FULL) {
+        for (uint32_t i = 0; i < n_tasks && !st; i++) st = task_begin(e, e->task_ids[i]);
+    } else {
+        st = flx_pool_for(e->pool, n_tasks, 1, begin_items, e);
+    }
+    if (st) return st;
+    uint32_t n_items = 0;
+    for (uint32_t i = 0; i < n_tasks && !st; i++) {
+        const uint32_t id = e->task_ids[i];
+        memset(&e->slots[id].t, 0, sizeof e->slots[id].t);
+        if (e->slots[id].n_chunks == 0) {   /* nothing to read: the merges alone */
+            st = task_end(e, id);
+            continue;
+        }
+        for (uint32_t c = 0; c < e->slots[id].n_chunks; c++, n_items++) {
+            e->item_task[n_items] = id;
+            e->item_chunk[n_items] = c;
         }
     }
-    flx_status_t st = FLX_OK;
-    for (uint32_t t = 0; t < nt; t++) {
-        if (e->thr[t].st && !st)
-            st = flx_error_set(e->thr[t].st, "%s", e->thr[t].msg);
-        const flx_attn_timing_t *x = &e->thr[t].t;
+    if (st) return st;
+    flx_pool_queue_t queue;
+    flx_pool_queue_init(&queue, n_items);
+    st = flx_pool_pull(e->pool, &queue, chunk_item, e);
+    for (uint32_t i = 0; i < n_tasks; i++) {
+        const flx_attn_timing_t *x = &e->slots[e->task_ids[i]].t;
         e->cur.window_ns += x->window_ns;
         e->cur.score_ns += x->score_ns;
         e->cur.topk_ns += x->topk_ns;
         e->cur.host_attn_ns += x->attn_ns;
         e->cur.merge_ns += x->merge_ns;
         e->cur.host_bytes += x->score_bytes + x->attn_bytes;
-        e->cur.n_tasks += e->thr[t].n_tasks;
     }
+    e->cur.n_tasks += n_tasks;
     return st;
 }
 
@@ -815,9 +921,14 @@ static flx_status_t attn_layer(void *ctx, uint32_t layer, uint32_t B, const floa
         return st;
     uint64_t t1 = flx_now_ns();
     uint32_t n_tasks = B * e->Hkv;
-    if (e->p.mode == FLX_ENGINE_ATTN_FLUXION && (st = fluxion_plan(e, layer, B, q, o, &n_tasks)))
-        return st;
-    st = tasks_run(e, layer, q, o, n_tasks);
+    if (e->p.mode == FLX_ENGINE_ATTN_FLUXION) {
+        e->layer = layer;
+        if ((st = fluxion_plan(e, layer, B, q, o, &n_tasks)))
+            return st;
+    } else {
+        for (uint32_t i = 0; i < n_tasks; i++) e->task_ids[i] = i;
+    }
+    st = tasks_run(e, layer, q, o, n_tasks, e->p.mode == FLX_ENGINE_ATTN_FLUXION ? TASK_FLUXION : TASK_GROUP);
     uint64_t t2 = flx_now_ns();
     e->cur.append_ns += t1 - t0;
     e->cur.attn_ns += t2 - t0;
@@ -861,7 +972,8 @@ static flx_status_t attn_layer_gpu(void *ctx, const flx_gpu_attn_args_t *a)
         (void)flx_cuda_stream_sync(dev, a->stream);
         return st;
     }
-    st = tasks_run(e, layer, a->q, a->o, B * Hkv);
+    for (uint32_t i = 0; i < B * Hkv; i++) e->task_ids[i] = i;
+    st = tasks_run(e, layer, a->q, a->o, B * Hkv, TASK_HOST);
     /* waited for even when a host task failed: nothing may still be copying into ow_host / lw_host */
     flx_status_t st_dev = flx_cuda_stream_sync(dev, a->stream);
     const uint64_t t3 = flx_now_ns();
@@ -871,8 +983,8 @@ static flx_status_t attn_layer_gpu(void *ctx, const flx_gpu_attn_args_t *a)
         return flx_error_set(st_dev, "layer %u: window attention on device %d: %s", layer, dev, flx_error_msg());
     for (uint32_t id = 0; id < B * Hkv; id++) {
         const size_t r0 = ((size_t)(id / Hkv) * Hq + (size_t)(id % Hkv) * G);
-        flx_attn_merge(G, D, e->ow_host + r0 * D, e->lw_host + r0, a->o + r0 * D, e->lse_c + r0, a->o + r0 * D,
-                       e->lse_c + r0);
+        flx_attn_merge(G, D, e->ow_host + r0 * D, e->lw_host + r0, a->o + r0 * D, e->lse_host + r0, a->o + r0 * D,
+                       e->lse_host + r0);
     }
     const uint64_t t4 = flx_now_ns();
     e->cur.append_ns += t1 - t0;
@@ -915,6 +1027,18 @@ static void retire_finished(struct flx_engine *e)
         else
             i++;
     }
+}
+
+/* Sequences [b0, b1) of the step: their draws into e->samples (a refusal stays with its sequence). */
+static flx_status_t sample_seqs(void *ctx, const flx_pool_worker_t *w, uint64_t b0, uint64_t b1)
+{
+    struct flx_engine *e = ctx;
+    for (uint64_t b = b0; b < b1; b++) {
+        sample_slot_t *x = &e->samples[b];
+        x->st = flx_sample(&e->bseq[b]->sampler, e->logits + b * e->vocab, w->scratch, w->scratch_bytes, &x->tok);
+        if (x->st) snprintf(x->msg, sizeof x->msg, "%s", flx_error_msg());
+    }
+    return FLX_OK;
 }
 
 flx_status_t flx_engine_step(flx_engine_h e)
@@ -961,20 +1085,20 @@ flx_status_t flx_engine_step(flx_engine_h e)
         return flx_error_set(st, "%s", msg);
     }
     uint64_t t1 = flx_now_ns();
+    /* every sequence's draw on the pool (samplers are per sequence, scratch per worker; logits are
+     * only read), then the callbacks in batch order on this thread */
+    (void)flx_pool_for(e->pool, B, 1, sample_seqs, e);
     for (uint32_t b = 0; b < B; b++) {
         seq_t *s = e->bseq[b];
         s->n_fed++;
-        int32_t tok;
-        const float *row = e->logits + (size_t)b * e->vocab;
         if (s->on_logits)
-            s->on_logits(s->ctx, s->id, row, e->vocab);
-        st = flx_sample(&s->sampler, row, e->sample_scratch, e->sample_scratch_bytes, &tok);
-        if (st) {
-            flx_log_error("engine", "sequence %llu: %s", (unsigned long long)s->id, flx_error_msg());
+            s->on_logits(s->ctx, s->id, e->logits + (size_t)b * e->vocab, e->vocab);
+        if (e->samples[b].st) {
+            flx_log_error("engine", "sequence %llu: %s", (unsigned long long)s->id, e->samples[b].msg);
             seq_end_without_token(s, FLX_FINISH_ERROR);
             continue;
         }
-        s->next = tok;
+        s->next = e->samples[b].tok;
         seq_deliver(s);
     }
     uint64_t t2 = flx_now_ns();
@@ -1007,6 +1131,7 @@ typedef struct prefill_ctx {
     flx_kv_session_id_t sid;
     uint32_t n_q_heads, n_kv_heads, head_dim;
     float tau;                    /* < 0: no statistics */
+    flx_pool_h pool;              /* the statistics' bgt* searches run on it */
     flx_kv_store_info_t info;
     flx_head_stats_t *stats;      /* (Hq) */
     float *mean_k, *q_anchor;     /* (Hq, D) */
@@ -1023,7 +1148,7 @@ static flx_status_t prefill_on_layer(void *ctx, uint32_t layer, uint32_t n, cons
         return st;
     flx_prefill_layer_t pl = {.n_q_heads = pc->n_q_heads, .n_kv_heads = pc->n_kv_heads, .head_dim = pc->head_dim,
                               .prompt_len = n, .sink = pc->info.sink, .local = pc->info.local, .k = k, .v = v,
-                              .tok_stride = n, .q_anchor = q_last, .tau = pc->tau};
+                              .tok_stride = n, .q_anchor = q_last, .tau = pc->tau, .pool = pc->pool};
     if ((st = flx_prefill_stats(&pl, pc->stats, pc->mean_k, pc->q_anchor)))
         return st;
     return flx_kv_stats_write(pc->store, pc->sid, layer, pc->stats, pc->mean_k, pc->q_anchor);
@@ -1054,7 +1179,8 @@ static flx_status_t prefill(const prefill_runner_t *r, flx_kv_store_h store, con
     flx_kv_session_params_t sp = {.prompt_len = n, .max_new_tokens = max_new_tokens,
                                   .flags = tau < 0.0f ? FLX_KV_SESSION_NO_STATS : 0};
     const uint32_t Hq = r->cfg->n_heads, D = r->cfg->head_dim;
-    prefill_ctx_t pc = {.store = store, .n_q_heads = Hq, .n_kv_heads = r->cfg->n_kv_heads, .head_dim = D, .tau = tau};
+    prefill_ctx_t pc = {.store = store, .n_q_heads = Hq, .n_kv_heads = r->cfg->n_kv_heads, .head_dim = D, .tau = tau,
+                        .pool = r->ws ? flx_fwd_ws_pool(r->ws) : NULL};
     flx_kv_store_info(store, &pc.info);
     if (tau >= 0.0f) {
         pc.stats = malloc(Hq * sizeof *pc.stats);

@@ -21,16 +21,19 @@
  * chunks of FFN_CHUNK tokens so its (tokens, ffn) buffers stay small (SmolLM2-135M at 8K tokens:
  * ~110 MB in all).
  *
- * Decode: a step's cost is the weight bytes (rows split across threads by thread index in the
- * GEMVs); the caller's attention runs between the QKV and output projections, timed separately.
+ * Every parallel part is a run of the workspace's pool (flx/pool.h): GEMV row chunks, GEMM (token
+ * block, row group) items, attention items, row-wise norms and RoPE. Each output element is
+ * computed inside one chunk in a fixed order, so results are bitwise the same for any number of
+ * workers. Decode: a step's cost is the weight bytes; per layer it runs four pool runs (q|k|v,
+ * the output projection, gate|up, down: as few as the data dependencies allow), the small
+ * row-wise steps of a decode batch on the driving thread, and the caller's attention between the
+ * QKV and output projections, timed separately. The prefill's projections are fused the same way
+ * (q|k|v one run, gate|up one run, per FFN chunk).
  *
  * RoPE angles are pos * inv_freq[i] in double (positions up to 2^20 keep full fp32 accuracy).
  */
 #include <math.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "flx/cpu.h"
 #include "flx/forward.h"
@@ -43,7 +46,7 @@
 #define FFN_CHUNK 512  /* prefill tokens per FFN pass: bounds the (tokens, ffn) gate/up buffers */
 
 struct flx_fwd_ws {
-    flx_fwd_shape_t shape;        /* n_threads resolved */
+    flx_fwd_shape_t shape;
     flx_model_config_t cfg;       /* the model it was planned for (shape check) */
     uint32_t n_act;               /* max(max_prompt, max_batch): rows of the activation buffers */
     float *x, *xn;                /* (n_act, hidden) residual stream, normed / projection output */
@@ -54,22 +57,12 @@ struct flx_fwd_ws {
     flx_bf16_t *kb, *vb;          /* (Hkv, n, D) rounded K, V of a prefill (n = its token count) */
     float *kp;                    /* (Hkv, n_pad / NP, D, NP) rounded K in micro-kernel panels */
     float *vf;                    /* (Hkv, n, D) rounded V as fp32 */
-    float *pack;                  /* (n_threads, flx_gemm_pack_floats()) */
-    float *att;                   /* (n_threads, att_floats) per-thread attention scratch */
+    float *pack;                  /* (n_workers, flx_gemm_pack_floats()) per-worker GEMM panels */
+    float *att;                   /* (n_workers, att_floats) per-worker attention scratch */
     size_t att_floats;
     float *inv_freq;              /* (D / 2) */
     flx_fwd_timing_t timing;      /* of the last decode step */
 };
-
-static int fwd_threads(const flx_fwd_ws_t *ws)
-{
-#ifdef FLX_TSAN
-    (void)ws;
-    return 1;
-#else
-    return (int)ws->shape.n_threads;
-#endif
-}
 
 static uint32_t att_qb(const flx_model_config_t *c)
 {
@@ -78,7 +71,7 @@ static uint32_t att_qb(const flx_model_config_t *c)
 }
 
 /* Carves (base != NULL) or sizes (base == NULL) everything; returns the struct or NULL. */
-static flx_fwd_ws_t *ws_carve(flx_arena_t *a, const flx_model_t *m, const flx_fwd_shape_t *shape, uint32_t nth)
+static flx_fwd_ws_t *ws_carve(flx_arena_t *a, const flx_model_t *m, const flx_fwd_shape_t *shape, uint32_t n_workers)
 {
     const flx_model_config_t *c = &m->cfg;
     const size_t H = c->hidden, D = c->head_dim, qd = (size_t)c->n_heads * D, kvd = (size_t)c->n_kv_heads * D;
@@ -93,17 +86,16 @@ static flx_fwd_ws_t *ws_carve(flx_arena_t *a, const flx_model_t *m, const flx_fw
     float *gate = flx_arena_alloc(a, NF * c->ffn * 4), *up = flx_arena_alloc(a, NF * c->ffn * 4);
     flx_bf16_t *kb = flx_arena_alloc(a, P * kvd * 2), *vb = flx_arena_alloc(a, P * kvd * 2);
     float *kp = flx_arena_alloc(a, P_pad * kvd * 4), *vf = flx_arena_alloc(a, P * kvd * 4);
-    float *pack = flx_arena_alloc(a, nth * flx_gemm_pack_floats() * 4);
+    float *pack = flx_arena_alloc(a, n_workers * flx_gemm_pack_floats() * 4);
     /* qbuf (R, D) | S (R, ATT_KB) | acc (R, D) | m (R) | l (R), each 16-float aligned */
     size_t att_floats = FLX_ALIGN_UP(R * D, 16) * 2 + FLX_ALIGN_UP(R * ATT_KB, 16) + 2 * FLX_ALIGN_UP(R, 16);
-    float *att = flx_arena_alloc(a, nth * att_floats * 4);
+    float *att = flx_arena_alloc(a, n_workers * att_floats * 4);
     float *inv_freq = flx_arena_alloc(a, D / 2 * 4);
     if (!ws) return NULL;
     if (!x || !xn || !q || !k || !v || !o || !gate || !up || !kb || !vb || !kp || !vf || !pack || !att || !inv_freq)
         return NULL;
     memset(ws, 0, sizeof *ws);
     ws->shape = *shape;
-    ws->shape.n_threads = nth;
     ws->cfg = *c;
     ws->n_act = (uint32_t)N;
     ws->x = x, ws->xn = xn, ws->q = q, ws->k = k, ws->v = v, ws->o = o, ws->gate = gate, ws->up = up;
@@ -126,14 +118,7 @@ static flx_status_t shape_check(const flx_model_t *m, const flx_fwd_shape_t *sha
                              "of %u tokens", shape->max_prompt, m->cfg.max_ctx);
     if (shape->max_batch == 0 || shape->max_batch > 4096)
         return flx_error_set(FLX_ERR_INVALID, "forward plan: max_batch %u not in 1..4096", shape->max_batch);
-    uint32_t nth = shape->n_threads;
-#ifdef _OPENMP
-    if (nth == 0) nth = (uint32_t)omp_get_max_threads();
-#else
-    if (nth == 0) nth = 1;
-#endif
-    if (nth > 1024) return flx_error_set(FLX_ERR_INVALID, "forward plan: n_threads %u above 1024", nth);
-    *nth_p = nth;
+    *nth_p = flx_pool_size(shape->pool);
     return FLX_OK;
 }
 
@@ -170,6 +155,11 @@ void flx_fwd_timing_get(const flx_fwd_ws_t *ws, flx_fwd_timing_t *timing_p)
     *timing_p = ws->timing;
 }
 
+flx_pool_h flx_fwd_ws_pool(const flx_fwd_ws_t *ws)
+{
+    return ws ? ws->shape.pool : NULL;
+}
+
 static flx_status_t ws_check(const flx_model_t *m, const flx_fwd_ws_t *ws)
 {
     if (!m || !ws) return flx_error_set(FLX_ERR_INVALID, "forward: model or workspace is NULL");
@@ -195,23 +185,70 @@ static void embed(const flx_model_t *m, const int32_t *tokens, uint32_t n, float
     for (uint32_t t = 0; t < n; t++) flx_bf16_to_f32_row(m->tok_embd + (size_t)tokens[t] * H, x + t * H, H);
 }
 
-static void rmsnorm(const float *x, const float *g, float eps, uint32_t n, uint32_t H, float *y, int nth)
+typedef struct rows_job {
+    const float *x, *g;
+    float eps;
+    uint32_t H;
+    float *y;
+} rows_job_t;
+
+static flx_status_t rmsnorm_rows(void *ctx, const flx_pool_worker_t *w, uint64_t t0, uint64_t t1)
 {
-#pragma omp parallel for num_threads(nth) schedule(static) if (n > 16)
-    for (uint32_t t = 0; t < n; t++) {
-        const float *xt = x + (size_t)t * H;
-        float *yt = y + (size_t)t * H;
+    (void)w;
+    const rows_job_t *j = ctx;
+    for (uint64_t t = t0; t < t1; t++) {
+        const float *xt = j->x + t * j->H;
+        float *yt = j->y + t * j->H;
         double ss = 0;
-        for (uint32_t i = 0; i < H; i++) ss += (double)xt[i] * xt[i];
-        float r = (float)(1.0 / sqrt(ss / H + eps));
-        for (uint32_t i = 0; i < H; i++) yt[i] = xt[i] * r * g[i];
+        for (uint32_t i = 0; i < j->H; i++) ss += (double)xt[i] * xt[i];
+        float r = (float)(1.0 / sqrt(ss / j->H + j->eps));
+        for (uint32_t i = 0; i < j->H; i++) yt[i] = xt[i] * r * j->g[i];
     }
+    return FLX_OK;
 }
 
-static void add_inplace(float *x, const float *y, size_t n, int nth)
+/* Row-wise: a row is one chunk's, so the result does not depend on the pool. Decode batches of a
+ * few rows run on the caller (a run costs more than they do). */
+static void rmsnorm(const float *x, const float *g, float eps, uint32_t n, uint32_t H, float *y, flx_pool_h pool)
 {
-#pragma omp parallel for num_threads(nth) schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) x[i] += y[i];
+    rows_job_t j = {x, g, eps, H, y};
+    (void)flx_pool_for(n > 16 ? pool : NULL, n, 16, rmsnorm_rows, &j);
+}
+
+typedef struct vec_job {
+    float *x;
+    const float *y;
+    flx_gemv_level_t lv;
+} vec_job_t;
+
+static flx_status_t add_range(void *ctx, const flx_pool_worker_t *w, uint64_t i0, uint64_t i1)
+{
+    (void)w;
+    const vec_job_t *j = ctx;
+    for (uint64_t i = i0; i < i1; i++) j->x[i] += j->y[i];
+    return FLX_OK;
+}
+
+static void add_inplace(float *x, const float *y, size_t n, flx_pool_h pool)
+{
+    vec_job_t j = {x, y, FLX_GEMV_SCALAR};
+    (void)flx_pool_for(n > 65536 ? pool : NULL, n, 16384, add_range, &j);
+}
+
+static flx_status_t silu_range(void *ctx, const flx_pool_worker_t *w, uint64_t i0, uint64_t i1)
+{
+    (void)w;
+    const vec_job_t *j = ctx;
+    flx_silu_mul(j->lv, j->x + i0, j->y + i0, i1 - i0);
+    return FLX_OK;
+}
+
+/* g = silu(g) * u elementwise, in 4096-element chunks (16-aligned: the vector kernels treat every
+ * element alike, so the split changes nothing). */
+static void silu_mul(float *g, const float *u, size_t n, flx_pool_h pool)
+{
+    vec_job_t j = {g, u, flx_gemv_level()};
+    (void)flx_pool_for(n > 16384 ? pool : NULL, n, 4096, silu_range, &j);
 }
 
 static void rope_head(float *x, const float *cs, const float *sn, uint32_t half)
@@ -223,22 +260,30 @@ static void rope_head(float *x, const float *cs, const float *sn, uint32_t half)
     }
 }
 
-/* Biases and RoPE for token rows [0, n) of q (n, Hq*D) and k (n, Hkv*D), v biases. */
-static void bias_rope(const flx_model_t *m, const flx_layer_weights_t *w, const float *inv_freq, uint32_t n,
-                      const uint32_t *pos /* NULL: pos = t */, float *q, float *k, float *v, int nth)
+typedef struct rope_job {
+    const flx_model_t *m;
+    const flx_layer_weights_t *w;
+    const float *inv_freq;
+    const uint32_t *pos;         /* NULL: pos = t */
+    float *q, *k, *v;
+} rope_job_t;
+
+static flx_status_t rope_rows(void *ctx, const flx_pool_worker_t *wk, uint64_t t0, uint64_t t1)
 {
-    const flx_model_config_t *c = &m->cfg;
+    (void)wk;
+    const rope_job_t *j = ctx;
+    const flx_model_config_t *c = &j->m->cfg;
+    const flx_layer_weights_t *w = j->w;
     const uint32_t D = c->head_dim, half = D / 2, qd = c->n_heads * D, kvd = c->n_kv_heads * D;
-#pragma omp parallel for num_threads(nth) schedule(static) if (n > 8)
-    for (uint32_t t = 0; t < n; t++) {
+    for (uint64_t t = t0; t < t1; t++) {
         float cs[FLX_MODEL_MAX_HEAD_DIM / 2], sn[FLX_MODEL_MAX_HEAD_DIM / 2];
-        double p = pos ? pos[t] : t;
+        double p = j->pos ? j->pos[t] : (double)t;
         for (uint32_t i = 0; i < half; i++) {
-            double ang = p * inv_freq[i];
+            double ang = p * j->inv_freq[i];
             cs[i] = (float)cos(ang);
             sn[i] = (float)sin(ang);
         }
-        float *qt = q + (size_t)t * qd, *kt = k + (size_t)t * kvd, *vt = v + (size_t)t * kvd;
+        float *qt = j->q + (size_t)t * qd, *kt = j->k + (size_t)t * kvd, *vt = j->v + (size_t)t * kvd;
         if (w->bq) {
             for (uint32_t i = 0; i < qd; i++) qt[i] += w->bq[i];
             for (uint32_t i = 0; i < kvd; i++) kt[i] += w->bk[i];
@@ -247,38 +292,62 @@ static void bias_rope(const flx_model_t *m, const flx_layer_weights_t *w, const 
         for (uint32_t h = 0; h < c->n_heads; h++) rope_head(qt + (size_t)h * D, cs, sn, half);
         for (uint32_t h = 0; h < c->n_kv_heads; h++) rope_head(kt + (size_t)h * D, cs, sn, half);
     }
+    return FLX_OK;
+}
+
+/* Biases and RoPE for token rows [0, n) of q (n, Hq*D) and k (n, Hkv*D), v biases. */
+static void bias_rope(const flx_model_t *m, const flx_layer_weights_t *w, const float *inv_freq, uint32_t n,
+                      const uint32_t *pos /* NULL: pos = t */, float *q, float *k, float *v, flx_pool_h pool)
+{
+    rope_job_t j = {m, w, inv_freq, pos, q, k, v};
+    (void)flx_pool_for(n > 8 ? pool : NULL, n, 8, rope_rows, &j);
 }
 
 /* ================= prefill attention ================= */
 
-/* Rounds k, v (n, Hkv*D) to bf16 into kb, vb (Hkv, n, D); the rounded values also go to vf (same
- * layout, fp32) and to kp (panels of np keys: (Hkv, n_pad/np, D, np), zero past n). */
-static void kv_round(const flx_fwd_ws_t *ws, uint32_t n, uint32_t np, int nth)
+typedef struct round_job {
+    const flx_fwd_ws_t *ws;
+    uint32_t n, np;
+    size_t npan;
+} round_job_t;
+
+/* Items (kv head, panel of np keys). */
+static flx_status_t round_panels(void *ctx, const flx_pool_worker_t *wk, uint64_t i0, uint64_t i1)
 {
-    const flx_model_config_t *c = &ws->cfg;
-    const uint32_t D = c->head_dim, Hkv = c->n_kv_heads, kvd = Hkv * D;
-    const size_t n_pad = FLX_DIV_UP(n, np) * np, npan = n_pad / np;
-#pragma omp parallel for num_threads(nth) schedule(static) collapse(2)
-    for (uint32_t h = 0; h < Hkv; h++)
-        for (size_t pn = 0; pn < npan; pn++) {
-            float *kpp = ws->kp + ((size_t)h * npan + pn) * D * np;
-            for (uint32_t j = 0; j < np; j++) {
-                size_t t = pn * np + j;
-                if (t >= n) {
-                    for (uint32_t d = 0; d < D; d++) kpp[(size_t)d * np + j] = 0.0f;
-                    continue;
-                }
-                const float *kt = ws->k + t * kvd + (size_t)h * D, *vt = ws->v + t * kvd + (size_t)h * D;
-                flx_bf16_t *kbt = ws->kb + ((size_t)h * n + t) * D, *vbt = ws->vb + ((size_t)h * n + t) * D;
-                float *vft = ws->vf + ((size_t)h * n + t) * D;
-                for (uint32_t d = 0; d < D; d++) {
-                    kbt[d] = flx_f32_to_bf16(kt[d]);
-                    vbt[d] = flx_f32_to_bf16(vt[d]);
-                    kpp[(size_t)d * np + j] = flx_bf16_to_f32(kbt[d]);
-                    vft[d] = flx_bf16_to_f32(vbt[d]);
-                }
+    (void)wk;
+    const round_job_t *j = ctx;
+    const flx_fwd_ws_t *ws = j->ws;
+    const uint32_t D = ws->cfg.head_dim, kvd = ws->cfg.n_kv_heads * D, np = j->np, n = j->n;
+    for (uint64_t it = i0; it < i1; it++) {
+        const uint32_t h = (uint32_t)(it / j->npan);
+        const size_t pn = it % j->npan;
+        float *kpp = ws->kp + ((size_t)h * j->npan + pn) * D * np;
+        for (uint32_t jj = 0; jj < np; jj++) {
+            size_t t = pn * np + jj;
+            if (t >= n) {
+                for (uint32_t d = 0; d < D; d++) kpp[(size_t)d * np + jj] = 0.0f;
+                continue;
+            }
+            const float *kt = ws->k + t * kvd + (size_t)h * D, *vt = ws->v + t * kvd + (size_t)h * D;
+            flx_bf16_t *kbt = ws->kb + ((size_t)h * n + t) * D, *vbt = ws->vb + ((size_t)h * n + t) * D;
+            float *vft = ws->vf + ((size_t)h * n + t) * D;
+            for (uint32_t d = 0; d < D; d++) {
+                kbt[d] = flx_f32_to_bf16(kt[d]);
+                vbt[d] = flx_f32_to_bf16(vt[d]);
+                kpp[(size_t)d * np + jj] = flx_bf16_to_f32(kbt[d]);
+                vft[d] = flx_bf16_to_f32(vbt[d]);
             }
         }
+    }
+    return FLX_OK;
+}
+
+/* Rounds k, v (n, Hkv*D) to bf16 into kb, vb (Hkv, n, D); the rounded values also go to vf (same
+ * layout, fp32) and to kp (panels of np keys: (Hkv, n_pad/np, D, np), zero past n). */
+static void kv_round(const flx_fwd_ws_t *ws, uint32_t n, uint32_t np)
+{
+    round_job_t j = {ws, n, np, FLX_DIV_UP(n, np)};
+    (void)flx_pool_for(ws->shape.pool, (uint64_t)ws->cfg.n_kv_heads * j.npan, 4, round_panels, &j);
 }
 
 /* One item: KV head h, query tokens [t0, t1). Writes ws->o rows. */
@@ -336,26 +405,32 @@ static void attn_item(const flx_fwd_ws_t *ws, flx_gemv_level_t lv, uint32_t np, 
         }
 }
 
-static void attn_prefill(flx_fwd_ws_t *ws, uint32_t n, int nth)
+typedef struct prefill_attn_job {
+    const flx_fwd_ws_t *ws;
+    flx_gemv_level_t lv;
+    uint32_t np, n, qb, nqb, Hkv;
+} prefill_attn_job_t;
+
+/* Items longest first (causal items differ in cost), each on its worker's scratch. */
+static flx_status_t prefill_attn_items(void *ctx, const flx_pool_worker_t *wk, uint64_t i0, uint64_t i1)
 {
-    const flx_gemv_level_t lv = flx_gemv_level();
-    const uint32_t np = flx_gemm_panel(lv), qb = att_qb(&ws->cfg), Hkv = ws->cfg.n_kv_heads;
-    kv_round(ws, n, np, nth);
-    const uint32_t nqb = FLX_DIV_UP(n, qb);
-    const long items = (long)nqb * Hkv;
-#pragma omp parallel num_threads(nth)
-    {
-#ifdef _OPENMP
-        float *scratch = ws->att + (size_t)omp_get_thread_num() * ws->att_floats;
-#else
-        float *scratch = ws->att;
-#endif
-#pragma omp for schedule(dynamic, 1)
-        for (long it = 0; it < items; it++) {
-            uint32_t b = nqb - 1 - (uint32_t)(it / Hkv), h = (uint32_t)(it % Hkv);   /* longest first */
-            attn_item(ws, lv, np, n, h, b * qb, FLX_MIN(n, (b + 1) * qb), scratch);
-        }
+    const prefill_attn_job_t *j = ctx;
+    float *scratch = j->ws->att + (size_t)wk->index * j->ws->att_floats;
+    for (uint64_t it = i0; it < i1; it++) {
+        const uint32_t b = j->nqb - 1 - (uint32_t)(it / j->Hkv), h = (uint32_t)(it % j->Hkv);
+        attn_item(j->ws, j->lv, j->np, j->n, h, b * j->qb, FLX_MIN(j->n, (b + 1) * j->qb), scratch);
     }
+    return FLX_OK;
+}
+
+static void attn_prefill(flx_fwd_ws_t *ws, uint32_t n)
+{
+    prefill_attn_job_t j = {.ws = ws, .lv = flx_gemv_level(), .n = n, .qb = att_qb(&ws->cfg),
+                            .Hkv = ws->cfg.n_kv_heads};
+    j.np = flx_gemm_panel(j.lv);
+    kv_round(ws, n, j.np);
+    j.nqb = FLX_DIV_UP(n, j.qb);
+    (void)flx_pool_for(ws->shape.pool, (uint64_t)j.nqb * j.Hkv, 1, prefill_attn_items, &j);
 }
 
 /* ================= prefill ================= */
@@ -385,49 +460,46 @@ flx_status_t flx_model_prefill(const flx_model_t *m, flx_fwd_ws_t *ws, const flx
     const flx_model_config_t *c = &m->cfg;
     const uint32_t n = args->n_tokens, H = c->hidden, F = c->ffn, D = c->head_dim;
     const uint32_t qd = c->n_heads * D, kvd = c->n_kv_heads * D;
-    const int nth = fwd_threads(ws);
+    flx_pool_h pool = ws->shape.pool;
     float *pack = ws->pack;
     embed(m, args->tokens, n, ws->x);
     for (uint32_t l = 0; l < c->n_layers; l++) {
         const flx_layer_weights_t *w = &m->layers[l];
-        rmsnorm(ws->x, w->attn_norm, c->rms_eps, n, H, ws->xn, nth);
-        flx_gemm_bf16(w->wq, qd, H, ws->xn, n, ws->q, nth, pack);
-        flx_gemm_bf16(w->wk, kvd, H, ws->xn, n, ws->k, nth, pack);
-        flx_gemm_bf16(w->wv, kvd, H, ws->xn, n, ws->v, nth, pack);
-        bias_rope(m, w, ws->inv_freq, n, NULL, ws->q, ws->k, ws->v, nth);
+        rmsnorm(ws->x, w->attn_norm, c->rms_eps, n, H, ws->xn, pool);
+        flx_gemv_mat_t qkv[3] = {{w->wq, qd, ws->q}, {w->wk, kvd, ws->k}, {w->wv, kvd, ws->v}};
+        flx_gemm_bf16(qkv, 3, H, ws->xn, n, pool, pack);
+        bias_rope(m, w, ws->inv_freq, n, NULL, ws->q, ws->k, ws->v, pool);
         if (args->q_all) memcpy(args->q_all + (size_t)l * n * qd, ws->q, (size_t)n * qd * sizeof(float));
-        attn_prefill(ws, n, nth);
+        attn_prefill(ws, n);
         if (args->on_layer) {
             st = args->on_layer(args->ctx, l, n, ws->kb, ws->vb, ws->q + (size_t)(n - 1) * qd);
             if (st != FLX_OK) return st;
         }
         flx_progress_report("prefill", l + 1, c->n_layers, "layers");
-        flx_gemm_bf16(w->wo, H, qd, ws->o, n, ws->xn, nth, pack);
-        add_inplace(ws->x, ws->xn, (size_t)n * H, nth);
-        rmsnorm(ws->x, w->ffn_norm, c->rms_eps, n, H, ws->xn, nth);
+        flx_gemv_mat_t wo = {w->wo, H, ws->xn};
+        flx_gemm_bf16(&wo, 1, qd, ws->o, n, pool, pack);
+        add_inplace(ws->x, ws->xn, (size_t)n * H, pool);
+        rmsnorm(ws->x, w->ffn_norm, c->rms_eps, n, H, ws->xn, pool);
         for (uint32_t t0 = 0; t0 < n; t0 += FFN_CHUNK) {
             const uint32_t tn = FLX_MIN(FFN_CHUNK, n - t0);
             float *xn = ws->xn + (size_t)t0 * H;
-            flx_gemm_bf16(w->w_gate, F, H, xn, tn, ws->gate, nth, pack);
-            flx_gemm_bf16(w->w_up, F, H, xn, tn, ws->up, nth, pack);
-            const flx_gemv_level_t lv = flx_gemv_level();
-            const size_t chunk = 4096, total = (size_t)tn * F, nchunk = FLX_DIV_UP(total, chunk);
-#pragma omp parallel for num_threads(nth) schedule(static)
-            for (size_t i = 0; i < nchunk; i++)
-                flx_silu_mul(lv, ws->gate + i * chunk, ws->up + i * chunk, FLX_MIN(chunk, total - i * chunk));
-            flx_gemm_bf16(w->w_down, H, F, ws->gate, tn, xn, nth, pack);   /* xn rows of this chunk are done */
+            flx_gemv_mat_t gu[2] = {{w->w_gate, F, ws->gate}, {w->w_up, F, ws->up}}, wd = {w->w_down, H, xn};
+            flx_gemm_bf16(gu, 2, H, xn, tn, pool, pack);
+            silu_mul(ws->gate, ws->up, (size_t)tn * F, pool);
+            flx_gemm_bf16(&wd, 1, F, ws->gate, tn, pool, pack);   /* xn rows of this chunk are done */
         }
-        add_inplace(ws->x, ws->xn, (size_t)n * H, nth);
+        add_inplace(ws->x, ws->xn, (size_t)n * H, pool);
     }
     if (args->logits_all) {
-        rmsnorm(ws->x, m->out_norm, c->rms_eps, n, H, ws->xn, nth);
-        flx_gemm_bf16(m->lm_head, c->vocab, H, ws->xn, n, args->logits_all, nth, pack);
+        rmsnorm(ws->x, m->out_norm, c->rms_eps, n, H, ws->xn, pool);
+        flx_gemv_mat_t head = {m->lm_head, c->vocab, args->logits_all};
+        flx_gemm_bf16(&head, 1, H, ws->xn, n, pool, pack);
         if (args->logits_last)
             memcpy(args->logits_last, args->logits_all + (size_t)(n - 1) * c->vocab, c->vocab * sizeof(float));
     } else if (args->logits_last) {
-        rmsnorm(ws->x + (size_t)(n - 1) * H, m->out_norm, c->rms_eps, 1, H, ws->xn, nth);
+        rmsnorm(ws->x + (size_t)(n - 1) * H, m->out_norm, c->rms_eps, 1, H, ws->xn, pool);
         flx_gemv_mat_t mat = {m->lm_head, c->vocab, args->logits_last};
-        flx_gemv_bf16(&mat, 1, H, ws->xn, 1, nth);
+        flx_gemv_bf16(&mat, 1, H, ws->xn, 1, pool);
     }
     return FLX_OK;
 }
@@ -450,34 +522,33 @@ flx_status_t flx_model_decode(const flx_model_t *m, flx_fwd_ws_t *ws, const flx_
     const flx_model_config_t *c = &m->cfg;
     const uint32_t B = a->batch, H = c->hidden, F = c->ffn, D = c->head_dim;
     const uint32_t qd = c->n_heads * D, kvd = c->n_kv_heads * D;
-    const int nth = fwd_threads(ws);
-    const flx_gemv_level_t lv = flx_gemv_level();
+    flx_pool_h pool = ws->shape.pool;
     uint64_t t_start = flx_now_ns(), attn_ns = 0;
     embed(m, a->tokens, B, ws->x);
     for (uint32_t l = 0; l < c->n_layers; l++) {
         const flx_layer_weights_t *w = &m->layers[l];
-        rmsnorm(ws->x, w->attn_norm, c->rms_eps, B, H, ws->xn, nth);
+        rmsnorm(ws->x, w->attn_norm, c->rms_eps, B, H, ws->xn, pool);
         flx_gemv_mat_t qkv[3] = {{w->wq, qd, ws->q}, {w->wk, kvd, ws->k}, {w->wv, kvd, ws->v}};
-        flx_gemv_bf16(qkv, 3, H, ws->xn, B, nth);
-        bias_rope(m, w, ws->inv_freq, B, a->pos, ws->q, ws->k, ws->v, nth);
+        flx_gemv_bf16(qkv, 3, H, ws->xn, B, pool);
+        bias_rope(m, w, ws->inv_freq, B, a->pos, ws->q, ws->k, ws->v, pool);
         uint64_t t0 = flx_now_ns();
         st = a->attn(a->ctx, l, B, ws->q, ws->k, ws->v, ws->o);
         attn_ns += flx_now_ns() - t0;
         if (st != FLX_OK) return st;
         flx_gemv_mat_t wo = {w->wo, H, ws->xn};
-        flx_gemv_bf16(&wo, 1, qd, ws->o, B, nth);
-        add_inplace(ws->x, ws->xn, (size_t)B * H, nth);
-        rmsnorm(ws->x, w->ffn_norm, c->rms_eps, B, H, ws->xn, nth);
+        flx_gemv_bf16(&wo, 1, qd, ws->o, B, pool);
+        add_inplace(ws->x, ws->xn, (size_t)B * H, pool);
+        rmsnorm(ws->x, w->ffn_norm, c->rms_eps, B, H, ws->xn, pool);
         flx_gemv_mat_t gu[2] = {{w->w_gate, F, ws->gate}, {w->w_up, F, ws->up}};
-        flx_gemv_bf16(gu, 2, H, ws->xn, B, nth);
-        flx_silu_mul(lv, ws->gate, ws->up, (size_t)B * F);
+        flx_gemv_bf16(gu, 2, H, ws->xn, B, pool);
+        silu_mul(ws->gate, ws->up, (size_t)B * F, pool);
         flx_gemv_mat_t wd = {w->w_down, H, ws->xn};
-        flx_gemv_bf16(&wd, 1, F, ws->gate, B, nth);
-        add_inplace(ws->x, ws->xn, (size_t)B * H, nth);
+        flx_gemv_bf16(&wd, 1, F, ws->gate, B, pool);
+        add_inplace(ws->x, ws->xn, (size_t)B * H, pool);
     }
-    rmsnorm(ws->x, m->out_norm, c->rms_eps, B, H, ws->xn, nth);
+    rmsnorm(ws->x, m->out_norm, c->rms_eps, B, H, ws->xn, pool);
     flx_gemv_mat_t head = {m->lm_head, c->vocab, a->logits};
-    flx_gemv_bf16(&head, 1, H, ws->xn, B, nth);
+    flx_gemv_bf16(&head, 1, H, ws->xn, B, pool);
     uint64_t total = flx_now_ns() - t_start;
     ws->timing.attn_ns = attn_ns;
     ws->timing.dense_ns = total - attn_ns;

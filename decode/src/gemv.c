@@ -23,9 +23,6 @@
 #include <math.h>
 #include <string.h>
 #include <immintrin.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "flx/simd_exp.h"
 #include "flx/cpu.h"
@@ -58,17 +55,6 @@ const char *flx_gemv_level_name(flx_gemv_level_t level)
     case FLX_GEMV_AVX512: return "avx512f";
     }
     return "?";
-}
-
-static void thread_ids(int *tid, int *nt)
-{
-#ifdef _OPENMP
-    *tid = omp_get_thread_num();
-    *nt = omp_get_num_threads();
-#else
-    *tid = 0;
-    *nt = 1;
-#endif
 }
 
 /* ================= references ================= */
@@ -291,25 +277,48 @@ static void gemv_rows(flx_gemv_level_t lv, const flx_bf16_t *w, size_t cols, uin
     else gemv_rows_scalar(w, cols, r0, r1, x, n, y, ldy);
 }
 
-void flx_gemv_bf16(const flx_gemv_mat_t *mats, int n_mats, uint32_t cols, const float *x, uint32_t n, int nth)
+/* A fused GEMV's rows are cut per matrix into 16-row units (so every row sits at the same position
+ * in its tile however the work is split: results do not depend on the chunking), and units into
+ * chunks the pool's workers claim: about 8 per worker (few enough that each stays one long
+ * sequential stream for the prefetchers, enough that a worker that loses its core leaves little
+ * behind), never below GEMV_MIN_CHUNK_BYTES of weights. */
+#define GEMV_MIN_CHUNK_BYTES 65536u
+#define GEMV_CHUNKS_PER_WORKER 8u
+
+typedef struct gemv_job {
+    const flx_gemv_mat_t *mats;
+    int n_mats;
+    uint32_t units[3];   /* per matrix: ceil(rows / 16) */
+    uint32_t cols, n;
+    const float *x;
+    flx_gemv_level_t lv;
+} gemv_job_t;
+
+static flx_status_t gemv_chunk(void *ctx, const flx_pool_worker_t *w, uint64_t ub, uint64_t ue)
 {
-    const flx_gemv_level_t lv = flx_gemv_level();
-    size_t total = 0;
-    for (int i = 0; i < n_mats; i++) total += mats[i].rows;
-    const size_t units = FLX_DIV_UP(total, 16);
-#pragma omp parallel num_threads(nth)
-    {
-        int tid, nt;
-        thread_ids(&tid, &nt);
-        size_t rb = FLX_MIN(total, units * tid / nt * 16), re = FLX_MIN(total, units * (tid + 1) / nt * 16);
-        size_t off = 0;
-        for (int i = 0; i < n_mats; i++) {
-            size_t a = FLX_MAX(rb, off), b = FLX_MIN(re, off + mats[i].rows);
-            if (a < b)
-                gemv_rows(lv, mats[i].w, cols, (uint32_t)(a - off), (uint32_t)(b - off), x, n, mats[i].y, mats[i].rows);
-            off += mats[i].rows;
+    (void)w;
+    const gemv_job_t *j = ctx;
+    uint64_t off = 0;
+    for (int i = 0; i < j->n_mats && off < ue; i++) {
+        const uint64_t a = FLX_MAX(ub, off), b = FLX_MIN(ue, off + j->units[i]);
+        if (a < b) {
+            const flx_gemv_mat_t *m = &j->mats[i];
+            const uint32_t r0 = (uint32_t)(a - off) * 16, r1 = FLX_MIN(m->rows, (uint32_t)(b - off) * 16);
+            gemv_rows(j->lv, m->w, j->cols, r0, r1, j->x, j->n, m->y, m->rows);
         }
+        off += j->units[i];
     }
+    return FLX_OK;
+}
+
+void flx_gemv_bf16(const flx_gemv_mat_t *mats, int n_mats, uint32_t cols, const float *x, uint32_t n, flx_pool_h pool)
+{
+    gemv_job_t j = {.mats = mats, .n_mats = n_mats, .cols = cols, .n = n, .x = x, .lv = flx_gemv_level()};
+    uint64_t total = 0;
+    for (int i = 0; i < n_mats; i++) total += j.units[i] = FLX_DIV_UP(mats[i].rows, 16);
+    const uint64_t min_units = FLX_MAX(1, GEMV_MIN_CHUNK_BYTES / (16u * 2u * FLX_MAX(cols, 1u)));
+    const uint64_t per = FLX_MAX(min_units, total / ((uint64_t)GEMV_CHUNKS_PER_WORKER * flx_pool_size(pool)));
+    (void)flx_pool_for(pool, total, per, gemv_chunk, &j);   /* the body cannot fail */
 }
 
 /* ================= GEMM micro-kernels: MR tokens x (one panel) ================= */
@@ -474,37 +483,57 @@ static void pack_panel(const flx_bf16_t *src, uint32_t pw, uint32_t kc, size_t l
         for (uint32_t k = 0; k < kc; k++) memset(dst + (size_t)k * np + pw, 0, (np - pw) * sizeof(float));
 }
 
-void flx_gemm_bf16(const flx_bf16_t *w, uint32_t rows, uint32_t cols, const float *x, uint32_t n, float *y, int nth,
-                   float *pack)
+typedef struct gemm_job {
+    const flx_gemv_mat_t *mats;
+    int n_mats;
+    uint32_t cols, n, np, rg;
+    size_t nrg[4];       /* row groups before matrix i (nrg[n_mats]: all of them) */
+    const float *x;
+    float *pack;
+    flx_gemv_level_t lv;
+} gemm_job_t;
+
+/* One item: a token block x a row group of one matrix; items are token-block major, so a worker's
+ * consecutive items tend to share their token block in L2. Each output element is one item's: no
+ * reduction crosses items. */
+static flx_status_t gemm_item(void *ctx, const flx_pool_worker_t *wk, uint64_t ib, uint64_t ie)
 {
-    if (n <= GEMV_SMALL_N) {
-        flx_gemv_mat_t mat = {w, rows, y};
-        flx_gemv_bf16(&mat, 1, cols, x, n, nth);
-        return;
-    }
-    const flx_gemv_level_t lv = flx_gemv_level();
-    const uint32_t np = flx_gemm_panel(lv), rg = 4 * np;
-    const size_t ntb = FLX_DIV_UP(n, GEMM_TB), nrg = FLX_DIV_UP(rows, rg), items = ntb * nrg;
-#pragma omp parallel num_threads(nth)
-    {
-        int tid, nt;
-        thread_ids(&tid, &nt);
-        float *pk = pack + (size_t)tid * flx_gemm_pack_floats();
-        /* Items token-block major: consecutive items of a thread share their token block in L2. */
-        for (size_t it = items * tid / nt; it < items * (tid + 1) / nt; it++) {
-            uint32_t t0 = (uint32_t)(it / nrg) * GEMM_TB, tn = FLX_MIN(GEMM_TB, n - t0);
-            uint32_t r0 = (uint32_t)(it % nrg) * rg, r1 = FLX_MIN(rows, r0 + rg);
-            for (uint32_t k0 = 0; k0 < cols; k0 += GEMM_KC) {
-                uint32_t kc = FLX_MIN(GEMM_KC, cols - k0);
-                for (uint32_t pr = r0; pr < r1; pr += np) {
-                    uint32_t pw = FLX_MIN(np, r1 - pr);
-                    pack_panel(w + (size_t)pr * cols + k0, pw, kc, cols, np, pk);
-                    flx_gemm_panels(lv, tn, pw, kc, x + (size_t)t0 * cols + k0, cols, pk, 0, np,
-                                    y + (size_t)t0 * rows + pr, rows, k0 > 0);
-                }
+    const gemm_job_t *j = ctx;
+    float *pk = j->pack + (size_t)wk->index * flx_gemm_pack_floats();
+    const size_t nrg = j->nrg[j->n_mats];
+    for (uint64_t it = ib; it < ie; it++) {
+        const uint32_t t0 = (uint32_t)(it / nrg) * GEMM_TB, tn = FLX_MIN(GEMM_TB, j->n - t0);
+        const size_t g = it % nrg;
+        int mi = 0;
+        while (g >= j->nrg[mi + 1]) mi++;
+        const flx_gemv_mat_t *m = &j->mats[mi];
+        const uint32_t r0 = (uint32_t)(g - j->nrg[mi]) * j->rg, r1 = FLX_MIN(m->rows, r0 + j->rg);
+        for (uint32_t k0 = 0; k0 < j->cols; k0 += GEMM_KC) {
+            const uint32_t kc = FLX_MIN(GEMM_KC, j->cols - k0);
+            for (uint32_t pr = r0; pr < r1; pr += j->np) {
+                const uint32_t pw = FLX_MIN(j->np, r1 - pr);
+                pack_panel(m->w + (size_t)pr * j->cols + k0, pw, kc, j->cols, j->np, pk);
+                flx_gemm_panels(j->lv, tn, pw, kc, j->x + (size_t)t0 * j->cols + k0, j->cols, pk, 0, j->np,
+                                m->y + (size_t)t0 * m->rows + pr, m->rows, k0 > 0);
             }
         }
     }
+    return FLX_OK;
+}
+
+void flx_gemm_bf16(const flx_gemv_mat_t *mats, int n_mats, uint32_t cols, const float *x, uint32_t n,
+                   flx_pool_h pool, float *pack)
+{
+    if (n <= GEMV_SMALL_N) {
+        flx_gemv_bf16(mats, n_mats, cols, x, n, pool);
+        return;
+    }
+    gemm_job_t j = {.mats = mats, .n_mats = n_mats, .cols = cols, .n = n, .x = x, .pack = pack,
+                    .lv = flx_gemv_level()};
+    j.np = flx_gemm_panel(j.lv);
+    j.rg = 4 * j.np;
+    for (int i = 0; i < n_mats; i++) j.nrg[i + 1] = j.nrg[i] + FLX_DIV_UP(mats[i].rows, j.rg);
+    (void)flx_pool_for(pool, FLX_DIV_UP(n, GEMM_TB) * j.nrg[n_mats], 1, gemm_item, &j);
 }
 
 /* ================= row kernels ================= */

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "flx/bf16.h"
+#include "flx/pool.h"
 
 #define FLX_GEMM_PANEL_MAX 32   /* widest panel of any level (flx_gemm_panel) */
 
@@ -47,19 +48,22 @@ typedef struct flx_gemv_mat {
     float *y;             /* (n, rows) */
 } flx_gemv_mat_t;
 
-/* y_m = x . W_m^T for n_mats matrices (1..3) with the rows of all matrices split across nth OpenMP
- * threads by thread index: each weight row is loaded once for all n vectors. n >= 1. */
-void flx_gemv_bf16(const flx_gemv_mat_t *mats, int n_mats, uint32_t cols, const float *x, uint32_t n, int nth);
+/* y_m = x . W_m^T for n_mats matrices (1..3) in one pool run (pool NULL: the caller alone): the
+ * rows of all matrices, in 16-row units, are claimed in chunks by the pool's workers; each weight
+ * row is loaded once for all n vectors. n >= 1. Results do not depend on the pool's size. */
+void flx_gemv_bf16(const flx_gemv_mat_t *mats, int n_mats, uint32_t cols, const float *x, uint32_t n, flx_pool_h pool);
 
 /* ---- GEMM (prefill): weight panels converted to fp32 once per token block ---- */
 
-/* Floats of per-thread scratch flx_gemm_bf16 needs (times nth). */
+/* Floats of per-worker scratch flx_gemm_bf16 needs (times the pool's size). */
 size_t flx_gemm_pack_floats(void);
 
-/* y (n, rows) = x (n, cols) . W^T for any n; small n goes to flx_gemv_bf16. pack: nth *
- * flx_gemm_pack_floats() floats, 64-byte aligned. */
-void flx_gemm_bf16(const flx_bf16_t *w, uint32_t rows, uint32_t cols, const float *x, uint32_t n, float *y, int nth,
-                   float *pack);
+/* y_m (n, rows_m) = x (n, cols) . W_m^T for n_mats matrices (1..3) and any n, in one pool run (the
+ * matrices' (token block, row group) items together); small n goes to flx_gemv_bf16. pack:
+ * flx_pool_size(pool) * flx_gemm_pack_floats() floats, 64-byte aligned (worker i packs into its
+ * own slice). Results do not depend on the pool's size. */
+void flx_gemm_bf16(const flx_gemv_mat_t *mats, int n_mats, uint32_t cols, const float *x, uint32_t n,
+                   flx_pool_h pool, float *pack);
 
 /* ---- packed-panel micro-GEMM (prefill attention; serial, one thread) ----
  * P is an fp32 (K, nr) matrix stored as column panels of width flx_gemm_panel(level): panel j

@@ -36,6 +36,7 @@ typedef struct {
     const char *path;
     const char *arch;        /* "llama" | "qwen2" */
     flx_model_t *m;
+    flx_pool_h pool;         /* dequantizes rows in parallel; NULL: the caller alone */
 } gctx_t;
 
 static int type_supported(uint32_t t)
@@ -105,6 +106,33 @@ static flx_status_t find_tensor(gctx_t *c, const char *name, const flx_gguf_tens
     return FLX_OK;
 }
 
+typedef struct dequant_job {
+    const uint8_t *src;
+    size_t row_bytes;
+    uint32_t type, cols, head_dim;
+    flx_bf16_t *dst;
+} dequant_job_t;
+
+/* Rows [r0, r1) to bf16, each to its un-permuted place (rows are independent). */
+static flx_status_t dequant_rows(void *ctx, const flx_pool_worker_t *w, uint64_t r0, uint64_t r1)
+{
+    (void)w;
+    const dequant_job_t *j = ctx;
+    float *tmp = malloc((size_t)j->cols * sizeof *tmp);
+    if (!tmp) return FLX_ERR_NOMEM;
+    for (uint64_t r = r0; r < r1; r++) {
+        size_t out = r;
+        if (j->head_dim) {
+            uint32_t h = (uint32_t)r / j->head_dim, i = (uint32_t)r % j->head_dim, jj = i / 2, tt = i % 2;
+            out = (size_t)h * j->head_dim + (size_t)tt * (j->head_dim / 2) + jj;
+        }
+        dequant_row(j->type, j->src + r * j->row_bytes, j->cols, tmp);
+        flx_f32_to_bf16_row(tmp, j->dst + out * j->cols, j->cols);
+    }
+    free(tmp);
+    return FLX_OK;
+}
+
 /* A (rows, cols) matrix, GGUF ne = [cols, rows]. head_dim > 0 un-permutes rows per head. */
 static flx_status_t load_mat(gctx_t *c, const char *name, uint32_t rows, uint32_t cols, uint32_t head_dim,
                              const flx_bf16_t **dst_p)
@@ -122,31 +150,10 @@ static flx_status_t load_mat(gctx_t *c, const char *name, uint32_t rows, uint32_
         return flx_error_set(FLX_ERR_FORMAT, "file %s: tensor '%s' too large", c->path, name);
     flx_bf16_t *dst = flx_model_mem_alloc(c->m, n);
     if (!dst) return FLX_ERR_NOMEM;
-    const size_t row_bytes = t->nbytes / rows;
-    const uint8_t *src = t->data;
-    const uint32_t type = t->type;
-    int ok = 1;
-#pragma omp parallel if ((size_t)rows * cols >= (1u << 16))
-    {
-        float *tmp = malloc((size_t)cols * sizeof *tmp);
-        if (!tmp) {
-#pragma omp atomic write
-            ok = 0;
-        } else {
-#pragma omp for schedule(static)
-            for (uint32_t r = 0; r < rows; r++) {
-                size_t out = r;
-                if (head_dim) {
-                    uint32_t h = r / head_dim, i = r % head_dim, j = i / 2, tt = i % 2;
-                    out = (size_t)h * head_dim + (size_t)tt * (head_dim / 2) + j;
-                }
-                dequant_row(type, src + (size_t)r * row_bytes, cols, tmp);
-                flx_f32_to_bf16_row(tmp, dst + out * cols, cols);
-            }
-        }
-        free(tmp);
-    }
-    if (!ok) return flx_error_set(FLX_ERR_NOMEM, "file %s: tensor '%s': row buffer", c->path, name);
+    dequant_job_t j = {.src = t->data, .row_bytes = t->nbytes / rows, .type = t->type, .cols = cols,
+                       .head_dim = head_dim, .dst = dst};
+    if (flx_pool_for((size_t)rows * cols >= (1u << 16) ? c->pool : NULL, rows, 64, dequant_rows, &j))
+        return flx_error_set(FLX_ERR_NOMEM, "file %s: tensor '%s': row buffer", c->path, name);
     *dst_p = dst;
     return FLX_OK;
 }
@@ -372,7 +379,12 @@ static flx_status_t load_layer(gctx_t *c, uint32_t l)
 
 flx_status_t flx_model_load_gguf(const char *path, flx_model_t **model_p)
 {
-    gctx_t c = {.path = path};
+    return flx_model_load_gguf_pool(path, NULL, model_p);
+}
+
+flx_status_t flx_model_load_gguf_pool(const char *path, flx_pool_h pool, flx_model_t **model_p)
+{
+    gctx_t c = {.path = path, .pool = pool};
     flx_model_config_t cfg;
     flx_status_t st = flx_gguf_open(path, &c.g);
     if (st != FLX_OK) return st;

@@ -233,6 +233,7 @@ typedef struct {
     size_t n_map;
     flx_name_ent_t *map;           /* (n_map) weight_map's tensor names sorted; pos = shard index */
     char index_path[4096];
+    flx_pool_h pool;               /* converts F16 / F32 in parallel; NULL: the caller alone */
 } hctx_t;
 
 static void close_reader(void *r) { flx_st_close(r); }
@@ -360,6 +361,30 @@ static flx_status_t find(hctx_t *c, const char *name, const flx_st_tensor_t **t_
     return FLX_OK;
 }
 
+typedef struct convert_job {
+    const uint8_t *src;
+    flx_dtype_t dtype;        /* F32 or F16 */
+    flx_bf16_t *dst;
+} convert_job_t;
+
+static flx_status_t convert_range(void *ctx, const flx_pool_worker_t *w, uint64_t i0, uint64_t i1)
+{
+    (void)w;
+    const convert_job_t *j = ctx;
+    for (uint64_t i = i0; i < i1; i++) {
+        if (j->dtype == FLX_DT_F32) {
+            float f;
+            memcpy(&f, j->src + 4 * i, 4);
+            j->dst[i] = flx_f32_to_bf16(f);
+        } else {
+            uint16_t h;
+            memcpy(&h, j->src + 2 * i, 2);
+            j->dst[i] = flx_f32_to_bf16(flx_f16_to_f32(h));
+        }
+    }
+    return FLX_OK;
+}
+
 static flx_status_t load_mat(hctx_t *c, const char *name, uint32_t rows, uint32_t cols, const flx_bf16_t **dst_p)
 {
     const flx_st_tensor_t *t;
@@ -380,23 +405,11 @@ static flx_status_t load_mat(hctx_t *c, const char *name, uint32_t rows, uint32_
                              file, name, flx_dtype_name(t->dtype));
     flx_bf16_t *dst = flx_model_mem_alloc(c->m, n * 2);
     if (!dst) return FLX_ERR_NOMEM;
-    const uint8_t *src = t->data;
     if (t->dtype == FLX_DT_BF16) {
-        memcpy(dst, src, n * 2);
-    } else if (t->dtype == FLX_DT_F32) {
-#pragma omp parallel for schedule(static) if (n >= (1u << 18))
-        for (size_t i = 0; i < n; i++) {
-            float f;
-            memcpy(&f, src + 4 * i, 4);
-            dst[i] = flx_f32_to_bf16(f);
-        }
+        memcpy(dst, t->data, n * 2);
     } else {
-#pragma omp parallel for schedule(static) if (n >= (1u << 18))
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            dst[i] = flx_f32_to_bf16(flx_f16_to_f32(h));
-        }
+        convert_job_t j = {.src = t->data, .dtype = t->dtype, .dst = dst};
+        (void)flx_pool_for(n >= (1u << 18) ? c->pool : NULL, n, 1u << 16, convert_range, &j);
     }
     *dst_p = dst;
     return FLX_OK;
@@ -468,9 +481,14 @@ static flx_status_t load_weights(hctx_t *c)
 
 flx_status_t flx_model_load_hf(const char *dir, flx_model_t **model_p)
 {
+    return flx_model_load_hf_pool(dir, NULL, model_p);
+}
+
+flx_status_t flx_model_load_hf_pool(const char *dir, flx_pool_h pool, flx_model_t **model_p)
+{
     flx_model_config_t cfg;
     char path[4096];
-    hctx_t c = {.dir = dir};
+    hctx_t c = {.dir = dir, .pool = pool};
     flx_status_t st;
     if ((st = join(path, sizeof path, dir, "config.json")) != FLX_OK) return st;
     if ((st = parse_config(dir, path, &cfg)) != FLX_OK) return st;
@@ -493,10 +511,15 @@ out:
 
 flx_status_t flx_model_load(const char *path, flx_model_t **model_p)
 {
+    return flx_model_load_pool(path, NULL, model_p);
+}
+
+flx_status_t flx_model_load_pool(const char *path, flx_pool_h pool, flx_model_t **model_p)
+{
     struct stat sb;
     if (stat(path, &sb) != 0)
         return flx_error_set(flx_status_from_errno(errno), "model %s: %s", path, strerror(errno));
-    if (S_ISDIR(sb.st_mode)) return flx_model_load_hf(path, model_p);
+    if (S_ISDIR(sb.st_mode)) return flx_model_load_hf_pool(path, pool, model_p);
     size_t n = strlen(path);
     char magic[4] = {0};
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -505,7 +528,7 @@ flx_status_t flx_model_load(const char *path, flx_model_t **model_p)
         close(fd);
     }
     if ((n >= 5 && !strcmp(path + n - 5, ".gguf")) || !memcmp(magic, "GGUF", 4))
-        return flx_model_load_gguf(path, model_p);
+        return flx_model_load_gguf_pool(path, pool, model_p);
     return flx_error_set(FLX_ERR_UNSUPPORTED, "model %s: neither a checkpoint directory nor a gguf file", path);
 }
 

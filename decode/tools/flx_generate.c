@@ -137,7 +137,8 @@ int main(int argc, char **argv)
         FLX_CLI_UINT(0, "top-k", "K", &top_k, 0, UINT32_MAX, 0, "sample among the K likeliest tokens (0: all)"),
         FLX_CLI_FLOAT(0, "top-p", "P", &top_p, 0.0, 1.0, FLX_CLI_LO_OPEN, "nucleus sampling mass (default 1)"),
         FLX_CLI_UINT('s', "seed", "S", &seed, 0, UINT64_MAX, 0, "sampling seed (default 1)"),
-        FLX_CLI_UINT('t', "threads", "N", &threads, 1, 1024, 0, "worker threads for attention and the forward pass"),
+        FLX_CLI_UINT('t', "threads", "N", &threads, 1, 1024, 0, "pool workers for loading, prefill and every decode step,\n"
+                     "this thread included (default: FLX_THREADS, else the CPUs this process may use)"),
         FLX_CLI_UINT(0, "gpu", "DEVICE", &gpu_dev, 0, 1023, FLX_CLI_OPTIONAL,
                      "prefill and the dense part of decoding on CUDA device DEVICE (default 0),\n"
                      "window attention on its device windows; host attention stays on the CPU"),
@@ -166,7 +167,6 @@ int main(int argc, char **argv)
     ep.mode = amode;
     ep.blk = 16u << blk_i;
     ep.bgt = (float)bgt;
-    ep.n_threads = (uint32_t)threads;
     flx_sampling_params_t sp = flx_sampling_greedy();
     sp.temperature = (float)temp;
     sp.top_k = (uint32_t)top_k;
@@ -212,13 +212,22 @@ int main(int argc, char **argv)
     flx_cuda_stream_t gstream = NULL;
     float *logits = NULL;
     uint64_t *tpot = NULL;
+    flx_pool_h pool = NULL;
     flx_status_t st;
 
+    /* one pool for everything: loading, prefill, the engine's steps */
+    flx_pool_params_t pp = {.field_mask = threads ? FLX_POOL_FIELD_N_WORKERS : 0, .n_workers = (uint32_t)threads};
+    if ((st = flx_pool_create(&pp, &pool))) {
+        fprintf(stderr, PROG ": worker pool: %s\n", flx_error_msg());
+        goto out;
+    }
+    ep.pool = pool;
     uint64_t t_load = flx_now_ns();
-    if ((st = flx_model_load(model_path, &m)) || (st = flx_tok_load(model_path, &tok))) {
+    if ((st = flx_model_load_pool(model_path, pool, &m)) || (st = flx_tok_load(model_path, &tok))) {
         fprintf(stderr, PROG ": loading %s: %s\n", model_path, flx_error_msg());
         goto out;
     }
+    fprintf(stderr, PROG ": %s\n", flx_pool_describe(pool));   /* after the errors a user must see first */
     const flx_model_config_t *cfg = &m->cfg;
     if (use_gpu && (st = flx_gpu_model_create(m, (int)gpu_dev, &gm))) {
         fprintf(stderr, PROG ": --gpu %d: %s\n", (int)gpu_dev, flx_error_msg());
@@ -303,7 +312,7 @@ int main(int argc, char **argv)
     }
 
     /* prefill */
-    flx_fwd_shape_t fs = {.max_prompt = n, .max_batch = 1, .n_threads = (uint32_t)threads};
+    flx_fwd_shape_t fs = {.max_prompt = n, .max_batch = 1, .pool = pool};
     size_t pbytes = 0;
     flx_fwd_ws_t *pws = NULL;
     if (use_gpu) {
@@ -465,5 +474,6 @@ out:
     free(text);
     flx_tok_destroy(tok);
     flx_model_destroy(m);
+    flx_pool_destroy(pool);
     return rc;
 }

@@ -41,7 +41,7 @@ int main(int argc, char **argv)
         FLX_CLI_UINT('n', "positions", "N", &n_req, 1, 1u << 22, 0, "positions to run (default: every id)"),
         FLX_CLI_UINT(0, "full", "F", &full_req, 0, 1u << 22, 0,
                      "positions whose full logit rows are written (default N)"),
-        FLX_CLI_UINT('t', "threads", "N", &threads, 1, 1024, 0, "worker threads for the forward pass"),
+        FLX_CLI_UINT('t', "threads", "N", &threads, 1, 1024, 0, "pool workers (default: FLX_THREADS, else the CPU budget)"),
     };
     flx_cli_t cli = FLX_CLI_INIT(PROG,
                                  "Teacher-forced logits of our forward pass in the FLXL format bench/model compares "
@@ -67,7 +67,15 @@ int main(int argc, char **argv)
         return flx_cli_fail(&cli, "--full %u exceeds the %u positions", F, n);
     }
     flx_model_t *m = NULL;
-    if (flx_model_load(model_path, &m) != FLX_OK) {
+    flx_pool_params_t pp = {.field_mask = threads ? FLX_POOL_FIELD_N_WORKERS : 0, .n_workers = (uint32_t)threads};
+    flx_pool_h pool = NULL;
+    if (flx_pool_create(&pp, &pool) != FLX_OK) {
+        free(ids);
+        return flx_cli_fail(&cli, "worker pool: %s", flx_error_msg());
+    }
+    fprintf(stderr, "flx-model-dump: %s\n", flx_pool_describe(pool));
+    if (flx_model_load_pool(model_path, pool, &m) != FLX_OK) {
+        flx_pool_destroy(pool);
         free(ids);
         return flx_cli_fail(&cli, "%s", flx_error_msg());
     }
@@ -76,7 +84,7 @@ int main(int argc, char **argv)
     void *wsmem = NULL;
     float *logits = NULL;
     FILE *out = NULL;
-    flx_fwd_shape_t shape = {.max_prompt = n, .max_batch = 1, .n_threads = (uint32_t)threads};
+    flx_fwd_shape_t shape = {.max_prompt = n, .max_batch = 1, .pool = pool};
     size_t wsb;
     flx_fwd_ws_t *ws;
     if (flx_fwd_plan(m, &shape, &wsb) != FLX_OK || !(wsmem = flx_aligned_alloc(64, wsb)) ||
@@ -141,6 +149,7 @@ out:
     free(logits);
     flx_aligned_free(wsmem);
     flx_model_destroy(m);
+    flx_pool_destroy(pool);
     free(ids);
     return rc;
 }

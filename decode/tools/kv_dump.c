@@ -59,7 +59,7 @@ int main(int argc, char **argv)
                      "teacher-forced decode steps after the prompt"),
         FLX_CLI_UINT(0, "offset", "TOKENS", &off, 0, 1u << 30, 0, "tokens of the text skipped first (default 0)"),
         FLX_CLI_PATH('o', "out", "FILE", &out_path, FLX_CLI_REQUIRED, "the KV dump to write (safetensors)"),
-        FLX_CLI_UINT('t', "threads", "N", &threads, 1, 1024, 0, "worker threads for the forward pass"),
+        FLX_CLI_UINT('t', "threads", "N", &threads, 1, 1024, 0, "pool workers (default: FLX_THREADS, else the CPU budget)"),
     };
     flx_cli_t cli = FLX_CLI_INIT("flx-kv-dump", "Teacher-forced KV dump of a model on a text: K, V, the anchor query "
                                  "and the decode queries of every layer (docs/predictor.md).", opts);
@@ -78,7 +78,14 @@ int main(int argc, char **argv)
     void *wsmem = NULL;
     float *q_all = NULL, *q = NULL;
     flx_kvdump_writer_h w = NULL;
-    if (flx_model_load(model_path, &m) != FLX_OK || flx_tok_load(model_path, &tok) != FLX_OK) {
+    flx_pool_params_t pp = {.field_mask = threads ? FLX_POOL_FIELD_N_WORKERS : 0, .n_workers = (uint32_t)threads};
+    flx_pool_h pool = NULL;
+    if (flx_pool_create(&pp, &pool) != FLX_OK) {
+        fprintf(stderr, "flx-kv-dump: worker pool: %s\n", flx_error_msg());
+        goto out;
+    }
+    fprintf(stderr, "flx-kv-dump: %s\n", flx_pool_describe(pool));
+    if (flx_model_load_pool(model_path, pool, &m) != FLX_OK || flx_tok_load(model_path, &tok) != FLX_OK) {
         fprintf(stderr, "flx-kv-dump: %s: %s\n", model_path, flx_error_msg());
         goto out;
     }
@@ -102,7 +109,7 @@ int main(int argc, char **argv)
                 (unsigned long long)(off + n));
         goto out;
     }
-    flx_fwd_shape_t shape = {.max_prompt = n, .max_batch = 1, .n_threads = (uint32_t)threads};
+    flx_fwd_shape_t shape = {.max_prompt = n, .max_batch = 1, .pool = pool};
     size_t wsb;
     flx_fwd_ws_t *ws;
     if (flx_fwd_plan(m, &shape, &wsb) != FLX_OK || !(wsmem = flx_aligned_alloc(64, wsb)) ||
@@ -145,6 +152,7 @@ out:
     free(ids);
     flx_tok_destroy(tok);
     flx_model_destroy(m);
+    flx_pool_destroy(pool);
     free(text);
     return rc;
 }

@@ -1,17 +1,19 @@
 /*
- * attn_cpu.c - the fast attention kernels: AVX-512 BF16, AVX2+FMA and scalar inner loops behind one
- * OpenMP driver per kernel, chosen per call from flx_isa_active().
+ * attn_cpu.c - the fast attention kernels: AVX-512 BF16, AVX2+FMA and scalar inner loops behind
+ * chunked drivers, chosen per call from flx_isa_active().
  *
  * DESIGN
  * Decode attention over host KV is bandwidth-bound, so every driver reads each byte once:
- *  - scoring walks metadata entries split by thread index; each entry (min row | max row, 2D bf16)
- *    is dotted with [min(q,0) | max(q,0)] of every head while it is in L1 (this equals
- *    sum_d max(q_d min_d, q_d max_d) because max >= min);
- *  - sparse attention first ORs the heads' selections into a per-block head mask, then threads
- *    take equal slices of the ascending union list; a 16-token physical block is loaded once and
- *    used by every head in its mask, with a per-head online softmax (m, l, acc[D]) per thread;
- *    the per-thread states are merged by LSE at the end (fixed order: deterministic for a fixed
- *    thread count).
+ *  - scoring walks metadata entries in fixed 256-entry chunks (claimed by the pool's workers);
+ *    each entry (min row | max row, 2D bf16) is dotted with [min(q,0) | max(q,0)] of every head
+ *    while it is in L1 (this equals sum_d max(q_d min_d, q_d max_d) because max >= min); a score
+ *    depends on nothing but its entry, so any split gives the same scores;
+ *  - sparse attention first ORs the heads' selections into a per-block head mask, then cuts the
+ *    ascending union list into chunks of a fixed number of 16-token blocks (attn.h, CHUNKS); a
+ *    block is loaded once and used by every head in its mask, with a per-head online softmax
+ *    (m, l, acc[D]) per chunk; the chunks' states are merged by LSE in chunk order at the end,
+ *    each chunk's weight e^(m - M) computed once per head. Chunk boundaries depend on the data
+ *    alone, so the result is bitwise the same for any number of workers and any schedule.
  * q is prepared once per call in the workspace: scaled by 1/sqrt(D) for attention, and for the
  * AVX-512 path split into bf16 hi + lo so _mm512_dpbf16_ps keeps ~16 mantissa bits of q.
  * No kernel reads a row at or past l_cpu / n_win: the last block is handled with ntok < 16.
@@ -20,38 +22,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <immintrin.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "attn_internal.h"
 #include "attn_simd.h"
 #include "flx/util.h"
 
 #define PART_STRIDE(D) ATTN_PART_STRIDE(D)   /* per (thread, head): m, l, pad..., acc at +16 */
-
-/* ---------------- thread helpers ---------------- */
-
-static int attn_threads(const flx_attn_ws_t *ws)
-{
-#ifdef FLX_TSAN
-    (void)ws;
-    return 1;
-#else
-    return (int)ws->shape.n_threads;
-#endif
-}
-
-static void thread_ids(int *tid, int *nth)
-{
-#ifdef _OPENMP
-    *tid = omp_get_thread_num();
-    *nth = omp_get_num_threads();
-#else
-    *tid = 0;
-    *nth = 1;
-#endif
-}
 
 /* ---------------- q preparation ---------------- */
 
@@ -224,7 +200,188 @@ static uint32_t mask_heads(uint64_t mask, uint8_t *heads)
     return n;
 }
 
+/* ---------------- chunk plans and states ---------------- */
+
+/* Window rows per chunk: at least 256, at most FLX_ATTN_WIN_CHUNKS chunks. */
+static uint32_t win_rows_per_chunk(uint32_t n)
+{
+    uint32_t r = (uint32_t)FLX_ALIGN_UP(FLX_DIV_UP(n, FLX_ATTN_WIN_CHUNKS), 16);
+    return r < 256 ? 256 : r;
+}
+
+/* Host 16-token blocks per chunk, from the number of host blocks alone: a multiple of 8 (so a
+ * whole number of logical blocks at every blk), at least 32, at most FLX_ATTN_HOST_CHUNKS chunks
+ * (ceil(ceil(n / ppb) / (c / ppb)) = ceil(n / c) <= 64). */
+static uint32_t host_blocks_per_chunk(uint32_t n_blocks)
+{
+    uint32_t c = (uint32_t)FLX_ALIGN_UP(FLX_DIV_UP(n_blocks, FLX_ATTN_HOST_CHUNKS), 8);
+    return c < 32 ? 32 : c;
+}
+
+float *flx_attn_slot(const flx_attn_ws_t *ws, uint32_t c)
+{
+    return ws->part + (size_t)c * ws->shape.group * PART_STRIDE(ws->shape.head_dim);
+}
+
+static attn_q_t task_q(const flx_attn_ws_t *ws)
+{
+    attn_q_t q = {ws->q_f32, ws->q_hi, ws->q_lo, ws->shape.head_dim};
+    return q;
+}
+
+void flx_attn_prep_attn_q(flx_attn_ws_t *ws, const float *q)
+{
+    attn_q_t pq;
+    ws->isa = (int)flx_isa_active();
+    prep_q_attn(ws, q, (flx_isa_t)ws->isa, &pq);
+}
+
+uint32_t flx_attn_plan_window(flx_attn_ws_t *ws, uint32_t n_win)
+{
+    ws->win_rows = win_rows_per_chunk(n_win);
+    return ws->n_win_chunks = FLX_DIV_UP(n_win, ws->win_rows);
+}
+
+uint32_t flx_attn_plan_host(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int level, uint32_t n_list)
+{
+    ws->level = level;
+    ws->n_list = n_list;
+    ws->host_entries = host_blocks_per_chunk(view->n_blocks) >> level;
+    return ws->n_host_chunks = FLX_DIV_UP(n_list, ws->host_entries);
+}
+
+static void part_reset(float *part, uint32_t G, uint32_t D)
+{
+    for (uint32_t h = 0; h < G; h++) {
+        float *st = part + h * PART_STRIDE(D);
+        st[0] = -INFINITY;
+        st[1] = 0;
+        memset(st + 16, 0, D * sizeof(float));
+    }
+}
+
+void flx_attn_window_chunk(const flx_attn_ws_t *ws, const flx_kv_head_view_t *view, uint32_t c, float *part)
+{
+    const uint32_t G = ws->shape.group, D = ws->shape.head_dim, n = view->n_win;
+    const attn_q_t pq = task_q(ws);
+    attn_block_fn fn = pick_block((flx_isa_t)ws->isa);
+    uint8_t heads[FLX_ATTN_MAX_GROUP];
+    const uint32_t nh = mask_heads(G == 64 ? ~0ull : ((1ull << G) - 1), heads);
+    part_reset(part, G, D);
+    const uint32_t r0 = c * ws->win_rows, r1 = r0 + ws->win_rows < n ? r0 + ws->win_rows : n;
+    for (uint32_t r = r0; r < r1; r += 16) {
+        const uint32_t ntok = r1 - r < 16 ? r1 - r : 16;
+        const flx_bf16_t *nk = NULL, *nv = NULL;   /* the window is contiguous: rows go on in order */
+        if (r + 32 <= r1) nk = view->win_k + (size_t)(r + 16) * D, nv = view->win_v + (size_t)(r + 16) * D;
+        fn(view->win_k + (size_t)r * D, view->win_v + (size_t)r * D, ntok, D, &pq, heads, nh, part, nk, nv);
+    }
+}
+
+void flx_attn_host_chunk(const flx_attn_ws_t *ws, const flx_kv_head_view_t *view, uint32_t c, float *part)
+{
+    const uint32_t G = ws->shape.group, D = ws->shape.head_dim, ppb = 1u << ws->level, l_cpu = view->l_cpu;
+    const attn_q_t pq = task_q(ws);
+    attn_block_fn fn = pick_block((flx_isa_t)ws->isa);
+    part_reset(part, G, D);
+    const uint32_t u0 = c * ws->host_entries, u1 = u0 + ws->host_entries < ws->n_list ? u0 + ws->host_entries : ws->n_list;
+    /* Each block hands the kernel the next one of this chunk, whose K and V are prefetched while
+     * it computes (a gathered selection defeats the hardware streamer). */
+    uint8_t heads[FLX_ATTN_MAX_GROUP];
+    for (uint32_t u = u0; u < u1; u++) {
+        const uint32_t b = ws->list[u];
+        const uint32_t nh = mask_heads(ws->mask[b], heads);
+        const uint32_t p1 = (b + 1) * ppb < view->n_blocks ? (b + 1) * ppb : view->n_blocks;
+        for (uint32_t pb = b * ppb; pb < p1; pb++) {
+            const uint32_t ntok = l_cpu - pb * 16 < 16 ? l_cpu - pb * 16 : 16;
+            const uint32_t nb = pb + 1 < p1 ? pb + 1 : u + 1 < u1 ? ws->list[u + 1] * ppb : UINT32_MAX;
+            const flx_bf16_t *nk = NULL, *nv = NULL;
+            if (nb < view->n_blocks && l_cpu - nb * 16 >= 16) nk = flx_kv_block_k(view, nb), nv = flx_kv_block_v(view, nb);
+            fn(flx_kv_block_k(view, pb), flx_kv_block_v(view, pb), ntok, D, &pq, heads, nh, part, nk, nv);
+        }
+    }
+}
+
+/* Merges the states of chunks [first, first + n) in order into o, lse (outputs back in natural
+ * order); no chunk, or no token in any: o = 0, lse = -inf. */
+void flx_attn_part_finish(const flx_attn_ws_t *ws, uint32_t first, uint32_t n, float *o, float *lse)
+{
+    const uint32_t G = ws->shape.group, D = ws->shape.head_dim;
+    const flx_isa_t isa = (flx_isa_t)ws->isa;
+    double w[FLX_ATTN_MAX_CHUNKS];
+    for (uint32_t h = 0; h < G; h++) {
+        float M = -INFINITY;
+        for (uint32_t t = 0; t < n; t++) {
+            const float *st = flx_attn_slot(ws, first + t) + h * PART_STRIDE(D);
+            if (st[1] > 0 && st[0] > M) M = st[0];
+        }
+        float *oh = o + (size_t)h * D;
+        if (M == -INFINITY) {
+            memset(oh, 0, D * sizeof *oh);
+            lse[h] = -INFINITY;
+            continue;
+        }
+        double L = 0;
+        for (uint32_t t = 0; t < n; t++) {
+            const float *st = flx_attn_slot(ws, first + t) + h * PART_STRIDE(D);
+            w[t] = st[1] > 0 ? exp((double)st[0] - M) : 0.0;
+            L += st[1] * w[t];
+        }
+        for (uint32_t d = 0; d < D; d++) {
+            double a = 0;
+            for (uint32_t t = 0; t < n; t++)
+                if (w[t] != 0.0) a += flx_attn_slot(ws, first + t)[h * PART_STRIDE(D) + 16 + d] * w[t];
+            oh[d] = (float)(a / L);
+        }
+        lse[h] = (float)(M + log(L));
+        if (isa == FLX_ISA_AVX2) unperm_eo(oh, D);
+        else if (isa >= FLX_ISA_AVX512) unperm_eo32(oh, D);
+    }
+}
+
+/* ---------------- runs of chunks on the workspace's pool ---------------- */
+
+typedef struct chunk_job {
+    const flx_attn_ws_t *ws;
+    const flx_kv_head_view_t *view;
+    int host;                   /* 0: window chunks, 1: host chunks */
+} chunk_job_t;
+
+static flx_status_t chunk_run(void *ctx, const flx_pool_worker_t *w, uint64_t c0, uint64_t c1)
+{
+    (void)w;
+    const chunk_job_t *j = ctx;
+    for (uint64_t c = c0; c < c1; c++) {
+        if (j->host) flx_attn_host_chunk(j->ws, j->view, (uint32_t)c, flx_attn_slot(j->ws, (uint32_t)c));
+        else flx_attn_window_chunk(j->ws, j->view, (uint32_t)c, flx_attn_slot(j->ws, (uint32_t)c));
+    }
+    return FLX_OK;
+}
+
 /* ---------------- scoring ---------------- */
+
+typedef struct score_job {
+    const flx_bf16_t *meta;
+    attn_dots_fn dots;
+    const attn_q_t *pq;
+    const uint8_t *heads;
+    uint32_t G, n;
+    float *scores;
+} score_job_t;
+
+#define SCORE_CHUNK 256   /* entries per chunk: a multiple of the 4-row tiles */
+
+static flx_status_t score_run(void *ctx, const flx_pool_worker_t *w, uint64_t e0, uint64_t e1)
+{
+    (void)w;
+    const score_job_t *j = ctx;
+    const size_t W = j->pq->W;
+    /* the metadata is one sequential stream: prefetch SCORE_AHEAD entries ahead as it is consumed
+     * (a prefetch past the end never faults and is never read) */
+    enum { SCORE_AHEAD = 16 };
+    j->dots(j->meta + e0 * W, W, (uint32_t)(e1 - e0), j->pq, j->heads, j->G, j->scores + e0, j->n,
+            j->meta + (e0 + SCORE_AHEAD) * W);
+    return FLX_OK;
+}
 
 flx_status_t flx_attn_score(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int level, const float *q,
                             float *scores)
@@ -243,70 +400,14 @@ flx_status_t flx_attn_score(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, i
     flx_isa_t isa = flx_isa_active();
     attn_q_t pq;
     prep_q_score(ws, q, isa, &pq);
-    attn_dots_fn dots = pick_dots(isa);
     uint8_t heads[FLX_ATTN_MAX_GROUP];
     uint32_t G = ws->shape.group;
     for (uint32_t h = 0; h < G; h++) heads[h] = (uint8_t)h;
-    const flx_bf16_t *meta = view->meta[level];
-    const size_t W = pq.W;
-    int nt = attn_threads(ws);
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        int tid, nth;
-        thread_ids(&tid, &nth);
-        uint32_t e0 = (uint32_t)((uint64_t)n * tid / nth), e1 = (uint32_t)((uint64_t)n * (tid + 1) / nth);
-        /* the metadata is one sequential stream: prefetch SCORE_AHEAD entries ahead as it is consumed
-         * (a prefetch past the end never faults and is never read) */
-        enum { SCORE_AHEAD = 16 };
-        if (e1 > e0) dots(meta + e0 * W, W, e1 - e0, &pq, heads, G, scores + e0, n, meta + (e0 + SCORE_AHEAD) * W);
-    }
-    return FLX_OK;
+    score_job_t j = {view->meta[level], pick_dots(isa), &pq, heads, G, n, scores};
+    return flx_pool_for(ws->shape.pool, n, SCORE_CHUNK, score_run, &j);
 }
 
-static void part_reset(float *part, uint32_t G, uint32_t D)
-{
-    for (uint32_t h = 0; h < G; h++) {
-        float *st = part + h * PART_STRIDE(D);
-        st[0] = -INFINITY;
-        st[1] = 0;
-        memset(st + 16, 0, D * sizeof(float));
-    }
-}
-
-/* Merges the per-thread states of heads in mask into o, lse (thread order fixed). */
-static void part_finish(const flx_attn_ws_t *ws, int nth, flx_isa_t isa, float *o, float *lse)
-{
-    uint32_t G = ws->shape.group, D = ws->shape.head_dim;
-    for (uint32_t h = 0; h < G; h++) {
-        float M = -INFINITY;
-        for (int t = 0; t < nth; t++) {
-            const float *st = ws->part + ((size_t)t * G + h) * PART_STRIDE(D);
-            if (st[1] > 0 && st[0] > M) M = st[0];
-        }
-        float *oh = o + (size_t)h * D;
-        if (M == -INFINITY) {
-            memset(oh, 0, D * sizeof *oh);
-            lse[h] = -INFINITY;
-            continue;
-        }
-        double L = 0;
-        for (int t = 0; t < nth; t++) {
-            const float *st = ws->part + ((size_t)t * G + h) * PART_STRIDE(D);
-            if (st[1] > 0) L += st[1] * exp((double)st[0] - M);
-        }
-        for (uint32_t d = 0; d < D; d++) {
-            double a = 0;
-            for (int t = 0; t < nth; t++) {
-                const float *st = ws->part + ((size_t)t * G + h) * PART_STRIDE(D);
-                if (st[1] > 0) a += st[16 + d] * exp((double)st[0] - M);
-            }
-            oh[d] = (float)(a / L);
-        }
-        lse[h] = (float)(M + log(L));
-        if (isa == FLX_ISA_AVX2) unperm_eo(oh, D);
-        else if (isa >= FLX_ISA_AVX512) unperm_eo32(oh, D);
-    }
-}
+/* ---------------- window and sparse kernels ---------------- */
 
 flx_status_t flx_attn_window(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q, float *o,
                              float *lse)
@@ -318,41 +419,18 @@ flx_status_t flx_attn_window(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, 
     if (view->head_dim != ws->shape.head_dim)
         return flx_error_set(FLX_ERR_INVALID, "window: view head_dim %u vs workspace %u", view->head_dim,
                              ws->shape.head_dim);
-    uint32_t n = view->n_win, G = ws->shape.group, D = ws->shape.head_dim;
-    if (n && (!view->win_k || !view->win_v))
-        return flx_error_set(FLX_ERR_INVALID, "window: n_win %u but no window arrays", n);
-    flx_isa_t isa = flx_isa_active();
-    attn_q_t pq;
-    prep_q_attn(ws, q, isa, &pq);
-    attn_block_fn fn = pick_block(isa);
-    uint8_t heads[FLX_ATTN_MAX_GROUP];
-    const uint32_t nh = mask_heads(G == 64 ? ~0ull : ((1ull << G) - 1), heads);
-    uint32_t nchunk = (n + 15) / 16;
-    int used = 1, nt = attn_threads(ws);
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        int tid, nth;
-        thread_ids(&tid, &nth);
-        if (tid == 0) used = nth;
-        float *part = ws->part + (size_t)tid * G * PART_STRIDE(D);
-        part_reset(part, G, D);
-        uint32_t c0 = (uint32_t)((uint64_t)nchunk * tid / nth), c1 = (uint32_t)((uint64_t)nchunk * (tid + 1) / nth);
-        for (uint32_t c = c0; c < c1; c++) {
-            uint32_t ntok = n - c * 16 < 16 ? n - c * 16 : 16;
-            const flx_bf16_t *nk = NULL, *nv = NULL;   /* the window is contiguous: rows go on in order */
-            if (c + 1 < c1 && n - (c + 1) * 16 >= 16)
-                nk = view->win_k + (size_t)(c + 1) * 16 * D, nv = view->win_v + (size_t)(c + 1) * 16 * D;
-            fn(view->win_k + (size_t)c * 16 * D, view->win_v + (size_t)c * 16 * D, ntok, D, &pq, heads, nh, part, nk,
-               nv);
-        }
-    }
-    part_finish(ws, used, isa, o, lse);
+    if (view->n_win && (!view->win_k || !view->win_v))
+        return flx_error_set(FLX_ERR_INVALID, "window: n_win %u but no window arrays", view->n_win);
+    flx_attn_prep_attn_q(ws, q);
+    const uint32_t nc = flx_attn_plan_window(ws, view->n_win);
+    chunk_job_t j = {ws, view, 0};
+    if ((st = flx_pool_for(ws->shape.pool, nc, 1, chunk_run, &j))) return st;
+    flx_attn_part_finish(ws, 0, nc, o, lse);
     return FLX_OK;
 }
 
-/* Union of the heads' selections -> ws->mask / ws->list; returns the list length or an error. */
-static flx_status_t build_union(flx_attn_ws_t *ws, uint32_t n, const uint32_t *sel, uint32_t sel_stride,
-                                const uint32_t *k, uint32_t *n_list_p)
+flx_status_t flx_attn_build_union(flx_attn_ws_t *ws, uint32_t n, const uint32_t *sel, uint32_t sel_stride,
+                                  const uint32_t *k, uint32_t *n_list_p)
 {
     uint32_t G = ws->shape.group;
     memset(ws->mask, 0, (size_t)n * sizeof *ws->mask);
@@ -377,51 +455,14 @@ static flx_status_t build_union(flx_attn_ws_t *ws, uint32_t n, const uint32_t *s
     return FLX_OK;
 }
 
-/* Attention over ws->list[0..n_list) (masks in ws->mask) at blk = 16 << level; q already prepared. */
-static void sparse_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int level, uint32_t n_list,
-                       flx_isa_t isa, const attn_q_t *pq, float *o, float *lse)
+/* Host chunks of the union already in ws (list, mask, level, n_list planned) on the pool, merged
+ * into o, lse. */
+static flx_status_t host_all(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, float *o, float *lse)
 {
-    uint32_t G = ws->shape.group, D = ws->shape.head_dim, ppb = 1u << level, l_cpu = view->l_cpu;
-    attn_block_fn fn = pick_block(isa);
-    int used = 1, nt = attn_threads(ws);
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        int tid, nth;
-        thread_ids(&tid, &nth);
-        if (tid == 0) used = nth;
-        float *part = ws->part + (size_t)tid * G * PART_STRIDE(D);
-        part_reset(part, G, D);
-        uint32_t u0 = (uint32_t)((uint64_t)n_list * tid / nth), u1 = (uint32_t)((uint64_t)n_list * (tid + 1) / nth);
-        /* Each block hands the kernel the next one of this thread's slice, whose K and V are
-         * prefetched while it computes (a gathered selection defeats the hardware streamer). */
-        uint8_t heads[FLX_ATTN_MAX_GROUP];
-        for (uint32_t u = u0; u < u1; u++) {
-            uint32_t b = ws->list[u];
-            const uint32_t nh = mask_heads(ws->mask[b], heads);
-            uint32_t p1 = (b + 1) * ppb < view->n_blocks ? (b + 1) * ppb : view->n_blocks;
-            for (uint32_t pb = b * ppb; pb < p1; pb++) {
-                uint32_t ntok = l_cpu - pb * 16 < 16 ? l_cpu - pb * 16 : 16;
-                uint32_t nb = pb + 1 < p1 ? pb + 1 : u + 1 < u1 ? ws->list[u + 1] * ppb : UINT32_MAX;
-                const flx_bf16_t *nk = NULL, *nv = NULL;
-                if (nb < view->n_blocks && l_cpu - nb * 16 >= 16) nk = flx_kv_block_k(view, nb), nv = flx_kv_block_v(view, nb);
-                fn(flx_kv_block_k(view, pb), flx_kv_block_v(view, pb), ntok, D, pq, heads, nh, part, nk, nv);
-            }
-        }
-    }
-    part_finish(ws, used, isa, o, lse);
-}
-
-/* Union of the heads' selections, then attention over it; *n_list_p = distinct logical blocks. */
-static flx_status_t union_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int level, const float *q,
-                              const uint32_t *sel, uint32_t sel_stride, const uint32_t *k, float *o, float *lse,
-                              uint32_t *n_list_p)
-{
-    flx_status_t st = build_union(ws, flx_kv_meta_count(view->l_cpu, level), sel, sel_stride, k, n_list_p);
+    chunk_job_t j = {ws, view, 1};
+    flx_status_t st = flx_pool_for(ws->shape.pool, ws->n_host_chunks, 1, chunk_run, &j);
     if (st) return st;
-    flx_isa_t isa = flx_isa_active();
-    attn_q_t pq;
-    prep_q_attn(ws, q, isa, &pq);
-    sparse_run(ws, view, level, *n_list_p, isa, &pq, o, lse);
+    flx_attn_part_finish(ws, 0, ws->n_host_chunks, o, lse);
     return FLX_OK;
 }
 
@@ -440,39 +481,8 @@ flx_status_t flx_attn_sparse(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, 
             if (k[h]) return flx_error_set(FLX_ERR_INVALID, "sparse: sel is NULL but k[%u] = %u", h, k[h]);
     }
     uint32_t n_list;
-    return union_run(ws, view, level, q, sel, sel_stride, k, o, lse, &n_list);
-}
-
-flx_status_t flx_attn_task_full_host(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q, float *o,
-                                     float *lse, uint64_t *bytes_p)
-{
-    uint32_t G = ws->shape.group, n = view->n_blocks;
-    uint64_t all = G == 64 ? ~0ull : ((1ull << G) - 1);
-    for (uint32_t b = 0; b < n; b++) {
-        ws->mask[b] = all;
-        ws->list[b] = b;
-    }
-    flx_isa_t isa = flx_isa_active();
-    attn_q_t pq;
-    prep_q_attn(ws, q, isa, &pq);
-    sparse_run(ws, view, 0, n, isa, &pq, o, lse);
-    *bytes_p = (uint64_t)view->l_cpu * view->head_dim * 4;
-    return FLX_OK;
-}
-
-flx_status_t flx_attn_task_sparse(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int level, const float *q,
-                                  float *o, float *lse, uint64_t *bytes_p)
-{
-    uint32_t n_list;
-    flx_status_t st = union_run(ws, view, level, q, ws->sel, ws->n_max, ws->k, o, lse, &n_list);
-    if (st) return st;
-    /* K+V bytes of the distinct blocks read (the last block holds only the tokens up to l_cpu) */
-    uint64_t tok = 0;
-    const uint32_t blk = 16u << level;
-    for (uint32_t u = 0; u < n_list; u++) {
-        uint32_t b = ws->list[u], t1 = (b + 1) * blk < view->l_cpu ? (b + 1) * blk : view->l_cpu;
-        tok += t1 - b * blk;
-    }
-    *bytes_p = tok * view->head_dim * 4;
-    return FLX_OK;
+    if ((st = flx_attn_build_union(ws, flx_kv_meta_count(view->l_cpu, level), sel, sel_stride, k, &n_list))) return st;
+    flx_attn_prep_attn_q(ws, q);
+    flx_attn_plan_host(ws, view, level, n_list);
+    return host_all(ws, view, o, lse);
 }

@@ -8,12 +8,22 @@ flx_status_t flx_attn_check_view(const flx_kv_head_view_t *view, const char *who
 flx_status_t flx_attn_check_sel(const flx_kv_head_view_t *view, int level, uint32_t G, const uint32_t *sel,
                                 uint32_t sel_stride, const uint32_t *k, const char *who);
 
-/* The task's host part (attn_cpu.c, used by attn_task.c), in the caller-checked workspace:
- * FULL reads every host block; SPARSE reads the union of ws->sel / ws->k (stride ws->n_max).
- * *bytes_p = K+V bytes read. */
-flx_status_t flx_attn_task_full_host(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q, float *o,
-                                     float *lse, uint64_t *bytes_p);
-flx_status_t flx_attn_task_sparse(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int level, const float *q,
-                                  float *o, float *lse, uint64_t *bytes_p);
+/* The chunk machinery of attn_cpu.c (attn.h, CHUNKS), used by the task in attn_task.c. */
+/* Prepares q for attention (scaled, in the active ISA's layout) and records that ISA in ws->isa. */
+void flx_attn_prep_attn_q(flx_attn_ws_t *ws, const float *q);
+/* The chunk plans: set ws->win_rows / ws->host_entries (+ level, n_list); return the chunk counts. */
+uint32_t flx_attn_plan_window(flx_attn_ws_t *ws, uint32_t n_win);
+uint32_t flx_attn_plan_host(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int level, uint32_t n_list);
+/* The online-softmax state of chunk slot c: (G, D + 16). */
+float *flx_attn_slot(const flx_attn_ws_t *ws, uint32_t c);
+/* One chunk into part (a slot); reads only ws's prepared q, plan, list and mask: distinct chunks may
+ * run at once. */
+void flx_attn_window_chunk(const flx_attn_ws_t *ws, const flx_kv_head_view_t *view, uint32_t c, float *part);
+void flx_attn_host_chunk(const flx_attn_ws_t *ws, const flx_kv_head_view_t *view, uint32_t c, float *part);
+/* Slots [first, first + n) merged in order -> o (G, D), lse (G). */
+void flx_attn_part_finish(const flx_attn_ws_t *ws, uint32_t first, uint32_t n, float *o, float *lse);
+/* Union of the heads' selections -> ws->mask, ws->list; *n_list_p = its length. */
+flx_status_t flx_attn_build_union(flx_attn_ws_t *ws, uint32_t n, const uint32_t *sel, uint32_t sel_stride,
+                                  const uint32_t *k, uint32_t *n_list_p);
 
 #endif

@@ -2,9 +2,12 @@
  * attn_task.c - plan/workspace, argument checks, top-k, LSE merge and the per-group task.
  *
  * DESIGN
- * The task is window attention -> (scoring -> top-k per head) -> sparse attention over the union
- * of the heads' blocks -> merge, all in the caller's workspace. FULL skips scoring and reads every
- * host block through the sparse driver with an all-heads mask; FIXED is SPARSE with one budget.
+ * The task is (scoring -> top-k per head) -> the union of the heads' blocks, then chunks of window
+ * and host attention, then the merges, all in the caller's workspace. FULL skips scoring and reads
+ * every host block through the same chunks with an all-heads mask; FIXED is SPARSE with one
+ * budget. The stages are public (flx_attn_task_begin / _chunk / _end) so that a scheduler can put
+ * the chunks of many tasks on its workers; flx_attn_group_run and flx_attn_host_run are the same
+ * stages with the chunks on the workspace's pool, so both paths give the same bits.
  * Top-k finds the k-th largest score tau by a three-way quickselect on the values, then takes
  * every index above tau and the lowest indices equal to tau: the set of the strict total order
  * (score desc, index asc), unique; the pivot comes from a fixed xorshift sequence (deterministic,
@@ -13,9 +16,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "attn_internal.h"
 #include "flx/util.h"
@@ -47,17 +47,7 @@ static flx_status_t check_shape(const flx_attn_shape_t *s)
     if (s->head_dim == 0 || s->head_dim % 16 || s->head_dim > FLX_ATTN_MAX_HEAD_DIM)
         return flx_error_set(FLX_ERR_INVALID, "attn plan: head_dim %u not a multiple of 16 in 16..%d", s->head_dim,
                              FLX_ATTN_MAX_HEAD_DIM);
-    if (s->n_threads > 1024)
-        return flx_error_set(FLX_ERR_INVALID, "attn plan: n_threads %u above 1024", s->n_threads);
     return FLX_OK;
-}
-
-static uint32_t resolve_threads(uint32_t n)
-{
-#ifdef _OPENMP
-    if (n == 0) n = (uint32_t)omp_get_max_threads();
-#endif
-    return n ? n : 1;
 }
 
 /* One carving routine for the size-only pass (mem NULL) and the real one. */
@@ -65,7 +55,7 @@ static size_t carve(flx_attn_ws_t *ws, const flx_attn_shape_t *s, void *mem, siz
 {
     flx_arena_t a;
     flx_arena_init(&a, mem, bytes);
-    size_t G = s->group, D = s->head_dim, T = resolve_threads(s->n_threads);
+    size_t G = s->group, D = s->head_dim, T = FLX_ATTN_MAX_CHUNKS;
     size_t n = FLX_DIV_UP((size_t)s->max_l_cpu, 16) + 1;
     ws->q_f32 = flx_arena_alloc(&a, G * 2 * D * sizeof(float));
     ws->q_hi = flx_arena_alloc(&a, G * 2 * D * sizeof(flx_bf16_t));
@@ -76,10 +66,10 @@ static size_t carve(flx_attn_ws_t *ws, const flx_attn_shape_t *s, void *mem, siz
     ws->mask = flx_arena_alloc(&a, n * sizeof(uint64_t));
     ws->list = flx_arena_alloc(&a, n * sizeof(uint32_t));
     ws->part = flx_arena_alloc(&a, T * G * (D + 16) * sizeof(float));
+    ws->chunk_ns = flx_arena_alloc(&a, T * sizeof(uint64_t));
     ws->o_win = flx_arena_alloc(&a, G * D * sizeof(float));
     ws->lse_win = flx_arena_alloc(&a, G * sizeof(float));
     ws->shape = *s;
-    ws->shape.n_threads = (uint32_t)T;
     ws->n_max = (uint32_t)n;
     return a.used + FLX_CACHELINE;   /* room to align an unaligned start */
 }
@@ -104,6 +94,7 @@ flx_status_t flx_attn_ws_init(flx_attn_ws_t *ws, const flx_attn_shape_t *shape, 
     if (bytes < need)
         return flx_error_set(FLX_ERR_INVALID, "attn ws_init: %zu bytes given, plan needs %zu", bytes, need);
     uintptr_t p = (uintptr_t)mem, al = FLX_ALIGN_UP(p, FLX_CACHELINE);
+    memset(ws, 0, sizeof *ws);
     carve(ws, shape, (void *)al, bytes - (al - p));
     return FLX_OK;
 }
@@ -307,12 +298,11 @@ static flx_status_t check_cfg(const flx_attn_ws_t *ws, const flx_attn_cfg_t *cfg
     return FLX_OK;
 }
 
-static flx_status_t check_task(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q, float *o,
-                               float *lse, const char *who)
+static flx_status_t check_task(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q, const char *who)
 {
     flx_status_t st = flx_attn_check_view(view, who);
     if (st) return st;
-    if (!ws || !q || !o || !lse) return flx_error_set(FLX_ERR_INVALID, "%s: NULL argument", who);
+    if (!ws || !q) return flx_error_set(FLX_ERR_INVALID, "%s: NULL argument", who);
     if (view->head_dim != ws->shape.head_dim)
         return flx_error_set(FLX_ERR_INVALID, "%s: view head_dim %u differs from the workspace's D %u", who,
                              view->head_dim, ws->shape.head_dim);
@@ -325,19 +315,48 @@ static flx_status_t check_task(flx_attn_ws_t *ws, const flx_kv_head_view_t *view
     return FLX_OK;
 }
 
-flx_status_t flx_attn_host_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q,
-                               const flx_attn_cfg_t *cfg, float *o, float *lse, flx_attn_timing_t *timing)
+typedef struct topk_job {
+    const flx_attn_ws_t *ws;
+    uint32_t n;
+} topk_job_t;
+
+static flx_status_t topk_heads(void *ctx, const flx_pool_worker_t *w, uint64_t h0, uint64_t h1)
+{
+    (void)w;
+    const topk_job_t *j = ctx;
+    const flx_attn_ws_t *ws = j->ws;
+    for (uint64_t h = h0; h < h1; h++) {
+        flx_status_t st = flx_topk(ws->scores + h * j->n, j->n, ws->k[h], ws->sel + h * ws->n_max);
+        if (st) return st;
+    }
+    return FLX_OK;
+}
+
+flx_status_t flx_attn_task_begin(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q,
+                                 const flx_attn_cfg_t *cfg, int with_window, uint32_t *n_chunks_p)
 {
     int level;
-    flx_status_t st = check_task(ws, view, q, o, lse, "attn host_run");
+    flx_status_t st = check_task(ws, view, q, "attn task");
     if (st || (st = check_cfg(ws, cfg, &level))) return st;
-    uint32_t G = ws->shape.group, D = ws->shape.head_dim;
-    uint64_t t0 = flx_now_ns(), t1, t2, ts = 0, bytes = 0;
+    if (!n_chunks_p) return flx_error_set(FLX_ERR_INVALID, "attn task: n_chunks_p is NULL");
+    if (with_window && view->n_win && (!view->win_k || !view->win_v))
+        return flx_error_set(FLX_ERR_INVALID, "attn task: n_win %u but no window arrays", view->n_win);
+    const uint32_t G = ws->shape.group, D = ws->shape.head_dim;
+    ws->view = *view;
+    ws->with_window = with_window != 0;
+    ws->score_ns = ws->topk_ns = ws->score_bytes = 0;
+    uint32_t n_list = 0;
+    uint64_t tokens = 0;
     if (cfg->mode == FLX_ATTN_FULL) {
-        t1 = t0;
-        st = flx_attn_task_full_host(ws, view, q, o, lse, &bytes);
+        const uint64_t all = G == 64 ? ~0ull : ((1ull << G) - 1);
+        for (uint32_t b = 0; b < view->n_blocks; b++) {
+            ws->mask[b] = all;
+            ws->list[b] = b;
+        }
+        n_list = view->n_blocks;
+        tokens = view->l_cpu;
     } else {
-        uint32_t blk = 16u << level, n = view->meta_n[level];
+        const uint32_t blk = 16u << level, n = view->meta_n[level];
         int any = 0, all = 1;
         for (uint32_t h = 0; h < G; h++) {
             float b = cfg->mode == FLX_ATTN_FIXED ? cfg->budget : cfg->budgets[h];
@@ -346,57 +365,106 @@ flx_status_t flx_attn_host_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view
             all &= ws->k[h] == n;
         }
         if (any && !all) {
+            const uint64_t t0 = flx_now_ns();
             if ((st = flx_attn_score(ws, view, level, q, ws->scores))) return st;
-            ts = flx_now_ns();
-            uint32_t *sel = ws->sel;
-            const float *scores = ws->scores;
-            uint32_t nmax = ws->n_max;
-            const uint32_t *kk = ws->k;
-            int nt = (int)ws->shape.n_threads;
-#ifdef FLX_TSAN
-            nt = 1;
-#endif
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-            for (uint32_t h = 0; h < G; h++)
-                flx_topk(scores + (size_t)h * n, n, kk[h], sel + (size_t)h * nmax);
+            const uint64_t t1 = flx_now_ns();
+            topk_job_t tj = {ws, n};
+            if ((st = flx_pool_for(ws->shape.pool, G, 1, topk_heads, &tj))) return st;
+            ws->score_ns = t1 - t0;
+            ws->topk_ns = flx_now_ns() - t1;
+            ws->score_bytes = (uint64_t)n * 2 * D * sizeof(flx_bf16_t);
         } else {
             for (uint32_t h = 0; h < G; h++)
                 for (uint32_t i = 0; i < ws->k[h]; i++) ws->sel[(size_t)h * ws->n_max + i] = i;
         }
-        if (timing) timing->score_bytes = any && !all ? (uint64_t)n * 2 * D * sizeof(flx_bf16_t) : 0;
-        t1 = flx_now_ns();
-        st = flx_attn_task_sparse(ws, view, level, q, o, lse, &bytes);
+        if ((st = flx_attn_build_union(ws, n, ws->sel, ws->n_max, ws->k, &n_list))) return st;
+        /* the distinct blocks read (the last one holds only the tokens up to l_cpu) */
+        for (uint32_t u = 0; u < n_list; u++) {
+            const uint32_t b = ws->list[u], t1 = (b + 1) * blk < view->l_cpu ? (b + 1) * blk : view->l_cpu;
+            tokens += t1 - b * blk;
+        }
     }
-    t2 = flx_now_ns();
-    if (st) return st;
+    ws->attn_bytes = tokens * D * 4;   /* K + V, bf16 */
+    flx_attn_prep_attn_q(ws, q);
+    const uint32_t nw = ws->with_window ? flx_attn_plan_window(ws, view->n_win) : (ws->n_win_chunks = 0);
+    const uint32_t nh = flx_attn_plan_host(ws, view, cfg->mode == FLX_ATTN_FULL ? 0 : level, n_list);
+    *n_chunks_p = nw + nh;
+    return FLX_OK;
+}
+
+flx_status_t flx_attn_task_chunk(flx_attn_ws_t *ws, uint32_t c)
+{
+    if (!ws) return flx_error_set(FLX_ERR_INVALID, "attn task chunk: workspace is NULL");
+    if (c >= ws->n_win_chunks + ws->n_host_chunks)
+        return flx_error_set(FLX_ERR_INVALID, "attn task chunk %u of %u", c, ws->n_win_chunks + ws->n_host_chunks);
+    const uint64_t t0 = flx_now_ns();
+    if (c < ws->n_win_chunks) flx_attn_window_chunk(ws, &ws->view, c, flx_attn_slot(ws, c));
+    else flx_attn_host_chunk(ws, &ws->view, c - ws->n_win_chunks, flx_attn_slot(ws, c));
+    ws->chunk_ns[c] = flx_now_ns() - t0;
+    return FLX_OK;
+}
+
+flx_status_t flx_attn_task_end(flx_attn_ws_t *ws, float *o, float *lse, flx_attn_timing_t *timing)
+{
+    if (!ws || !o || !lse) return flx_error_set(FLX_ERR_INVALID, "attn task end: NULL argument");
+    const uint32_t nw = ws->n_win_chunks, nh = ws->n_host_chunks;
+    flx_attn_part_finish(ws, nw, nh, o, lse);
+    const uint64_t t0 = flx_now_ns();
+    if (ws->with_window) {
+        flx_attn_part_finish(ws, 0, nw, ws->o_win, ws->lse_win);
+        flx_attn_merge(ws->shape.group, ws->shape.head_dim, ws->o_win, ws->lse_win, o, lse, o, lse);
+    }
     if (timing) {
-        if (cfg->mode == FLX_ATTN_FULL) timing->score_bytes = 0;
-        timing->score_ns = ts ? ts - t0 : 0;
-        timing->topk_ns = ts ? t1 - ts : t1 - t0;
-        timing->attn_ns = t2 - t1;
-        timing->attn_bytes = bytes;
+        uint64_t win = 0, host = 0;
+        for (uint32_t c = 0; c < nw + nh; c++) *(c < nw ? &win : &host) += ws->chunk_ns[c];
+        timing->window_ns = win;
+        timing->score_ns = ws->score_ns;
+        timing->topk_ns = ws->topk_ns;
+        timing->attn_ns = host;
+        timing->merge_ns = ws->with_window ? flx_now_ns() - t0 : 0;
+        timing->score_bytes = ws->score_bytes;
+        timing->attn_bytes = ws->attn_bytes;
     }
     return FLX_OK;
+}
+
+typedef struct task_job {
+    flx_attn_ws_t *ws;
+} task_job_t;
+
+static flx_status_t task_chunks(void *ctx, const flx_pool_worker_t *w, uint64_t c0, uint64_t c1)
+{
+    (void)w;
+    const task_job_t *j = ctx;
+    for (uint64_t c = c0; c < c1; c++) {
+        flx_status_t st = flx_attn_task_chunk(j->ws, (uint32_t)c);
+        if (st) return st;
+    }
+    return FLX_OK;
+}
+
+/* begin, every chunk on the workspace's pool, end. */
+static flx_status_t task_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q,
+                             const flx_attn_cfg_t *cfg, int with_window, float *o, float *lse,
+                             flx_attn_timing_t *timing, const char *who)
+{
+    if (!o || !lse) return flx_error_set(FLX_ERR_INVALID, "%s: NULL argument", who);
+    uint32_t n;
+    flx_status_t st = flx_attn_task_begin(ws, view, q, cfg, with_window, &n);
+    if (st) return st;
+    task_job_t j = {ws};
+    if ((st = flx_pool_for(ws->shape.pool, n, 1, task_chunks, &j))) return st;
+    return flx_attn_task_end(ws, o, lse, timing);
+}
+
+flx_status_t flx_attn_host_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q,
+                               const flx_attn_cfg_t *cfg, float *o, float *lse, flx_attn_timing_t *timing)
+{
+    return task_run(ws, view, q, cfg, 0, o, lse, timing, "attn host_run");
 }
 
 flx_status_t flx_attn_group_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q,
                                 const flx_attn_cfg_t *cfg, float *o, float *lse, flx_attn_timing_t *timing)
 {
-    int level;
-    flx_status_t st = check_task(ws, view, q, o, lse, "attn group_run");
-    if (st || (st = check_cfg(ws, cfg, &level))) return st;
-    if (view->n_win && (!view->win_k || !view->win_v))
-        return flx_error_set(FLX_ERR_INVALID, "attn group_run: n_win %u but no window arrays", view->n_win);
-    uint32_t G = ws->shape.group, D = ws->shape.head_dim;
-    uint64_t t0 = flx_now_ns();
-    if ((st = flx_attn_window(ws, view, q, ws->o_win, ws->lse_win))) return st;
-    uint64_t t1 = flx_now_ns();
-    if ((st = flx_attn_host_run(ws, view, q, cfg, o, lse, timing))) return st;
-    uint64_t t2 = flx_now_ns();
-    flx_attn_merge(G, D, ws->o_win, ws->lse_win, o, lse, o, lse);
-    if (timing) {
-        timing->window_ns = t1 - t0;
-        timing->merge_ns = flx_now_ns() - t2;
-    }
-    return FLX_OK;
+    return task_run(ws, view, q, cfg, 1, o, lse, timing, "attn group_run");
 }

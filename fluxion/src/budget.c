@@ -10,14 +10,13 @@
  * accumulator seeded with the window partial, and the criterion is checked after each: the cost is
  * O(l_cpu D) for the dots, O(n) for the heap and O(D) per token actually added, so 128K-token
  * labels stay affordable. The first k that meets the criterion is taken (errors need not fall
- * monotonically). Scratch is allocated once per call and split per OpenMP thread.
+ * monotonically). Heads are independent: a pool's workers take one head at a time (two runs:
+ * the full outputs, whose largest norm the FLUXION criterion needs, then the searches); scratch is
+ * allocated once per call and split per worker.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "flx/attn.h"
 #include "flx/budget.h"
@@ -260,6 +259,85 @@ static uint32_t least_k(const flx_kv_head_view_t *v, const head_ctx_t *c, const 
     return k;
 }
 
+typedef struct label_job {
+    const flx_label_layer_in_t *in;
+    flx_head_label_t *out;
+    uint32_t G, D, l_cpu, nb;
+    const uint32_t *blks;
+    const int *slot;
+    double *ofull, *lse_full;   /* (Hq, D), (Hq) */
+    unsigned char *scratch;     /* (workers, per_thread) */
+    size_t per_thread;
+    double maxnorm;
+    int want_fit;
+} label_job_t;
+
+static flx_status_t label_full(void *ctx, const flx_pool_worker_t *w, uint64_t h0, uint64_t h1)
+{
+    const label_job_t *j = ctx;
+    const uint32_t D = j->D;
+    for (uint64_t h = h0; h < h1; h++) {
+        acc_t a = {.o = (double *)(j->scratch + (size_t)w->index * j->per_thread)};
+        j->lse_full[h] = full_head(&j->in->views[h / j->G], j->in->q + (size_t)h * D, &a, j->ofull + (size_t)h * D);
+    }
+    return FLX_OK;
+}
+
+static flx_status_t label_heads(void *ctx, const flx_pool_worker_t *w, uint64_t h0, uint64_t h1)
+{
+    const label_job_t *j = ctx;
+    const flx_label_layer_in_t *in = j->in;
+    const uint32_t D = j->D, l_cpu = j->l_cpu;
+    for (uint64_t h = h0; h < h1; h++) {
+        unsigned char *sp = j->scratch + (size_t)w->index * j->per_thread;
+        acc_t win = {.o = (double *)sp}, a = {.o = (double *)sp + D};
+        double *dots = (double *)sp + 3 * D;
+        hent_t *hp = (hent_t *)(dots + l_cpu);
+        const flx_kv_head_view_t *v = &in->views[h / j->G];
+        const float *q = in->q + (size_t)h * D;
+        const double *of = j->ofull + (size_t)h * D;
+        double on = 0;
+        for (uint32_t d = 0; d < D; d++) on += of[d] * of[d];
+        head_ctx_t c = {.crit = in->crit, .tau = in->tau, .o_full = of, .lse_full = j->lse_full[h],
+                        .norm = in->crit == FLX_CRIT_FLUXION ? j->maxnorm : sqrt(on)};
+        flx_head_label_t lab;
+        memset(&lab, 0, sizeof lab);
+        acc_window(&win, v, q, 1.0 / sqrt((double)D));
+        lab.err_window = (float)crit_err(&c, &win, D);
+        lab.streaming = (uint8_t)crit_ok(&c, lab.err_window);
+        if (!lab.streaming) {
+            for (uint32_t t = 0; t < l_cpu; t++) dots[t] = dot_bf16(q, host_k(v, t), D);
+            for (uint32_t jj = 0; jj < j->nb; jj++) {
+                uint32_t blk = j->blks[jj], n;
+                if (blk == 1) {
+                    n = l_cpu;
+                    for (uint32_t t = 0; t < n; t++) hp[t] = (hent_t){(float)dots[t], t};
+                } else {
+                    int lv = flx_attn_blk_level(blk);
+                    const flx_bf16_t *meta = v->meta[lv];
+                    n = v->meta_n[lv];
+                    for (uint32_t b = 0; b < n; b++) {
+                        const flx_bf16_t *mn = meta + (size_t)b * 2 * D, *mx = mn + D;
+                        double s = 0;
+                        for (uint32_t d = 0; d < D; d++) {
+                            double x = (double)q[d] * flx_bf16_to_f32(mn[d]);
+                            double y = (double)q[d] * flx_bf16_to_f32(mx[d]);
+                            s += x > y ? x : y;
+                        }
+                        hp[b] = (hent_t){(float)s, b};
+                    }
+                }
+                for (uint32_t i = n / 2; i-- > 0;) sift_down(hp, n, i);
+                uint32_t k = least_k(v, &c, &win, &a, hp, n, blk, dots);
+                lab.bgt[j->slot[jj]] = flx_label_budget(k, l_cpu, blk);
+            }
+            if (j->want_fit) flx_label_fit(lab.bgt, &lab.bgt0, &lab.k);
+        }
+        j->out[h] = lab;
+    }
+    return FLX_OK;
+}
+
 flx_status_t flx_label_layer(const flx_label_layer_in_t *in, flx_head_label_t *out)
 {
     if (!in || !out) return flx_error_set(FLX_ERR_INVALID, "label layer: in or out is NULL");
@@ -285,14 +363,8 @@ flx_status_t flx_label_layer(const flx_label_layer_in_t *in, flx_head_label_t *o
 
     const uint32_t Hq = in->n_q_heads, G = Hq / in->n_kv_heads, D = in->views[0].head_dim;
     const uint32_t l_cpu = in->views[0].l_cpu;
-    int nt = in->n_threads ? (int)in->n_threads : 1;
-#ifdef _OPENMP
-    if (!in->n_threads) nt = omp_get_max_threads();
-#else
-    nt = 1;
-#endif
-    if ((uint32_t)nt > Hq) nt = (int)Hq;
-    /* per head: o_full (D) + lse; per thread: 3 accumulators' o (D), dots (l_cpu), heap (l_cpu) */
+    const uint32_t nt = flx_pool_size(in->pool);
+    /* per head: o_full (D) + lse; per worker: 3 accumulators' o (D), dots (l_cpu), heap (l_cpu) */
     size_t per_thread = (size_t)3 * D * sizeof(double) + (size_t)l_cpu * (sizeof(double) + sizeof(hent_t));
     double *ofull = malloc((size_t)Hq * (D + 1) * sizeof(double));
     unsigned char *scratch = malloc((size_t)nt * per_thread + 16);
@@ -301,84 +373,25 @@ flx_status_t flx_label_layer(const flx_label_layer_in_t *in, flx_head_label_t *o
         free(scratch);
         return flx_error_set(FLX_ERR_NOMEM, "label layer: no memory for %u heads of %u host tokens", Hq, l_cpu);
     }
-    double *lse_full = ofull + (size_t)Hq * D;
-
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (uint32_t h = 0; h < Hq; h++) {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
-        acc_t a = {.o = (double *)(scratch + (size_t)tid * per_thread)};
-        lse_full[h] = full_head(&in->views[h / G], in->q + (size_t)h * D, &a, ofull + (size_t)h * D);
-    }
-    double maxnorm = 0;
-    for (uint32_t h = 0; h < Hq; h++) {
+    label_job_t j = {.in = in, .out = out, .G = G, .D = D, .l_cpu = l_cpu, .nb = nb, .blks = blks, .slot = slot,
+                     .ofull = ofull, .lse_full = ofull + (size_t)Hq * D, .scratch = scratch, .per_thread = per_thread};
+    st = flx_pool_for(in->pool, Hq, 1, label_full, &j);
+    j.maxnorm = 0;
+    for (uint32_t h = 0; h < Hq && !st; h++) {
         double n2 = 0;
         for (uint32_t d = 0; d < D; d++) n2 += ofull[(size_t)h * D + d] * ofull[(size_t)h * D + d];
-        maxnorm = sqrt(n2) > maxnorm ? sqrt(n2) : maxnorm;
+        j.maxnorm = sqrt(n2) > j.maxnorm ? sqrt(n2) : j.maxnorm;
     }
 
-    int want_fit = 0, have_blk1 = 0;
-    for (uint32_t j = 0; j < nb; j++) {
-        have_blk1 |= slot[j] == 0;
-        want_fit |= slot[j] > 0;
+    int have_blk1 = 0;
+    for (uint32_t jj = 0; jj < nb; jj++) {
+        have_blk1 |= slot[jj] == 0;
+        j.want_fit |= slot[jj] > 0;
     }
-    want_fit &= have_blk1;
-
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
-    for (uint32_t h = 0; h < Hq; h++) {
-        int tid = 0;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-#endif
-        unsigned char *sp = scratch + (size_t)tid * per_thread;
-        acc_t win = {.o = (double *)sp}, a = {.o = (double *)sp + D};
-        double *dots = (double *)sp + 3 * D;
-        hent_t *hp = (hent_t *)(dots + l_cpu);
-        const flx_kv_head_view_t *v = &in->views[h / G];
-        const float *q = in->q + (size_t)h * D;
-        const double *of = ofull + (size_t)h * D;
-        double on = 0;
-        for (uint32_t d = 0; d < D; d++) on += of[d] * of[d];
-        head_ctx_t c = {.crit = in->crit, .tau = in->tau, .o_full = of, .lse_full = lse_full[h],
-                        .norm = in->crit == FLX_CRIT_FLUXION ? maxnorm : sqrt(on)};
-        flx_head_label_t lab;
-        memset(&lab, 0, sizeof lab);
-        acc_window(&win, v, q, 1.0 / sqrt((double)D));
-        lab.err_window = (float)crit_err(&c, &win, D);
-        lab.streaming = (uint8_t)crit_ok(&c, lab.err_window);
-        if (!lab.streaming) {
-            for (uint32_t t = 0; t < l_cpu; t++) dots[t] = dot_bf16(q, host_k(v, t), D);
-            for (uint32_t j = 0; j < nb; j++) {
-                uint32_t blk = blks[j], n;
-                if (blk == 1) {
-                    n = l_cpu;
-                    for (uint32_t t = 0; t < n; t++) hp[t] = (hent_t){(float)dots[t], t};
-                } else {
-                    int lv = flx_attn_blk_level(blk);
-                    const flx_bf16_t *meta = v->meta[lv];
-                    n = v->meta_n[lv];
-                    for (uint32_t b = 0; b < n; b++) {
-                        const flx_bf16_t *mn = meta + (size_t)b * 2 * D, *mx = mn + D;
-                        double s = 0;
-                        for (uint32_t d = 0; d < D; d++) {
-                            double x = (double)q[d] * flx_bf16_to_f32(mn[d]);
-                            double y = (double)q[d] * flx_bf16_to_f32(mx[d]);
-                            s += x > y ? x : y;
-                        }
-                        hp[b] = (hent_t){(float)s, b};
-                    }
-                }
-                for (uint32_t i = n / 2; i-- > 0;) sift_down(hp, n, i);
-                uint32_t k = least_k(v, &c, &win, &a, hp, n, blk, dots);
-                lab.bgt[slot[j]] = flx_label_budget(k, l_cpu, blk);
-            }
-            if (want_fit) flx_label_fit(lab.bgt, &lab.bgt0, &lab.k);
-        }
-        out[h] = lab;
-    }
+    j.want_fit &= have_blk1;
+    if (!st) st = flx_pool_for(in->pool, Hq, 1, label_heads, &j);
     free(ofull);
     free(scratch);
-    return FLX_OK;
+    return st;
 }
+

@@ -94,7 +94,7 @@ static flx_status_t predict_all(flx_predictor_h p, const flx_dataset_t *d, flx_h
     if (!pred || !scr) st = flx_error_set(FLX_ERR_NOMEM, "select estimate: predictions of %u rows", d->n);
     for (uint32_t r = 0; !st && r < d->n; r += chunk) {
         uint32_t n = d->n - r < chunk ? d->n - r : chunk;
-        st = flx_predictor_run(p, d->features + (size_t)r * FLX_FEAT_COUNT, n, pred + r, scr, scr_bytes, 0);
+        st = flx_predictor_run(p, d->features + (size_t)r * FLX_FEAT_COUNT, n, pred + r, scr, scr_bytes, NULL);
     }
     free(scr);
     if (st) {

@@ -157,7 +157,8 @@ flx_status_t flx_prefill_stats(const flx_prefill_layer_t *in, flx_head_stats_t *
     }
     const uint32_t blks[4] = {16, 32, 64, 128};
     flx_label_layer_in_t li = {.n_q_heads = Hq, .n_kv_heads = Hkv, .views = views, .q = in->q_anchor,
-                               .crit = FLX_CRIT_FLUXION, .tau = in->tau, .n_blk = 4, .blks = blks};
+                               .crit = FLX_CRIT_FLUXION, .tau = in->tau, .n_blk = 4, .blks = blks,
+                               .pool = in->pool};
     if ((st = flx_label_layer(&li, lab))) goto out;
 
     double max_win = 0;
@@ -319,7 +320,8 @@ static flx_status_t group_partials(flx_attn_ws_t *ws, const flx_bf16_t *K, const
     return FLX_OK;
 }
 
-flx_status_t flx_features_decode(const flx_feat_layer_t *in, float *feat, float *o_win, float *lse_win)
+flx_status_t flx_features_decode_groups(const flx_feat_layer_t *in, uint32_t g0, uint32_t g1, float *feat,
+                                        float *o_win, float *lse_win)
 {
     if (!in || !feat) return flx_error_set(FLX_ERR_INVALID, "features: in or feat is NULL");
     const uint32_t Hq = in->n_q_heads, Hkv = in->n_kv_heads, D = in->head_dim;
@@ -335,6 +337,8 @@ flx_status_t flx_features_decode(const flx_feat_layer_t *in, float *feat, float 
     for (uint32_t g = 0; g < Hkv && in->n_win; g++)
         if (!in->win_k[g] || !in->win_v[g])
             return flx_error_set(FLX_ERR_INVALID, "features: window of kv head %u is NULL", g);
+    if (g0 > g1 || g1 > Hkv)
+        return flx_error_set(FLX_ERR_INVALID, "features: kv groups [%u, %u) not within [0, %u)", g0, g1, Hkv);
     const uint32_t G = Hq / Hkv, ns = in->n_sink, nl = in->n_local, nn = in->n_win - ns - nl;
     flx_attn_ws_t *ws = in->ws;
     if (ws && (!o_win || !lse_win || ws->shape.group != G || ws->shape.head_dim != D))
@@ -344,8 +348,7 @@ flx_status_t flx_features_decode(const flx_feat_layer_t *in, float *feat, float 
     float qs[FLX_ATTN_MAX_HEAD_DIM], os[FLX_ATTN_MAX_HEAD_DIM], ol[FLX_ATTN_MAX_HEAD_DIM];
     float on[FLX_ATTN_MAX_HEAD_DIM], ow[FLX_ATTN_MAX_HEAD_DIM];
     float seg_lse[2][FLX_ATTN_MAX_GROUP], seg_norm[2][FLX_ATTN_MAX_GROUP];   /* sink, local of one group */
-    float max_win = 0;
-    for (uint32_t h = 0; h < Hq; h++) {
+    for (uint32_t h = g0 * G; h < g1 * G; h++) {
         const flx_head_stats_t *s = &in->stats[h];
         const float *q = in->q + (size_t)h * D, *qa = in->q_anchor + (size_t)h * D, *mk = in->mean_k + (size_t)h * D;
         const flx_bf16_t *K = in->win_k[h / G], *V = in->win_v[h / G];
@@ -412,11 +415,27 @@ flx_status_t flx_features_decode(const flx_feat_layer_t *in, float *feat, float 
         f[FLX_F_QA_NORM] = s->q_anchor_norm;
         f[FLX_F_Q_COS] = qn > 0 && qaqa > 0 ? (float)(qqa / (qn * sqrt(qaqa))) : 0.0f;
         f[FLX_F_MAX_ONORM_A] = s->max_onorm_gpu_anchor;
-        float nw = norm_vec(ow, D);
-        max_win = nw > max_win ? nw : max_win;
+        f[FLX_F_MAX_ONORM_Q] = norm_vec(ow, D);   /* this head's; the maximum comes in _finish */
         if (o_win && !ws) memcpy(o_win + (size_t)h * D, ow, D * sizeof(float));
         if (lse_win && !ws) lse_win[h] = lse_w;
     }
-    for (uint32_t h = 0; h < Hq; h++) feat[(size_t)h * FLX_FEAT_COUNT + FLX_F_MAX_ONORM_Q] = max_win;
+    return FLX_OK;
+}
+
+void flx_features_decode_finish(const flx_feat_layer_t *in, float *feat)
+{
+    float max_win = 0;
+    for (uint32_t h = 0; h < in->n_q_heads; h++) {
+        const float nw = feat[(size_t)h * FLX_FEAT_COUNT + FLX_F_MAX_ONORM_Q];
+        max_win = nw > max_win ? nw : max_win;
+    }
+    for (uint32_t h = 0; h < in->n_q_heads; h++) feat[(size_t)h * FLX_FEAT_COUNT + FLX_F_MAX_ONORM_Q] = max_win;
+}
+
+flx_status_t flx_features_decode(const flx_feat_layer_t *in, float *feat, float *o_win, float *lse_win)
+{
+    flx_status_t st = flx_features_decode_groups(in, 0, in ? in->n_kv_heads : 0, feat, o_win, lse_win);
+    if (st) return st;
+    flx_features_decode_finish(in, feat);
     return FLX_OK;
 }

@@ -167,12 +167,13 @@ const char *flx_kvsrc_describe(flx_kvsrc_h src) { return src->desc; }
 
 struct flx_synth *flx_kvsrc_synth(flx_kvsrc_h src) { return src ? src->syn : NULL; }
 
-flx_status_t flx_kvsrc_layer(flx_kvsrc_h src, uint32_t layer, flx_bf16_t *k, flx_bf16_t *v, float *q)
+flx_status_t flx_kvsrc_layer(flx_kvsrc_h src, uint32_t layer, flx_bf16_t *k, flx_bf16_t *v, float *q,
+                             flx_pool_h pool)
 {
     if (!src || !k || !v || !q) return flx_error_set(FLX_ERR_INVALID, "kv source layer: NULL argument");
     if (layer >= src->shape.n_layers)
         return flx_error_set(FLX_ERR_INVALID, "kv source layer %u out of range (n_layers %u)", layer, src->shape.n_layers);
-    if (src->syn) return flx_synth_layer(src->syn, layer, k, v, q);
+    if (src->syn) return flx_synth_layer(src->syn, layer, k, v, q, pool);
     char name[64];
     void *dst[3] = {k, v, q};
     const char which[3] = {'k', 'v', 'q'};

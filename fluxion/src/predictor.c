@@ -14,9 +14,10 @@
  * fused into the store. A panel (K x 32 floats, <= 32 KB) stays in L1 while all row tiles pass.
  * Measured on the 2.8 GHz Ice Lake Xeon (test_predictor prints it): 128 rows in about 175 us on
  * one core (about 160 GFLOP/s, near the 2 x 16-lane FMA peak of 179), 32 rows in about 49 us;
- * 28 MFLOP for 128 rows cannot go below about 160 us on one core, so 0.1 ms needs 2 threads.
- * Rows are independent, so threads split the rows into contiguous chunks and each carries its
- * chunk through all four layers in its own part of the scratch: no barrier between layers.
+ * 28 MFLOP for 128 rows cannot go below about 160 us on one core, so 0.1 ms needs 2 workers.
+ * Rows are independent (and a row's sums run in the same k order whatever tile it is in), so a
+ * pool's workers claim chunks of 32 rows and each carries its chunk through all four layers in its
+ * own part of the scratch: no barrier between layers, and results independent of the pool.
  * Standardization is applied to the features explicitly (not folded into W1): L_cpu-like features
  * have means far from 0 and folding would cancel catastrophically in fp32.
  * flx_mlp_forward_ref is the oracle: same math in double, straight from the (out, in) weights.
@@ -29,9 +30,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "flx/cpu.h"
 #include "flx/safetensors.h"
@@ -566,8 +564,24 @@ static void run_rows(const struct flx_predictor *p, layer_fn fn, const float *fe
     }
 }
 
+typedef struct run_job {
+    const struct flx_predictor *p;
+    layer_fn fn;
+    const float *feat;
+    float *xs, *ha, *hb, *hy;
+    flx_head_pred_t *out;
+} run_job_t;
+
+static flx_status_t run_chunk(void *ctx, const flx_pool_worker_t *w, uint64_t r0, uint64_t r1)
+{
+    (void)w;
+    const run_job_t *j = ctx;
+    run_rows(j->p, j->fn, j->feat, (uint32_t)r0, (uint32_t)r1, j->xs, j->ha, j->hb, j->hy, j->out);
+    return FLX_OK;
+}
+
 flx_status_t flx_predictor_run(flx_predictor_h p, const float *feat, uint32_t n_rows, flx_head_pred_t *out,
-                               void *scratch, size_t scratch_bytes, uint32_t n_threads)
+                               void *scratch, size_t scratch_bytes, flx_pool_h pool)
 {
     if (!p || (n_rows && (!feat || !out || !scratch)))
         return flx_error_set(FLX_ERR_INVALID, "predictor run: NULL argument");
@@ -581,26 +595,12 @@ flx_status_t flx_predictor_run(flx_predictor_h p, const float *feat, uint32_t n_
                                      (double)feat[(size_t)r * FLX_PRED_IN + i]);
     if (!n_rows) return FLX_OK;
     float *base = (float *)FLX_ALIGN_UP((uintptr_t)scratch, 64);
-    float *xs = base, *ha = xs + (size_t)n_rows * IN_PAD, *hb = ha + (size_t)n_rows * FLX_PRED_H1,
-          *hy = hb + (size_t)n_rows * FLX_PRED_H1;
-    flx_isa_t isa = flx_isa_active();
-    layer_fn fn = isa >= FLX_ISA_AVX512 ? layer_avx512 : isa >= FLX_ISA_AVX2 ? layer_avx2 : layer_scalar;
-    int nt = n_threads > 1 ? (int)n_threads : 1;
-    if ((uint32_t)nt > FLX_DIV_UP(n_rows, 8)) nt = (int)FLX_DIV_UP(n_rows, 8);
-#pragma omp parallel num_threads(nt) if (nt > 1)
-    {
-        int tid = 0, nth = 1;
-#ifdef _OPENMP
-        tid = omp_get_thread_num();
-        nth = omp_get_num_threads();
-#endif
-        /* chunks of whole 8-row tiles */
-        uint32_t tiles = FLX_DIV_UP(n_rows, 8);
-        uint32_t t0 = (uint32_t)((uint64_t)tiles * tid / nth), t1 = (uint32_t)((uint64_t)tiles * (tid + 1) / nth);
-        uint32_t r0 = t0 * 8, r1 = t1 * 8 < n_rows ? t1 * 8 : n_rows;
-        if (r0 < r1) run_rows(p, fn, feat, r0, r1, xs, ha, hb, hy, out);
-    }
-    return FLX_OK;
+    run_job_t j = {.p = p, .feat = feat, .out = out};
+    j.xs = base, j.ha = j.xs + (size_t)n_rows * IN_PAD, j.hb = j.ha + (size_t)n_rows * FLX_PRED_H1;
+    j.hy = j.hb + (size_t)n_rows * FLX_PRED_H1;
+    const flx_isa_t isa = flx_isa_active();
+    j.fn = isa >= FLX_ISA_AVX512 ? layer_avx512 : isa >= FLX_ISA_AVX2 ? layer_avx2 : layer_scalar;
+    return flx_pool_for(pool, n_rows, 32, run_chunk, &j);   /* chunks of whole 8-row tiles */
 }
 
 /* ---------------- evaluation ---------------- */
@@ -631,7 +631,7 @@ flx_status_t flx_predictor_evaluate(flx_predictor_h p, const flx_dataset_t *d, c
             memcpy(feat + (size_t)i * FLX_PRED_IN, d->features + (size_t)rows[c + i] * FLX_PRED_IN,
                    FLX_PRED_IN * sizeof(float));
         }
-        if ((st = flx_predictor_run(p, feat, n, pred, scratch, sb, 1))) goto out;
+        if ((st = flx_predictor_run(p, feat, n, pred, scratch, sb, NULL))) goto out;
         for (uint32_t i = 0; i < n; i++) {
             const float *lab = d->labels + (size_t)rows[c + i] * 3;
             int s = lab[2] >= 0.5f, ps = pred[i].p_streaming >= 0.5f;

@@ -374,172 +374,207 @@ float flx_synth_value_norm(const flx_synth_t *syn, uint32_t layer)
     return p->value_norm_base * (1.0f + p->value_norm_growth * depth);
 }
 
-flx_status_t flx_synth_layer(const flx_synth_t *syn, uint32_t layer, flx_bf16_t *k, flx_bf16_t *v, float *q)
+typedef struct synth_job {
+    const flx_synth_t *syn;
+    uint32_t layer;
+    float *cs;            /* (T, D) cos | sin per position */
+    flx_bf16_t *k, *v;
+    float *q;
+} synth_job_t;
+
+static flx_status_t rope_table(void *ctx, const flx_pool_worker_t *w, uint64_t t0, uint64_t t1)
+{
+    (void)w;
+    const synth_job_t *j = ctx;
+    const uint32_t D = j->syn->p.head_dim, half = D / 2;
+    for (uint64_t t = t0; t < t1; t++)
+        for (uint32_t i = 0; i < half; i++) {
+            double a = (double)t * j->syn->inv_freq[i];
+            j->cs[t * D + i] = (float)cos(a);
+            j->cs[t * D + half + i] = (float)sin(a);
+        }
+    return FLX_OK;
+}
+
+/* kv group g: its keys and values, and the queries of its heads; every random stream is keyed by
+ * (seed, layer, head or group, purpose), so groups are independent of each other and of who runs
+ * them. */
+static flx_status_t synth_group(const synth_job_t *job, uint32_t g)
+{
+    const flx_synth_t *syn = job->syn;
+    const flx_synth_params_t *p = &syn->p;
+    const uint32_t layer = job->layer, D = p->head_dim, half = D / 2, gs = p->n_q_heads / p->n_kv_heads;
+    const uint32_t T = p->prompt_len + p->n_steps, R = p->n_steps + 1, S = p->needle_sites;
+    const float sqd = sqrtf((float)D), vnorm = flx_synth_value_norm(syn, layer);
+    const float *cs = job->cs;
+    flx_bf16_t *k = job->k, *v = job->v;
+    float *q = job->q;
+    float *work = malloc(((size_t)(5 + 3 * gs * S) * D + (size_t)gs * S * 2) * sizeof *work);
+    if (!work) return FLX_ERR_NOMEM;
+    float *us = work, *ur = us + D, *x = ur + D, *y = x + D;
+    float *ndir = y + D, *vdir = ndir + (size_t)gs * S * D;
+    float *basis = vdir + (size_t)gs * S * D;                  /* (1 + gs S, D) orthonormal */
+    uint32_t *sb = (uint32_t *)(basis + (size_t)(1 + gs * S) * D); /* (gs, S) site begins */
+    uint8_t ret[1024];
+    flx_rng_t r;
+    stream(&r, p->seed, layer, g, P_SINKDIR, 0);
+    struct_dir(syn, &r, us, NULL);
+    stream(&r, p->seed, layer, g, P_RECDIR, 0);
+    rec_dir(syn, &r, ur);
+    for (uint32_t j = 0; j < gs; j++) {
+        uint32_t h = g * gs + j;
+        ret[j] = (uint8_t)head_is_retrieval(syn, layer, h);
+        if (!ret[j] || !S) continue;
+        sites(syn, layer, h, sb + (size_t)j * S);
+        stream(&r, p->seed, layer, h, P_NDIR, 0);
+        for (uint32_t k2 = 0; k2 < S; k2++) struct_dir(syn, &r, ndir + ((size_t)j * S + k2) * D, us);
+        stream(&r, p->seed, layer, h, P_VDIR, 0);
+        for (uint32_t k2 = 0; k2 < S; k2++) {
+            float *w = vdir + ((size_t)j * S + k2) * D;
+            fill_normal(&r, w, D, 1.0f);
+            double n2 = 0;
+            for (uint32_t i = 0; i < D; i++) n2 += (double)w[i] * w[i];
+            for (uint32_t i = 0; i < D; i++) w[i] *= (float)(1.0 / sqrt(n2));
+        }
+    }
+    /* The directions a query of this group is matched along after RoPE: w_0 = the sink direction
+     * (token 0 is never rotated) and, per needle site, its direction rotated to the span's
+     * centre c. They are made orthonormal in that rotated frame (Gram-Schmidt; the site's
+     * pre-RoPE key direction becomes R(-c) w, so its keys lie along R(t - c) w ~ w inside the
+     * span), and query noise is kept out of their span. Without this, rotation leaves every
+     * structural component overlapping the others by ~1/sqrt(structural dims), and noise
+     * against a key of amplitude KEY_AMP sqrt(D) scores with std KEY_AMP: sink and needle
+     * scores would swing by several units from step to step, which real sinks and retrieval
+     * matches do not. */
+    uint32_t nb = 0;
+    for (uint32_t j = 0; j <= gs * S; j++) {
+        float *b = basis + (size_t)nb * D, *u = NULL;
+        double c = 0;
+        if (j == 0) {
+            memcpy(b, us, D * sizeof *b);
+        } else {
+            uint32_t hj = (j - 1) / S, k2 = (j - 1) % S;
+            if (!ret[hj]) continue;
+            u = ndir + ((size_t)hj * S + k2) * D;
+            c = sb[(size_t)hj * S + k2] + 0.5 * (p->needle_len - 1);
+            memcpy(b, u, D * sizeof *b);
+            rope(syn, b, c);
+        }
+        project_out(b, basis, nb, D);
+        double n2 = 0;
+        for (uint32_t i = 0; i < D; i++) n2 += (double)b[i] * b[i];
+        if (n2 < 1e-6) continue;   /* more sites than structural dimensions: keep u as drawn */
+        for (uint32_t i = 0; i < D; i++) b[i] *= (float)(1.0 / sqrt(n2));
+        if (u) {
+            memcpy(u, b, D * sizeof *u);
+            rope(syn, u, -c);
+        }
+        nb++;
+    }
+    /* the projection removes nb of D noise dimensions; rescale to keep the bulk z-score spread */
+    const float noise_scale = nb < D ? sqrtf((float)D / (float)(D - nb)) : 1.0f;
+    const float amp = KEY_AMP * sqd;
+    /* keys and values, token by token (streams split per 4096-token chunk would also work; one
+     * stream per head keeps it simple and thread-count independent) */
+    flx_rng_t rk, rv;
+    stream(&rk, p->seed, layer, g, P_KEY, 0);
+    stream(&rv, p->seed, layer, g, P_VAL, 0);
+    const float rec_amp = amp;
+    const float coh = p->needle_value_coherence, incoh = sqrtf(1.0f - coh * coh);
+    for (uint32_t t = 0; t < T; t++) {
+        fill_normal(&rk, x, D, 1.0f);
+        /* sink tokens carry no recency: the sink's score must not swing with the query's
+         * position (real sinks are stable), which the recency kernel at distance ~pos would do */
+        if (t >= p->n_sink_tokens)
+            for (uint32_t i = 0; i < D; i++) x[i] += rec_amp * ur[i];
+        float sv = 1.0f;
+        if (t < p->n_sink_tokens) {
+            float a = amp * (t == 0 ? 1.0f : p->sink_tail);
+            for (uint32_t i = 0; i < D; i++) x[i] += a * us[i];
+            sv = p->sink_value_scale;
+        }
+        fill_normal(&rv, y, D, vnorm * sv / sqd);
+        if (S && t >= p->host_begin && t < p->prompt_len - p->host_end_margin)
+            for (uint32_t j = 0; j < gs; j++) {
+                if (!ret[j]) continue;
+                for (uint32_t k2 = 0; k2 < S; k2++) {
+                    uint32_t b = sb[(size_t)j * S + k2];
+                    if (t < b || t >= b + p->needle_len) continue;
+                    const float *u = ndir + ((size_t)j * S + k2) * D, *w = vdir + ((size_t)j * S + k2) * D;
+                    for (uint32_t i = 0; i < D; i++) {
+                        x[i] += amp * u[i];
+                        y[i] = incoh * y[i] + coh * vnorm * w[i];
+                    }
+                }
+            }
+        const float *c = cs + (size_t)t * D, *sn = c + half;
+        flx_bf16_t *kr = k + ((size_t)g * T + t) * D, *vr = v + ((size_t)g * T + t) * D;
+        for (uint32_t i = 0; i < half; i++) {
+            float x0 = x[i], x1 = x[i + half];
+            kr[i] = flx_f32_to_bf16(x0 * c[i] - x1 * sn[i]);
+            kr[i + half] = flx_f32_to_bf16(x0 * sn[i] + x1 * c[i]);
+        }
+        flx_f32_to_bf16_row(y, vr, D);
+    }
+    /* queries: RoPE(pos) of (noise + recency), plus structural components aimed at their
+     * targets (sink at position 0, each active needle at its span's centre) */
+    for (uint32_t j = 0; j < gs; j++) {
+        uint32_t h = g * gs + j;
+        float s_sink = jittered(syn, p->sink_strength, layer, h, 0);
+        float s_rec = jittered(syn, p->recent_strength, layer, h, 1);
+        float s_ndl = jittered(syn, p->needle_strength, layer, h, 2);
+        flx_rng_t rq;
+        stream(&rq, p->seed, layer, h, P_QRY, 0);
+        for (uint32_t row = 0; row < R; row++) {
+            int32_t step = (int32_t)row - 1;
+            double pos = (double)p->prompt_len + step;
+            float *qr = q + ((size_t)h * R + row) * D;
+            fill_normal(&rq, qr, D, p->noise);
+            rope(syn, qr, pos);
+            project_out(qr, basis, nb, D);
+            for (uint32_t i = 0; i < D; i++) qr[i] *= noise_scale;
+            for (uint32_t i = 0; i < D; i++) x[i] = s_rec / KEY_AMP * ur[i];
+            rope(syn, x, pos);
+            for (uint32_t i = 0; i < D; i++) qr[i] += x[i];
+            for (uint32_t i = 0; i < D; i++) qr[i] += s_sink / KEY_AMP * us[i];
+            if (!ret[j] || !S || !p->needles_active) continue;
+            uint32_t idx[1024];
+            uint32_t na = active(syn, layer, h, step, idx);
+            for (uint32_t a = 0; a < na; a++) {
+                memcpy(x, ndir + ((size_t)j * S + idx[a]) * D, D * sizeof *x);
+                rope(syn, x, sb[(size_t)j * S + idx[a]] + 0.5 * (p->needle_len - 1));
+                for (uint32_t i = 0; i < D; i++) qr[i] += s_ndl / KEY_AMP * x[i];
+            }
+        }
+    }
+    free(work);
+    return FLX_OK;
+}
+
+static flx_status_t synth_groups(void *ctx, const flx_pool_worker_t *w, uint64_t g0, uint64_t g1)
+{
+    (void)w;
+    for (uint64_t g = g0; g < g1; g++) {
+        flx_status_t st = synth_group(ctx, (uint32_t)g);
+        if (st) return st;
+    }
+    return FLX_OK;
+}
+
+flx_status_t flx_synth_layer(const flx_synth_t *syn, uint32_t layer, flx_bf16_t *k, flx_bf16_t *v, float *q,
+                             flx_pool_h pool)
 {
     if (!syn || !k || !v || !q) return flx_error_set(FLX_ERR_INVALID, "synth layer: NULL argument");
     const flx_synth_params_t *p = &syn->p;
     if (layer >= p->n_layers) return flx_error_set(FLX_ERR_INVALID, "synth layer %u out of range (n_layers %u)", layer, p->n_layers);
-    const uint32_t D = p->head_dim, half = D / 2, G = p->n_kv_heads, gs = p->n_q_heads / G;
-    const uint32_t T = p->prompt_len + p->n_steps, R = p->n_steps + 1, S = p->needle_sites;
-    const float sqd = sqrtf((float)D), vnorm = flx_synth_value_norm(syn, layer);
+    const uint32_t D = p->head_dim, T = p->prompt_len + p->n_steps;
     const uint32_t n_rows = FLX_MAX(T, 1u);
     /* cos/sin table of every position, shared by the heads */
     float *cs = malloc((size_t)n_rows * D * sizeof *cs);
     if (!cs) return flx_error_set(FLX_ERR_NOMEM, "synth layer: rope table of %u positions", T);
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < (int64_t)T; t++)
-        for (uint32_t i = 0; i < half; i++) {
-            double a = (double)t * syn->inv_freq[i];
-            cs[(size_t)t * D + i] = (float)cos(a);
-            cs[(size_t)t * D + half + i] = (float)sin(a);
-        }
-    flx_status_t st = FLX_OK;
-#pragma omp parallel for schedule(dynamic, 1)
-    for (uint32_t g = 0; g < G; g++) {
-        float *work = malloc(((size_t)(5 + 3 * gs * S) * D + (size_t)gs * S * 2) * sizeof *work);
-        if (!work) {
-#pragma omp atomic write
-            st = FLX_ERR_NOMEM;
-            continue;
-        }
-        float *us = work, *ur = us + D, *x = ur + D, *y = x + D;
-        float *ndir = y + D, *vdir = ndir + (size_t)gs * S * D;
-        float *basis = vdir + (size_t)gs * S * D;                  /* (1 + gs S, D) orthonormal */
-        uint32_t *sb = (uint32_t *)(basis + (size_t)(1 + gs * S) * D); /* (gs, S) site begins */
-        uint8_t ret[1024];
-        flx_rng_t r;
-        stream(&r, p->seed, layer, g, P_SINKDIR, 0);
-        struct_dir(syn, &r, us, NULL);
-        stream(&r, p->seed, layer, g, P_RECDIR, 0);
-        rec_dir(syn, &r, ur);
-        for (uint32_t j = 0; j < gs; j++) {
-            uint32_t h = g * gs + j;
-            ret[j] = (uint8_t)head_is_retrieval(syn, layer, h);
-            if (!ret[j] || !S) continue;
-            sites(syn, layer, h, sb + (size_t)j * S);
-            stream(&r, p->seed, layer, h, P_NDIR, 0);
-            for (uint32_t k2 = 0; k2 < S; k2++) struct_dir(syn, &r, ndir + ((size_t)j * S + k2) * D, us);
-            stream(&r, p->seed, layer, h, P_VDIR, 0);
-            for (uint32_t k2 = 0; k2 < S; k2++) {
-                float *w = vdir + ((size_t)j * S + k2) * D;
-                fill_normal(&r, w, D, 1.0f);
-                double n2 = 0;
-                for (uint32_t i = 0; i < D; i++) n2 += (double)w[i] * w[i];
-                for (uint32_t i = 0; i < D; i++) w[i] *= (float)(1.0 / sqrt(n2));
-            }
-        }
-        /* The directions a query of this group is matched along after RoPE: w_0 = the sink direction
-         * (token 0 is never rotated) and, per needle site, its direction rotated to the span's
-         * centre c. They are made orthonormal in that rotated frame (Gram-Schmidt; the site's
-         * pre-RoPE key direction becomes R(-c) w, so its keys lie along R(t - c) w ~ w inside the
-         * span), and query noise is kept out of their span. Without this, rotation leaves every
-         * structural component overlapping the others by ~1/sqrt(structural dims), and noise
-         * against a key of amplitude KEY_AMP sqrt(D) scores with std KEY_AMP: sink and needle
-         * scores would swing by several units from step to step, which real sinks and retrieval
-         * matches do not. */
-        uint32_t nb = 0;
-        for (uint32_t j = 0; j <= gs * S; j++) {
-            float *b = basis + (size_t)nb * D, *u = NULL;
-            double c = 0;
-            if (j == 0) {
-                memcpy(b, us, D * sizeof *b);
-            } else {
-                uint32_t hj = (j - 1) / S, k2 = (j - 1) % S;
-                if (!ret[hj]) continue;
-                u = ndir + ((size_t)hj * S + k2) * D;
-                c = sb[(size_t)hj * S + k2] + 0.5 * (p->needle_len - 1);
-                memcpy(b, u, D * sizeof *b);
-                rope(syn, b, c);
-            }
-            project_out(b, basis, nb, D);
-            double n2 = 0;
-            for (uint32_t i = 0; i < D; i++) n2 += (double)b[i] * b[i];
-            if (n2 < 1e-6) continue;   /* more sites than structural dimensions: keep u as drawn */
-            for (uint32_t i = 0; i < D; i++) b[i] *= (float)(1.0 / sqrt(n2));
-            if (u) {
-                memcpy(u, b, D * sizeof *u);
-                rope(syn, u, -c);
-            }
-            nb++;
-        }
-        /* the projection removes nb of D noise dimensions; rescale to keep the bulk z-score spread */
-        const float noise_scale = nb < D ? sqrtf((float)D / (float)(D - nb)) : 1.0f;
-        const float amp = KEY_AMP * sqd;
-        /* keys and values, token by token (streams split per 4096-token chunk would also work; one
-         * stream per head keeps it simple and thread-count independent) */
-        flx_rng_t rk, rv;
-        stream(&rk, p->seed, layer, g, P_KEY, 0);
-        stream(&rv, p->seed, layer, g, P_VAL, 0);
-        const float rec_amp = amp;
-        const float coh = p->needle_value_coherence, incoh = sqrtf(1.0f - coh * coh);
-        for (uint32_t t = 0; t < T; t++) {
-            fill_normal(&rk, x, D, 1.0f);
-            /* sink tokens carry no recency: the sink's score must not swing with the query's
-             * position (real sinks are stable), which the recency kernel at distance ~pos would do */
-            if (t >= p->n_sink_tokens)
-                for (uint32_t i = 0; i < D; i++) x[i] += rec_amp * ur[i];
-            float sv = 1.0f;
-            if (t < p->n_sink_tokens) {
-                float a = amp * (t == 0 ? 1.0f : p->sink_tail);
-                for (uint32_t i = 0; i < D; i++) x[i] += a * us[i];
-                sv = p->sink_value_scale;
-            }
-            fill_normal(&rv, y, D, vnorm * sv / sqd);
-            if (S && t >= p->host_begin && t < p->prompt_len - p->host_end_margin)
-                for (uint32_t j = 0; j < gs; j++) {
-                    if (!ret[j]) continue;
-                    for (uint32_t k2 = 0; k2 < S; k2++) {
-                        uint32_t b = sb[(size_t)j * S + k2];
-                        if (t < b || t >= b + p->needle_len) continue;
-                        const float *u = ndir + ((size_t)j * S + k2) * D, *w = vdir + ((size_t)j * S + k2) * D;
-                        for (uint32_t i = 0; i < D; i++) {
-                            x[i] += amp * u[i];
-                            y[i] = incoh * y[i] + coh * vnorm * w[i];
-                        }
-                    }
-                }
-            const float *c = cs + (size_t)t * D, *sn = c + half;
-            flx_bf16_t *kr = k + ((size_t)g * T + t) * D, *vr = v + ((size_t)g * T + t) * D;
-            for (uint32_t i = 0; i < half; i++) {
-                float x0 = x[i], x1 = x[i + half];
-                kr[i] = flx_f32_to_bf16(x0 * c[i] - x1 * sn[i]);
-                kr[i + half] = flx_f32_to_bf16(x0 * sn[i] + x1 * c[i]);
-            }
-            flx_f32_to_bf16_row(y, vr, D);
-        }
-        /* queries: RoPE(pos) of (noise + recency), plus structural components aimed at their
-         * targets (sink at position 0, each active needle at its span's centre) */
-        for (uint32_t j = 0; j < gs; j++) {
-            uint32_t h = g * gs + j;
-            float s_sink = jittered(syn, p->sink_strength, layer, h, 0);
-            float s_rec = jittered(syn, p->recent_strength, layer, h, 1);
-            float s_ndl = jittered(syn, p->needle_strength, layer, h, 2);
-            flx_rng_t rq;
-            stream(&rq, p->seed, layer, h, P_QRY, 0);
-            for (uint32_t row = 0; row < R; row++) {
-                int32_t step = (int32_t)row - 1;
-                double pos = (double)p->prompt_len + step;
-                float *qr = q + ((size_t)h * R + row) * D;
-                fill_normal(&rq, qr, D, p->noise);
-                rope(syn, qr, pos);
-                project_out(qr, basis, nb, D);
-                for (uint32_t i = 0; i < D; i++) qr[i] *= noise_scale;
-                for (uint32_t i = 0; i < D; i++) x[i] = s_rec / KEY_AMP * ur[i];
-                rope(syn, x, pos);
-                for (uint32_t i = 0; i < D; i++) qr[i] += x[i];
-                for (uint32_t i = 0; i < D; i++) qr[i] += s_sink / KEY_AMP * us[i];
-                if (!ret[j] || !S || !p->needles_active) continue;
-                uint32_t idx[1024];
-                uint32_t na = active(syn, layer, h, step, idx);
-                for (uint32_t a = 0; a < na; a++) {
-                    memcpy(x, ndir + ((size_t)j * S + idx[a]) * D, D * sizeof *x);
-                    rope(syn, x, sb[(size_t)j * S + idx[a]] + 0.5 * (p->needle_len - 1));
-                    for (uint32_t i = 0; i < D; i++) qr[i] += s_ndl / KEY_AMP * x[i];
-                }
-            }
-        }
-        free(work);
-    }
+    synth_job_t j = {syn, layer, cs, k, v, q};
+    flx_status_t st = flx_pool_for(pool, T, 1024, rope_table, &j);
+    if (!st) st = flx_pool_for(pool, p->n_kv_heads, 1, synth_groups, &j);
     free(cs);
     if (st) return flx_error_set(st, "synth layer %u: out of memory", layer);
     return FLX_OK;

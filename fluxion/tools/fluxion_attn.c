@@ -22,6 +22,8 @@
  * read, scale 1/sqrt(D)); metadata records mode, blk, sink, local, isa.
  * Exit status (flx/cli.h): 0 ok, 1 a malformed or inconsistent input (the message names the tensor
  * or key) or another runtime failure, 2 a usage error.
+ * -t N: workers of the pool the kernels run on (absent: FLX_THREADS, else the CPU budget; printed
+ * on stderr as "workers N: <why>"); the output does not depend on it.
  */
 #include <errno.h>
 #include <math.h>
@@ -156,6 +158,7 @@ int main(int argc, char **argv)
     rc = FLX_EXIT_FAILURE;
     flx_attn_layout_t *lays = NULL;
     void *mem = NULL;
+    flx_pool_h pool = NULL;
     float *q = NULL, *o = NULL, *lse = NULL, *budgets = NULL;
     uint32_t H_kv = 0;
     flx_st_writer_h wr = NULL;
@@ -268,7 +271,13 @@ int main(int argc, char **argv)
     }
     for (int64_t i = 0; i < H * D; i++) q[i] = get_f(tq, i);
 
-    flx_attn_shape_t shape = {.group = G, .head_dim = (uint32_t)D, .max_l_cpu = (uint32_t)L, .n_threads = threads};
+    flx_pool_params_t pp = {.field_mask = threads ? FLX_POOL_FIELD_N_WORKERS : 0, .n_workers = threads};
+    if ((st = flx_pool_create(&pp, &pool))) {
+        fprintf(stderr, "fluxion-attn: worker pool: %s\n", flx_error_msg());
+        goto out;
+    }
+    fprintf(stderr, "fluxion-attn: %s\n", flx_pool_describe(pool));
+    flx_attn_shape_t shape = {.group = G, .head_dim = (uint32_t)D, .max_l_cpu = (uint32_t)L, .pool = pool};
     size_t bytes;
     if ((st = flx_attn_plan(&shape, &bytes))) {
         fprintf(stderr, "fluxion-attn: %s\n", flx_error_msg());
@@ -344,5 +353,6 @@ out:
     free(lse);
     free(budgets);
     flx_st_close(rd);
+    flx_pool_destroy(pool);
     return rc;
 }

@@ -156,7 +156,12 @@ int main(int argc, char **argv)
                 q[((size_t)h * GROUP + g) * D + d] =
                     1.5f * dir[((size_t)h * NEEDLES + g % NEEDLES) * D + d] * sqrtf(D) + 0.5f * (float)flx_rng_normal(&rng);
 
-    flx_attn_shape_t shape = {GROUP, D, info.l_cpu, 0};
+    /* the workers run next to the KV they read: the store's NUMA node */
+    flx_pool_params_t pp = {.field_mask = FLX_POOL_FIELD_NUMA_NODE, .numa_node = si.numa_node};
+    flx_pool_h pool;
+    if (flx_pool_create(&pp, &pool) != FLX_OK) die("worker pool");
+    fprintf(stderr, "fluxion-demo: %s\n", flx_pool_describe(pool));
+    flx_attn_shape_t shape = {GROUP, D, info.l_cpu, pool};
     size_t ws_bytes;
     if (flx_attn_plan(&shape, &ws_bytes) != FLX_OK) die("plan");
     void *ws_mem = flx_aligned_alloc(64, ws_bytes);
@@ -179,8 +184,8 @@ int main(int argc, char **argv)
     float lse[GROUP];
     float *scores = malloc(sizeof(float) * (info.l_cpu / 16 + 1));
     uint32_t *idx = malloc(sizeof(uint32_t) * (info.l_cpu / 16 + 1));
-    printf("\n== one decode step of attention over %u KV groups x %u query heads (%u threads)\n", N_KV, GROUP,
-           ws.shape.n_threads);
+    printf("\n== one decode step of attention over %u KV groups x %u query heads (%s)\n", N_KV, GROUP,
+           flx_pool_describe(pool));
     printf("%-18s %14s %10s %12s %12s %14s\n", "mode", "host MiB read", "ms", "score+topk", "max rel err",
            "needles found");
     for (int m = 0; m < n_modes; m++) {
@@ -239,6 +244,7 @@ int main(int argc, char **argv)
     flx_kv_store_info(store, &si);
     printf("session closed: %u session(s), %zu bytes reserved\n", si.n_sessions, si.used_bytes);
     flx_kv_store_destroy(store);
+    flx_pool_destroy(pool);
     free(k), free(v), free(dir), free(ch), free(pk), free(pv), free(q), free(o_full), free(o), free(scores), free(idx);
     flx_aligned_free(ws_mem);
     return 0;

@@ -41,7 +41,8 @@ int main(int argc, char **argv)
         FLX_CLI_ENUM(0, "crit", &crit_i, crits, 0, "budget criterion (default fluxion)"),
         FLX_CLI_FLOAT(0, "tau", "X", &tau_d, 0.0, 1.0, FLX_CLI_LO_OPEN | FLX_CLI_HI_OPEN,
                       "Eq. 2 threshold (default 0.1)"),
-        FLX_CLI_UINT('t', "threads", "N", &threads, 1, 1024, 0, "worker threads (default: all)"),
+        FLX_CLI_UINT('t', "threads", "N", &threads, 1, FLX_POOL_MAX_WORKERS, 0,
+                     "pool workers (default: FLX_THREADS, else the CPU budget)"),
     };
     flx_cli_t cli =
         FLX_CLI_INIT("fluxion-label", "Features and labels of a KV source into a predictor dataset file.", opts);
@@ -62,12 +63,19 @@ int main(int argc, char **argv)
     flx_dataset_t ds = {0};
     uint8_t *on = NULL;
     flx_head_label_t *lab = NULL;
+    flx_pool_h pool = NULL;
     rc = FLX_EXIT_FAILURE;
     flx_status_t st = flx_replay_open_source(source, &src);
     if (st) {   /* a synthetic source is all command line; a dump is a file */
-        if (synth) return flx_cli_usage_error(&cli, "--source: %s", flx_error_msg());
+        if (synth) {
+            rc = flx_cli_usage_error(&cli, "--source: %s", flx_error_msg());
+            st = FLX_OK;
+        }
         goto done;
     }
+    flx_pool_params_t pp = {.field_mask = threads ? FLX_POOL_FIELD_N_WORKERS : 0, .n_workers = (uint32_t)threads};
+    if ((st = flx_pool_create(&pp, &pool))) goto done;
+    fprintf(stderr, "fluxion-label: %s\n", flx_pool_describe(pool));
     flx_kvsrc_shape_t sh;
     flx_kvsrc_shape(src, &sh);
     on = calloc(sh.n_layers, 1);
@@ -89,6 +97,7 @@ int main(int argc, char **argv)
     }
     if (!n_list) memset(on, 1, sh.n_layers);
     if ((st = flx_replay_create(src, tau, &r))) goto done;
+    r->pool = pool;
     uint32_t n_layers_on = 0, n_steps_on = (sh.n_steps + (uint32_t)every - 1) / (uint32_t)every;
     for (uint32_t l = 0; l < sh.n_layers; l++) n_layers_on += on[l];
     size_t rows = (size_t)n_layers_on * n_steps_on * sh.n_q_heads, row = 0;
@@ -117,7 +126,7 @@ int main(int argc, char **argv)
             float *feat = ds.features + row * FLX_FEAT_COUNT;
             if ((st = flx_replay_features(r, feat, NULL, NULL, NULL))) goto done;
             flx_label_layer_in_t li = {.n_q_heads = sh.n_q_heads, .n_kv_heads = sh.n_kv_heads, .views = r->views,
-                                       .q = r->q_step, .crit = crit, .tau = tau, .n_threads = (uint32_t)threads};
+                                       .q = r->q_step, .crit = crit, .tau = tau, .pool = pool};
             if ((st = flx_label_layer(&li, lab))) goto done;
             for (uint32_t h = 0; h < sh.n_q_heads; h++, row++) {
                 ds.labels[row * 3 + 0] = lab[h].bgt0;
@@ -149,5 +158,6 @@ done:
     free(ds.where);
     flx_replay_destroy(r);
     flx_kvsrc_close(src);
+    flx_pool_destroy(pool);
     return rc;
 }

@@ -86,7 +86,7 @@ flx_status_t flx_replay_load_layer(flx_replay_t *r, uint32_t layer)
         flx_kv_session_close(r->store, r->sid);
     }
     r->layer = UINT32_MAX;
-    flx_status_t st = flx_kvsrc_layer(r->src, layer, r->k, r->v, r->q);
+    flx_status_t st = flx_kvsrc_layer(r->src, layer, r->k, r->v, r->q, r->pool);
     if (st) return st;
     uint32_t L = s->prompt_len, T = s->prompt_len + s->n_steps, D = s->head_dim;
     flx_kv_session_params_t pp = {.prompt_len = L, .max_new_tokens = s->n_steps};
@@ -112,7 +112,7 @@ flx_status_t flx_replay_load_layer(flx_replay_t *r, uint32_t layer)
             memcpy(qa + (size_t)h * D, r->q + (size_t)h * (s->n_steps + 1) * D, D * sizeof(float));
         flx_prefill_layer_t pl = {.n_q_heads = s->n_q_heads, .n_kv_heads = s->n_kv_heads, .head_dim = D,
                                   .prompt_len = L, .sink = r->sink, .local = r->local, .k = r->k, .v = r->v,
-                                  .tok_stride = T, .q_anchor = qa, .tau = r->tau};
+                                  .tok_stride = T, .q_anchor = qa, .tau = r->tau, .pool = r->pool};
         if (!(st = flx_prefill_stats(&pl, stats, mean_k, qa)))
             st = flx_kv_stats_write(r->store, r->sid, 0, stats, mean_k, qa);
     }

@@ -11,7 +11,8 @@
  * time keeps memory at one layer of KV (0.5 GiB for 128K tokens, 8 kv heads, D 128) twice (source
  * arrays + store) whatever the model depth.
  *
- * THREAD MODE: one thread drives a replay.
+ * THREAD MODE: one thread drives a replay; the layer generation and the prefill statistics run on
+ * r->pool (set by the caller after create; NULL: the driving thread alone).
  */
 #ifndef FLX_REPLAY_H
 #define FLX_REPLAY_H
@@ -36,6 +37,7 @@ typedef struct flx_replay {
     flx_kv_session_h sess;      /* acquired while a layer is loaded */
     flx_kv_session_info_t info;
     flx_kv_head_view_t *views;  /* (Hkv) refreshed by flx_replay_step */
+    flx_pool_h pool;            /* borrowed; NULL after create */
 } flx_replay_t;
 
 flx_status_t flx_replay_create(flx_kvsrc_h src, float tau, flx_replay_t **r_p);

@@ -69,30 +69,46 @@ static void attend(const float *q, const float *K, const float *V, uint32_t D, u
     for (int m = 0; m < n_mass; m++) mass_out[m] /= z;
 }
 
-static void layer_stats(const flx_kvsrc_shape_t *sh, const flx_synth_t *syn, uint32_t layer, const float *K,
-                        const float *V, const float *Q, stats_t *out)
+/* Per-head sums of layer_stats, summed over heads in head order afterwards (the totals do not
+ * depend on the pool). */
+typedef struct head_sums {
+    double s64, s4, zm, zv, zs, zk;
+    int zheads;
+} head_sums_t;
+
+typedef struct stats_job {
+    const flx_kvsrc_shape_t *sh;
+    const float *K, *V, *Q;
+    double *err, *onorm;        /* (Hq, R) */
+    head_sums_t *sums;          /* (Hq) */
+} stats_job_t;
+
+static flx_status_t head_stats(void *ctx, const flx_pool_worker_t *w, uint64_t h0, uint64_t h1)
 {
+    (void)w;
+    const stats_job_t *j = ctx;
+    const flx_kvsrc_shape_t *sh = j->sh;
     const uint32_t D = sh->head_dim, Hq = sh->n_q_heads, gs = Hq / sh->n_kv_heads, R = sh->n_steps + 1;
     const uint32_t P = sh->prompt_len, T = P + sh->n_steps;
     const uint32_t sink_end = FLX_MIN(SINK, P), loc_begin = P > LOCAL ? FLX_MAX(P - LOCAL, sink_end) : sink_end;
-    double *err = calloc((size_t)Hq * R, sizeof *err), *onorm = calloc((size_t)Hq * R, sizeof *onorm);
-    double s64 = 0, s4 = 0, zm = 0, zv = 0, zs = 0, zk = 0;
-    int zheads = 0;
-#pragma omp parallel for schedule(dynamic, 1) reduction(+ : s64, s4, zm, zv, zs, zk, zheads)
-    for (uint32_t h = 0; h < Hq; h++) {
-        const float *Kh = K + (size_t)(h / gs) * T * D, *Vh = V + (size_t)(h / gs) * T * D;
-        double *s = malloc((size_t)T * sizeof *s), of[1024], ow[1024], mass[2], dummy[1];
+    double *s = malloc((size_t)T * sizeof *s);
+    if (!s) return flx_error_set(FLX_ERR_NOMEM, "scores of %u tokens", T);
+    for (uint64_t h = h0; h < h1; h++) {
+        const float *Kh = j->K + (size_t)(h / gs) * T * D, *Vh = j->V + (size_t)(h / gs) * T * D;
+        double of[1024], ow[1024], mass[2], dummy[1];
         const uint32_t ends[2] = {sink_end, FLX_MIN(4u, P)};
+        head_sums_t *hs = &j->sums[h];
+        memset(hs, 0, sizeof *hs);
         for (uint32_t r = 0; r < R; r++) {
-            const float *q = Q + ((size_t)h * R + r) * D;
+            const float *q = j->Q + ((size_t)h * R + r) * D;
             uint32_t last = P - 1 + r;   /* attends [0, last] */
             attend(q, Kh, Vh, D, 0, last + 1, 0, 0, s, of, mass, ends, 2);
-            s64 += mass[0], s4 += mass[1];
+            hs->s64 += mass[0], hs->s4 += mass[1];
             attend(q, Kh, Vh, D, 0, sink_end, loc_begin, last + 1, s, ow, dummy, ends, 0);
             double e = 0, n = 0;
             for (uint32_t i = 0; i < D; i++) e += (ow[i] - of[i]) * (ow[i] - of[i]), n += of[i] * of[i];
-            err[(size_t)h * R + r] = sqrt(e);
-            onorm[(size_t)h * R + r] = sqrt(n);
+            j->err[(size_t)h * R + r] = sqrt(e);
+            j->onorm[(size_t)h * R + r] = sqrt(n);
             if (r == 0 && loc_begin > sink_end + 2) {
                 double qn = 0;
                 for (uint32_t i = 0; i < D; i++) qn += (double)q[i] * q[i];
@@ -110,12 +126,41 @@ static void layer_stats(const flx_kvsrc_shape_t *sh, const flx_synth_t *syn, uin
                     m2 += c2, m3 += c2 * c, m4 += c2 * c2;
                 }
                 m2 /= nz, m3 /= nz, m4 /= nz;
-                zm += m1, zv += m2, zs += m2 > 0 ? m3 / pow(m2, 1.5) : 0, zk += m2 > 0 ? m4 / (m2 * m2) : 0;
-                zheads++;
+                hs->zm += m1, hs->zv += m2, hs->zs += m2 > 0 ? m3 / pow(m2, 1.5) : 0;
+                hs->zk += m2 > 0 ? m4 / (m2 * m2) : 0;
+                hs->zheads++;
             }
         }
-        free(s);
     }
+    free(s);
+    return FLX_OK;
+}
+
+static flx_status_t layer_stats(const flx_kvsrc_shape_t *sh, const flx_synth_t *syn, uint32_t layer, const float *K,
+                                const float *V, const float *Q, flx_pool_h pool, stats_t *out)
+{
+    const uint32_t D = sh->head_dim, Hq = sh->n_q_heads, R = sh->n_steps + 1;
+    const uint32_t P = sh->prompt_len, T = P + sh->n_steps;
+    const uint32_t sink_end = FLX_MIN(SINK, P);
+    double *err = calloc((size_t)Hq * R, sizeof *err), *onorm = calloc((size_t)Hq * R, sizeof *onorm);
+    head_sums_t *sums = calloc(Hq, sizeof *sums);
+    if (!err || !onorm || !sums) {
+        free(err), free(onorm), free(sums);
+        return flx_error_set(FLX_ERR_NOMEM, "layer %u statistics of %u heads", layer, Hq);
+    }
+    stats_job_t j = {sh, K, V, Q, err, onorm, sums};
+    flx_status_t st = flx_pool_for(pool, Hq, 1, head_stats, &j);
+    if (st) {
+        free(err), free(onorm), free(sums);
+        return st;
+    }
+    double s64 = 0, s4 = 0, zm = 0, zv = 0, zs = 0, zk = 0;
+    int zheads = 0;
+    for (uint32_t h = 0; h < Hq; h++) {
+        s64 += sums[h].s64, s4 += sums[h].s4, zm += sums[h].zm, zv += sums[h].zv, zs += sums[h].zs, zk += sums[h].zk;
+        zheads += sums[h].zheads;
+    }
+    free(sums);
     uint32_t pairs = 0, heads = 0, agree = 0;
     for (uint32_t h = 0; h < Hq; h++) {
         uint32_t ok = 0;
@@ -146,6 +191,7 @@ static void layer_stats(const flx_kvsrc_shape_t *sh, const flx_synth_t *syn, uin
     out->vn_sink = vs / ((double)sh->n_kv_heads * sink_end);
     out->vn_other = P > sink_end ? vo / ((double)sh->n_kv_heads * (P - sink_end)) : NAN;
     free(err), free(onorm);
+    return FLX_OK;
 }
 
 int main(int argc, char **argv)
@@ -211,6 +257,13 @@ int main(int argc, char **argv)
     float *K = malloc(nkv * sizeof *K), *V = malloc(nkv * sizeof *V), *Q = malloc(nq * sizeof *Q);
     FILE *cf = NULL;
     rc = FLX_EXIT_FAILURE;
+    flx_pool_params_t pp = {0};   /* FLX_THREADS, else the CPU budget */
+    flx_pool_h pool = NULL;
+    if (flx_pool_create(&pp, &pool) != FLX_OK) {
+        fprintf(stderr, "flx-synth-calibrate: worker pool: %s\n", flx_error_msg());
+        goto out;
+    }
+    fprintf(stderr, "flx-synth-calibrate: %s\n", flx_pool_describe(pool));
     if (!kb || !vb || !K || !V || !Q) {
         fprintf(stderr, "flx-synth-calibrate: out of memory for a layer of %zu tokens\n", T);
         goto out;
@@ -225,14 +278,17 @@ int main(int argc, char **argv)
            "z_mean", "z_var", "z_skew", "z_kurt", "vn_sink", "vn_other");
     stats_t all = {0};
     for (uint32_t l = 0; l < sh.n_layers; l++) {
-        if (flx_kvsrc_layer(src, l, kb, vb, Q) != FLX_OK) {
+        if (flx_kvsrc_layer(src, l, kb, vb, Q, pool) != FLX_OK) {
             fprintf(stderr, "flx-synth-calibrate: layer %u: %s\n", l, flx_error_msg());
             goto out;
         }
         flx_bf16_to_f32_row(kb, K, nkv);
         flx_bf16_to_f32_row(vb, V, nkv);
         stats_t s;
-        layer_stats(&sh, flx_kvsrc_synth(src), l, K, V, Q, &s);
+        if (layer_stats(&sh, flx_kvsrc_synth(src), l, K, V, Q, pool, &s) != FLX_OK) {
+            fprintf(stderr, "flx-synth-calibrate: %s\n", flx_error_msg());
+            goto out;
+        }
         printf("%5u %8.3f %8.3f %6.2f %7.3f %7.3f %8.4f %8.4f %7.3f %7.3f %8.3f %8.3f\n", l, s.stream_pairs,
                s.stream_heads, s.kind_agree, s.sink64, s.sink4, s.zm, s.zv, s.zs, s.zk, s.vn_sink, s.vn_other);
         if (cf)
@@ -256,5 +312,6 @@ out:
     }
     free(kb), free(vb), free(K), free(V), free(Q);
     flx_kvsrc_close(src);
+    flx_pool_destroy(pool);
     return rc;
 }

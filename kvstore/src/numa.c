@@ -6,15 +6,15 @@
  * project's machines): numa_alloc_onnode() on a node that does not exist still returns memory, and
  * numa_node_size64() is unreliable. So a node is valid when numa_available() >= 0 and the node is
  * set in numa_all_nodes_ptr (configured nodes with memory); without kernel NUMA support only node 0
- * exists. Binding a worker = run on the node's CPUs + prefer its memory for new pages.
+ * exists (flx_numa_node_check in common, shared with the worker pool). Threads are bound to a node
+ * by the worker pool that runs them (flx/pool.h, numa_node).
  */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <numa.h>
 #include <sched.h>
-#include <string.h>
 
 #include "flx/kvstore.h"
+#include "flx/pool.h"
 
 int flx_numa_node_count(void)
 {
@@ -25,16 +25,7 @@ int flx_numa_node_count(void)
 
 flx_status_t flx_numa_check_node(int node)
 {
-    if (node < 0) return flx_error_set(FLX_ERR_INVALID, "numa node %d is negative", node);
-    if (numa_available() < 0) {
-        if (node != 0)
-            return flx_error_set(FLX_ERR_INVALID, "numa node %d does not exist (no NUMA support: only node 0)", node);
-        return FLX_OK;
-    }
-    if (node > numa_max_node() || !numa_bitmask_isbitset(numa_all_nodes_ptr, (unsigned)node))
-        return flx_error_set(FLX_ERR_INVALID, "numa node %d does not exist or has no memory (max node %d)", node,
-                             numa_max_node());
-    return FLX_OK;
+    return flx_numa_node_check(node);
 }
 
 int flx_numa_current_node(void)
@@ -43,15 +34,4 @@ int flx_numa_current_node(void)
     int cpu = sched_getcpu();
     int node = cpu >= 0 ? numa_node_of_cpu(cpu) : 0;
     return node >= 0 ? node : 0;
-}
-
-flx_status_t flx_numa_bind_thread(int node)
-{
-    flx_status_t st = flx_numa_check_node(node);
-    if (st != FLX_OK) return st;
-    if (numa_available() < 0) return FLX_OK; /* one implicit node: nothing to bind */
-    if (numa_run_on_node(node) != 0)
-        return flx_error_set(flx_status_from_errno(errno), "numa_run_on_node(%d): %s", node, strerror(errno));
-    numa_set_preferred(node);
-    return FLX_OK;
 }

@@ -22,4 +22,28 @@ static flx_predictor_h constant_predictor(float bgt0, float k, float stream_logi
     return p;
 }
 
+/* A predictor of random weights (fan-in scaled) whose outputs differ from head to head: budgets
+ * around 0.2, the streaming logit shifted by s_bias; features scaled by 50 so none saturates. */
+static inline flx_predictor_h random_predictor(uint64_t seed, float s_bias)
+{
+    flx_mlp_t m;
+    CHECK_OK(flx_mlp_alloc(&m));
+    flx_rng_t r;
+    flx_rng_seed(&r, seed);
+    for (int i = 0; i < FLX_PRED_IN; i++) m.feature_std[i] = 50.0f;
+    const struct { float *w; size_t n, fan; } layers[4] = {
+        {m.w1, (size_t)FLX_PRED_H1 * FLX_PRED_IN, FLX_PRED_IN}, {m.w2, (size_t)FLX_PRED_H2 * FLX_PRED_H1, FLX_PRED_H1},
+        {m.w3, (size_t)FLX_PRED_H3 * FLX_PRED_H2, FLX_PRED_H2}, {m.w4, (size_t)FLX_PRED_OUT * FLX_PRED_H3, FLX_PRED_H3}};
+    for (int l = 0; l < 4; l++)
+        for (size_t i = 0; i < layers[l].n; i++)
+            layers[l].w[i] = (float)(flx_rng_normal(&r) * 2.0 / sqrt((double)layers[l].fan));
+    m.target_mean[0] = 0.2f, m.target_std[0] = 0.1f;
+    m.target_mean[1] = 0.02f, m.target_std[1] = 0.01f;
+    m.b4[2] = s_bias;
+    flx_predictor_h p;
+    CHECK_OK(flx_predictor_create(&m, &p));
+    flx_mlp_free(&m);
+    return p;
+}
+
 #endif

@@ -6,11 +6,14 @@
  *  (a) flx_engine_prefill_into_store + FULL decode equals the plain reference: flx_model_prefill of
  *      prompt + generated tokens, teacher-forced logits_all: every step's logits within tolerance
  *      and every greedy token its argmax;
- *  (b) FIXED with budget 1 (blk 16 and 128) equals FULL: same tokens, logits within bf16 tolerance;
- *      FIXED (16, 0.05) runs and reads fewer host bytes;
+ *  (b) FIXED with budget 1 (blk 16 and 128) equals FULL: the same tokens and the same logit bits
+ *      (the same blocks in the same chunks); FIXED (16, 0.05) runs and reads fewer host bytes;
  *  (c) continuous batching: 4 sequences of different prompt lengths joining at different steps,
  *      max_batch 3, each get exactly the tokens they get alone (greedy);
- *  (e) a session with a small window room ends with CAPACITY while the others continue.
+ *  (e) a session with a small window room ends with CAPACITY while the others continue;
+ *  (f) prefill, FULL and FIXED decode steps of a batch of 3 with seeded sampling: the same tokens
+ *      and logit bits on pools of 1, 2, 3 and 7 workers (`test_engine workers` runs only this, also
+ *      under TSan).
  * Refusals (d), the other endings and seeded sampling are in test_engine_endings (same kind of
  * random model); a few refusals are repeated here.
  *
@@ -30,6 +33,7 @@
 enum { NGEN = 8, MAXP = 1600 + NGEN };
 
 static flx_rng_t rng;
+static flx_pool_h g_pool;   /* 2 workers */
 
 typedef struct rec {
     int32_t tok[64];
@@ -72,7 +76,7 @@ typedef struct fx {
 static void fx_init(fx_t *f, const flx_model_config_t *c)
 {
     CHECK_OK(flx_model_init_random(c, flx_rng_u64(&rng), &f->m));
-    flx_fwd_shape_t s = {.max_prompt = MAXP, .max_batch = 1, .n_threads = 2};
+    flx_fwd_shape_t s = {.max_prompt = MAXP, .max_batch = 1, .pool = g_pool};
     size_t b;
     CHECK_OK(flx_fwd_plan(f->m, &s, &b));
     f->pmem = flx_aligned_alloc(64, b);
@@ -218,8 +222,8 @@ static void test_single(const flx_model_config_t *c, const char *name)
                     fprintf(stderr, "%s: token %d is %d, FULL gave %d\n", label, i, r.tok[i], full[i]);
                     CHECK(r.tok[i] == full[i]);
                 }
-            /* the same computation but for summation order inside the host part */
-            CHECK_CLOSE(label, lg, lg_full, (size_t)(NGEN - 1) * c->vocab, 1e-4, 1e-3);
+            /* the same blocks in the same chunks: the same bits */
+            CHECK_SAME(label, lg, lg_full, (size_t)(NGEN - 1) * c->vocab);
         } else {
             fprintf(stderr, "%s: host bytes %llu vs FULL %llu\n", label, (unsigned long long)tot.host_bytes,
                     (unsigned long long)full_bytes);
@@ -306,9 +310,83 @@ static void test_batching(const flx_model_config_t *c, const char *name)
     fx_free(&f);
 }
 
-int main(void)
+/* (f) one run of 3 sequences (seeded sampling) on a pool: tokens (3, NGEN) and logits (3, NGEN - 1, V). */
+static void run_on_pool(fx_t *f, flx_pool_h pool, flx_engine_attn_mode_t mode, uint32_t blk, float bgt,
+                        int32_t *const *prompts, const uint32_t *lens, int32_t *tok, float *logits)
+{
+    const uint32_t V = f->m->cfg.vocab;
+    flx_fwd_shape_t fs = {.max_prompt = MAXP, .max_batch = 1, .pool = pool};
+    size_t b;
+    CHECK_OK(flx_fwd_plan(f->m, &fs, &b));
+    void *mem = flx_aligned_alloc(64, b);
+    flx_fwd_ws_t *ws;
+    CHECK_OK(flx_fwd_ws_init(f->m, &fs, mem, b, &ws));
+    flx_engine_params_t p = flx_engine_params_default();
+    p.mode = mode, p.blk = blk, p.bgt = bgt, p.max_batch = 3, p.pool = pool;
+    flx_engine_h e;
+    CHECK_OK(flx_engine_create(f->m, f->store, &p, &e));
+    CHECK(flx_engine_pool(e) == pool);
+    rec_t r[3];
+    float *lg = malloc(V * sizeof *lg);
+    for (int i = 0; i < 3; i++) {
+        flx_kv_session_id_t sid;
+        CHECK_OK(flx_engine_prefill_into_store(f->m, ws, f->store, prompts[i], lens[i], 64, &sid, lg));
+        flx_sampling_params_t sp = {.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .seed = 7 + (uint64_t)i};
+        flx_gen_params_t gp = {.max_new_tokens = NGEN, .eos_id = -1, .sampling = sp, .on_token = on_token,
+                               .on_logits = on_logits, .ctx = &r[i]};
+        memset(&r[i], 0, sizeof r[i]);
+        r[i].logits = logits + (size_t)i * (NGEN - 1) * V;
+        flx_engine_seq_id_t id;
+        CHECK_OK(flx_engine_add(e, sid, (int32_t)flx_sample_argmax(lg, V), &gp, &id));
+    }
+    run_all(e);
+    for (int i = 0; i < 3; i++) {
+        CHECK(r[i].n == NGEN && r[i].n_logits == NGEN - 1);
+        memcpy(tok + i * NGEN, r[i].tok, NGEN * sizeof *tok);
+    }
+    flx_engine_destroy(e);
+    free(lg);
+    flx_aligned_free(mem);
+}
+
+static void test_workers(const flx_model_config_t *c, const char *name)
+{
+    fx_t f;
+    fx_init(&f, c);
+    /* the longest: 2 host chunks (>= 32 blocks each) and 2 window chunks late in the run */
+    const uint32_t V = c->vocab, lens[3] = {600 + (uint32_t)flx_rng_below(&rng, 300), 400, 1300};
+    int32_t *prompts[3];
+    for (int i = 0; i < 3; i++) prompts[i] = make_prompt(lens[i], V);
+    const size_t nl = (size_t)3 * (NGEN - 1) * V;
+    float *lg_ref = malloc(nl * sizeof(float)), *lg = malloc(nl * sizeof(float));
+    int32_t tok_ref[3 * NGEN], tok[3 * NGEN];
+    struct { flx_engine_attn_mode_t mode; uint32_t blk; float bgt; } modes[] = {
+        {FLX_ENGINE_ATTN_FULL, 16, 1.0f}, {FLX_ENGINE_ATTN_FIXED, 16, 0.05f}, {FLX_ENGINE_ATTN_FIXED, 64, 0.3f}};
+    for (size_t mi = 0; mi < FLX_ARRAY_SIZE(modes); mi++)
+        for (int wi = 0; wi < 4; wi++) {
+            flx_pool_h pool = flx_test_pool(FLX_TEST_WORKERS[wi]);
+            run_on_pool(&f, pool, modes[mi].mode, modes[mi].blk, modes[mi].bgt, prompts, lens, wi ? tok : tok_ref,
+                        wi ? lg : lg_ref);
+            flx_pool_destroy(pool);
+            if (!wi) continue;
+            char label[128];
+            snprintf(label, sizeof label, "%s %s(%u, %g) on %u workers vs 1", name,
+                     flx_engine_attn_mode_name(modes[mi].mode), modes[mi].blk, (double)modes[mi].bgt,
+                     FLX_TEST_WORKERS[wi]);
+            CHECK(memcmp(tok, tok_ref, sizeof tok) == 0);
+            CHECK_SAME(label, lg, lg_ref, nl);
+        }
+    fprintf(stderr, "%s: FULL and FIXED, batch 3, sampled: the same tokens and logits at 1, 2, 3 and 7 workers\n",
+            name);
+    for (int i = 0; i < 3; i++) free(prompts[i]);
+    free(lg_ref), free(lg);
+    fx_free(&f);
+}
+
+int main(int argc, char **argv)
 {
     flx_rng_seed(&rng, flx_test_seed("test_engine"));
+    g_pool = flx_test_pool(2);
     flx_model_config_t a = {.arch = FLX_ARCH_LLAMA, .n_layers = 2, .hidden = 256, .n_heads = 4, .n_kv_heads = 1,
                             .head_dim = 64, .ffn = 512, .vocab = 512, .max_ctx = 4096, .rms_eps = 1e-5f,
                             .rope_theta = 10000.0f};
@@ -317,9 +395,16 @@ int main(void)
                             .rope_theta = 1000000.0f, .qkv_bias = 1};
     snprintf(a.name, sizeof a.name, "llama-2x256-d64-g4");
     snprintf(b.name, sizeof b.name, "qwen2-3x192-d128-g4");
+    if (argc > 1 && !strcmp(argv[1], "workers")) {
+        test_workers(&b, b.name);
+        flx_pool_destroy(g_pool);
+        fprintf(stderr, "test_engine workers: ok\n");
+        return 0;
+    }
     test_single(&a, a.name);
     test_single(&b, b.name);
     test_batching(&a, a.name);
+    flx_pool_destroy(g_pool);
     fprintf(stderr, "test_engine: ok\n");
     return 0;
 }

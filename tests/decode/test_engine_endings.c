@@ -170,6 +170,18 @@ static void test_refusals(void)
     p.max_seqs = 0;
     p.mode = (flx_engine_attn_mode_t)7;
     refused(flx_engine_create(g_m, store, &p, &e), FLX_ERR_INVALID, "mode 7", "mode");
+    p = flx_engine_params_default();
+    p.n_threads = 5000;
+    refused(flx_engine_create(g_m, store, &p, &e), FLX_ERR_INVALID, "n_threads 5000", "n_threads");
+    {   /* a lent pool is sized and placed by its creator */
+        flx_pool_h lent = flx_test_pool(1);
+        p = flx_engine_params_default();
+        p.pool = lent, p.n_threads = 2;
+        refused(flx_engine_create(g_m, store, &p, &e), FLX_ERR_INVALID, "with a lent pool", "n_threads with pool");
+        p.n_threads = 0, p.bind_numa = 1;
+        refused(flx_engine_create(g_m, store, &p, &e), FLX_ERR_INVALID, "bind_numa 1", "bind_numa with pool");
+        flx_pool_destroy(lent);
+    }
     {
         flx_kv_store_h other = make_store(2 * g_m->cfg.head_dim);
         p = flx_engine_params_default();
@@ -179,6 +191,19 @@ static void test_refusals(void)
         flx_kv_store_destroy(other);
     }
     CHECK(e == (flx_engine_h)(uintptr_t)0x1);
+    {   /* the engine's own pool: n_threads workers, on the store's NUMA node with bind_numa */
+        flx_kv_store_info_t si;
+        flx_kv_store_info(store, &si);
+        p = flx_engine_params_default();
+        p.n_threads = 3, p.bind_numa = 1;
+        CHECK_OK(flx_engine_create(g_m, store, &p, &e));
+        flx_pool_info_t pi;
+        flx_pool_info(flx_engine_pool(e), &pi);
+        CHECK(pi.n_workers == 3 && pi.numa_node == si.numa_node);
+        CHECK(strncmp(flx_pool_describe(flx_engine_pool(e)), "workers 3: requested", 20) == 0);
+        flx_engine_destroy(e);
+        CHECK(flx_engine_pool(NULL) == NULL);
+    }
 
     e = make_engine(store, 2, 2, 1);
     uint32_t n = 200 + (uint32_t)flx_rng_below(&rng, 100);
@@ -436,7 +461,7 @@ static void test_context(void)
     flx_prefill_args_t pa = {.tokens = prompt, .n_tokens = 101, .logits_last = lg};
     refused(flx_model_prefill(&sm, g_pws, &pa), FLX_ERR_INVALID, "101 tokens is longer than the model's context of 100",
             "model prefill");
-    flx_fwd_shape_t fs = {.max_prompt = 101, .max_batch = 1, .n_threads = 1};
+    flx_fwd_shape_t fs = {.max_prompt = 101, .max_batch = 1, .pool = NULL};
     size_t bytes = 7;
     refused(flx_fwd_plan(&sm, &fs, &bytes), FLX_ERR_INVALID, "max_prompt 101 tokens is longer than the model's context "
             "of 100", "plan");
@@ -477,7 +502,8 @@ int main(void)
     snprintf(c.name, sizeof c.name, "llama-2x256-d64-g4");
     CHECK_OK(flx_model_init_random(&c, flx_rng_u64(&rng), &g_m));
     V = c.vocab;
-    flx_fwd_shape_t s = {.max_prompt = MAXP, .max_batch = 1, .n_threads = 2};
+    flx_pool_h pool = flx_test_pool(2);
+    flx_fwd_shape_t s = {.max_prompt = MAXP, .max_batch = 1, .pool = pool};
     size_t b;
     CHECK_OK(flx_fwd_plan(g_m, &s, &b));
     void *pmem = flx_aligned_alloc(64, b);
@@ -489,6 +515,7 @@ int main(void)
     test_context();
     flx_aligned_free(pmem);
     flx_model_destroy(g_m);
+    flx_pool_destroy(pool);
     fprintf(stderr, "test_engine_endings: ok\n");
     return 0;
 }

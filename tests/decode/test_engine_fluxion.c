@@ -12,7 +12,10 @@
  *   - retrieval with bgt0 = 0.1, k = 0: budgets 0.1 at every blk, so Eq. 3's metadata term decides
  *     and the selector picks blk 128: tokens and host bytes equal FIXED (128, 0.1).
  * Also: a session without statistics is refused by flx_engine_add in FLUXION mode, and the
- * prefill statistics pass the store's checks (the session becomes READY).
+ * prefill statistics pass the store's checks (the session becomes READY). And with a predictor of
+ * random weights (budgets and streaming decisions differing from head to head, tasks ordered by
+ * priority), a batch of 2 sampled sequences gives the same tokens and logit bits on pools of 1, 2,
+ * 3 and 7 workers, prefill statistics included (label concurrency: TSan runs it).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -30,6 +33,7 @@ enum { NGEN = 8, PROMPT = 400 };
 static flx_model_t *g_m;
 static flx_fwd_ws_t *g_pws;
 static uint32_t V;
+static flx_pool_h g_pool;   /* 2 workers */
 
 typedef struct rec {
     int32_t tok[NGEN];
@@ -85,6 +89,107 @@ static void run(const int32_t *prompt, flx_engine_params_t ep, int with_stats, r
     free(lg);
 }
 
+typedef struct lrec {
+    int32_t tok[NGEN];
+    uint32_t n, n_logits;
+    float *logits;          /* (NGEN - 1, V) */
+} lrec_t;
+
+static void on_token_l(void *ctx, flx_engine_seq_id_t seq, int32_t token, int is_last, flx_engine_finish_t why)
+{
+    lrec_t *r = ctx;
+    if (token >= 0 && r->n < NGEN) r->tok[r->n++] = token;
+}
+
+static void on_logits_l(void *ctx, flx_engine_seq_id_t seq, const float *logits, uint32_t vocab)
+{
+    lrec_t *r = ctx;
+    CHECK(r->n_logits < NGEN - 1);
+    memcpy(r->logits + (size_t)r->n_logits++ * vocab, logits, vocab * sizeof *logits);
+}
+
+/* Two sequences (prompt and its second half) with statistics, FLUXION on pool, sampled: tokens
+ * (2, NGEN) and logits (2, NGEN - 1, V); the stats of the run in *st_p. */
+static void run_pool(const int32_t *prompt, flx_predictor_h pred, flx_pool_h pool, int32_t *tok, float *logits,
+                     flx_engine_stats_t *st_p)
+{
+    flx_kv_store_h store = make_store();
+    flx_fwd_shape_t fs = {.max_prompt = PROMPT, .max_batch = 1, .pool = pool};
+    size_t b;
+    CHECK_OK(flx_fwd_plan(g_m, &fs, &b));
+    void *mem = flx_aligned_alloc(64, b);
+    flx_fwd_ws_t *ws;
+    CHECK_OK(flx_fwd_ws_init(g_m, &fs, mem, b, &ws));
+    flx_engine_params_t ep = flx_engine_params_default();
+    ep.mode = FLX_ENGINE_ATTN_FLUXION, ep.predictor = pred, ep.max_batch = 2, ep.pool = pool;
+    flx_engine_h e;
+    CHECK_OK(flx_engine_create(g_m, store, &ep, &e));
+    float *lg = malloc(V * sizeof *lg);
+    lrec_t r[2];
+    for (int i = 0; i < 2; i++) {
+        flx_kv_session_id_t sid;
+        const uint32_t n = i ? PROMPT / 2 + 37 : PROMPT;
+        CHECK_OK(flx_engine_prefill_with_stats(g_m, ws, store, prompt + (PROMPT - n), n, 64, 0.1f, &sid, lg));
+        flx_sampling_params_t sp = {.temperature = 0.8f, .top_k = 0, .top_p = 0.9f, .seed = 11 + (uint64_t)i};
+        flx_gen_params_t gp = {.max_new_tokens = NGEN, .eos_id = -1, .sampling = sp, .on_token = on_token_l,
+                               .on_logits = on_logits_l, .ctx = &r[i]};
+        memset(&r[i], 0, sizeof r[i]);
+        r[i].logits = logits + (size_t)i * (NGEN - 1) * V;
+        flx_engine_seq_id_t id;
+        CHECK_OK(flx_engine_add(e, sid, (int32_t)flx_sample_argmax(lg, V), &gp, &id));
+    }
+    flx_status_t st;
+    int guard = 0;
+    while ((st = flx_engine_step(e)) == FLX_INPROGRESS) CHECK(++guard < 100);
+    CHECK_OK(st);
+    for (int i = 0; i < 2; i++) {
+        CHECK(r[i].n == NGEN && r[i].n_logits == NGEN - 1);
+        memcpy(tok + i * NGEN, r[i].tok, sizeof r[i].tok);
+    }
+    flx_engine_total_stats(e, st_p);
+    flx_engine_destroy(e);
+    flx_kv_store_destroy(store);
+    flx_aligned_free(mem);
+    free(lg);
+}
+
+static void test_workers(const int32_t *prompt, uint64_t seed)
+{
+    const size_t nl = (size_t)2 * (NGEN - 1) * V;
+    float *ref = malloc(nl * sizeof(float)), *got = malloc(nl * sizeof(float));
+    int32_t tok_ref[2 * NGEN], tok[2 * NGEN];
+    flx_engine_stats_t st_ref, st;
+    /* a streaming-logit shift that leaves both kinds of group, some reading the host and some not:
+     * bisection between all-streaming and none (the logits' spread over heads can be narrow) */
+    flx_predictor_h pred = NULL;
+    float lo = -16.0f, hi = 16.0f;   /* lo: every group reads the host; hi: none does */
+    for (int it = 0; it < 40; it++) {
+        const float shift = it == 0 ? 0.0f : 0.5f * (lo + hi);
+        flx_predictor_destroy(pred);
+        pred = random_predictor(seed, shift);
+        run_pool(prompt, pred, NULL, tok_ref, ref, &st_ref);
+        if (st_ref.n_tasks > 0 && st_ref.n_skipped > 0) break;
+        if (st_ref.n_skipped == 0) lo = shift;
+        else hi = shift;
+    }
+    for (int wi = 0; wi < 4; wi++) {
+        flx_pool_h pool = flx_test_pool(FLX_TEST_WORKERS[wi]);
+        run_pool(prompt, pred, pool, wi ? tok : tok_ref, wi ? got : ref, wi ? &st : &st_ref);
+        flx_pool_destroy(pool);
+        if (!wi) continue;
+        char label[96];
+        snprintf(label, sizeof label, "fluxion (random predictor) on %u workers vs 1", FLX_TEST_WORKERS[wi]);
+        CHECK(memcmp(tok, tok_ref, sizeof tok) == 0);
+        CHECK_SAME(label, got, ref, nl);
+        CHECK(st.host_bytes == st_ref.host_bytes && st.n_skipped == st_ref.n_skipped && st.n_tasks == st_ref.n_tasks);
+    }
+    fprintf(stderr, "fluxion, random predictor: %llu tasks, %llu streaming-only groups, the same tokens and logits at "
+            "1, 2, 3 and 7 workers\n", (unsigned long long)st_ref.n_tasks, (unsigned long long)st_ref.n_skipped);
+    CHECK(st_ref.n_tasks > 0 && st_ref.n_skipped > 0);   /* both kinds of group were exercised */
+    free(ref), free(got);
+    flx_predictor_destroy(pred);
+}
+
 static void same(const rec_t *a, const rec_t *b, const char *what)
 {
     for (uint32_t i = 0; i < NGEN; i++)
@@ -104,7 +209,8 @@ int main(void)
     snprintf(c.name, sizeof c.name, "llama-2x256-d64-g2");
     CHECK_OK(flx_model_init_random(&c, flx_rng_u64(&rng), &g_m));
     V = c.vocab;
-    flx_fwd_shape_t s = {.max_prompt = PROMPT, .max_batch = 1, .n_threads = 2};
+    g_pool = flx_test_pool(2);
+    flx_fwd_shape_t s = {.max_prompt = PROMPT, .max_batch = 1, .pool = g_pool};
     size_t b;
     CHECK_OK(flx_fwd_plan(g_m, &s, &b));
     void *pmem = flx_aligned_alloc(64, b);
@@ -174,8 +280,10 @@ int main(void)
     flx_predictor_destroy(all);
     flx_predictor_destroy(stream);
     flx_predictor_destroy(tenth);
+    test_workers(prompt, flx_rng_u64(&rng));
     flx_aligned_free(pmem);
     flx_model_destroy(g_m);
+    flx_pool_destroy(g_pool);
     fprintf(stderr, "test_engine_fluxion: ok\n");
     return 0;
 }

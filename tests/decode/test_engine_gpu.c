@@ -81,7 +81,7 @@ typedef struct side {
 static void side_open(side_t *s, flx_model_t *m)
 {
     s->m = m;
-    flx_fwd_shape_t cs = {.max_prompt = MAXP, .max_batch = 1, .n_threads = 2};
+    flx_fwd_shape_t cs = {.max_prompt = MAXP, .max_batch = 1, .pool = NULL};   /* the CPU side on this thread */
     size_t b, db, hb;
     CHECK_OK(flx_fwd_plan(m, &cs, &b));
     s->cmem = flx_aligned_alloc(64, b);

@@ -11,7 +11,9 @@
  *      implemented here: each step's logits match the teacher-forced prefill of all n + m tokens
  *      and give the same greedy token;
  *  (d) a decode batch of 3 sequences at different positions equals decoding each alone;
- *  (e) bad arguments are refused with messages that name the value.
+ *  (e) bad arguments are refused with messages that name the value;
+ *  (f) kernels, prefill (logits, on_layer K/V and q') and decode batches give the same bits on pools of
+ *      1, 2, 3 and 7 workers (`test_forward workers` runs only these, under TSan too).
  * Inputs are fresh random values each run (seed printed; FLX_SEED replays).
  *
  * `test_forward bench [N | prefill N]` (not run by ctest) prints decode GEMV bandwidth against a
@@ -32,10 +34,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <immintrin.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include <stdatomic.h>
 
+#include "../../bench/common/bench_read.h"
 #include "flx/cpu.h"
 #include "flx/forward.h"
 #include "flx/model.h"
@@ -55,6 +56,8 @@
 
 static flx_rng_t rng;
 static int g_threads = 2;
+static flx_pool_h g_pool;          /* g_threads workers */
+static flx_pool_h g_pools[4];      /* FLX_TEST_WORKERS */
 
 static void rand_f(float *x, size_t n, double s)
 {
@@ -87,13 +90,25 @@ static void test_gemv(void)
                 flx_matmul_bf16_ref(w[i], r3[i], cols, x, n, yr[i]);
                 mats[i] = (flx_gemv_mat_t){w[i], r3[i], y[i]};
             }
-            flx_gemv_bf16(mats, 3, cols, x, n, g_threads);
+            flx_gemv_bf16(mats, 3, cols, x, n, g_pool);
             char label[96];
             for (int i = 0; i < 3; i++) {
                 snprintf(label, sizeof label, "gemv %ux%u n=%u mat %d", r3[i], cols, n, i);
                 CHECK_CLOSE(label, y[i], yr[i], (size_t)n * r3[i], 1e-4 * sqrt(cols), 1e-5);
-                free(w[i]), free(y[i]), free(yr[i]);
             }
+            for (int wi = 0; wi < 4; wi++) {   /* the same bits at 1, 2, 3, 7 workers */
+                flx_gemv_mat_t mw[3];
+                float *yw[3];
+                for (int i = 0; i < 3; i++) yw[i] = malloc((size_t)n * r3[i] * 4), mw[i] = (flx_gemv_mat_t){w[i], r3[i], yw[i]};
+                flx_gemv_bf16(mw, 3, cols, x, n, g_pools[wi]);
+                for (int i = 0; i < 3; i++) {
+                    snprintf(label, sizeof label, "gemv %ux%u n=%u mat %d workers %u", r3[i], cols, n, i,
+                             FLX_TEST_WORKERS[wi]);
+                    CHECK_SAME(label, yw[i], y[i], (size_t)n * r3[i]);
+                    free(yw[i]);
+                }
+            }
+            for (int i = 0; i < 3; i++) free(w[i]), free(y[i]), free(yr[i]);
             free(x);
         }
     }
@@ -106,14 +121,42 @@ static void test_gemm(void)
         uint32_t rows = shapes[si][0], cols = shapes[si][1], n = shapes[si][2];
         flx_bf16_t *w = malloc((size_t)rows * cols * 2);
         float *x = malloc((size_t)n * cols * 4), *y = malloc((size_t)n * rows * 4), *yr = malloc((size_t)n * rows * 4);
-        float *pack = flx_aligned_alloc(64, (size_t)g_threads * flx_gemm_pack_floats() * 4);
+        float *pack = flx_aligned_alloc(64, (size_t)7 * flx_gemm_pack_floats() * 4);
         rand_bf16(w, (size_t)rows * cols);
         rand_f(x, (size_t)n * cols, 1.0);
         flx_matmul_bf16_ref(w, rows, cols, x, n, yr);
-        flx_gemm_bf16(w, rows, cols, x, n, y, g_threads, pack);
+        flx_gemv_mat_t mat = {w, rows, y};
+        flx_gemm_bf16(&mat, 1, cols, x, n, g_pool, pack);
         char label[96];
         snprintf(label, sizeof label, "gemm %ux%u n=%u", rows, cols, n);
         CHECK_CLOSE(label, y, yr, (size_t)n * rows, 1e-4 * sqrt(cols), 1e-5);
+        for (int wi = 0; wi < 4; wi++) {   /* the same bits at 1, 2, 3, 7 workers */
+            mat.y = yr;
+            flx_gemm_bf16(&mat, 1, cols, x, n, g_pools[wi], pack);
+            snprintf(label, sizeof label, "gemm %ux%u n=%u workers %u", rows, cols, n, FLX_TEST_WORKERS[wi]);
+            CHECK_SAME(label, yr, y, (size_t)n * rows);
+        }
+        /* fused: three matrices in one run give each matrix's bits alone (W, the first rows of W,
+         * W again), at every worker count */
+        const uint32_t r3[3] = {rows, rows / 2 + 1, rows};
+        float *y3[3];
+        for (int wi = 0; wi < 4; wi++) {
+            flx_gemv_mat_t m3[3];
+            for (int i = 0; i < 3; i++) y3[i] = malloc((size_t)n * r3[i] * 4), m3[i] = (flx_gemv_mat_t){w, r3[i], y3[i]};
+            flx_gemm_bf16(m3, 3, cols, x, n, g_pools[wi], pack);
+            for (int i = 0; i < 3; i++) {
+                snprintf(label, sizeof label, "gemm fused %ux%u n=%u mat %d workers %u", r3[i], cols, n, i,
+                         FLX_TEST_WORKERS[wi]);
+                if (r3[i] == rows) {
+                    CHECK_SAME(label, y3[i], y, (size_t)n * rows);
+                } else {
+                    mat = (flx_gemv_mat_t){w, r3[i], yr};
+                    flx_gemm_bf16(&mat, 1, cols, x, n, NULL, pack);
+                    CHECK_SAME(label, y3[i], yr, (size_t)n * r3[i]);
+                }
+                free(y3[i]);
+            }
+        }
         free(w), free(x), free(y), free(yr), flx_aligned_free(pack);
     }
 }
@@ -186,16 +229,23 @@ typedef struct {
     void *mem;
 } fwd_t;
 
-static void fwd_open(const flx_model_config_t *c, uint32_t max_prompt, uint32_t max_batch, fwd_t *f)
+static void fwd_ws(const flx_model_config_t *c, uint32_t max_prompt, uint32_t max_batch, flx_pool_h pool, fwd_t *f)
 {
-    CHECK_OK(flx_model_init_random(c, flx_rng_u64(&rng), &f->m));
-    flx_fwd_shape_t shape = {max_prompt, max_batch, (uint32_t)g_threads};
+    flx_fwd_shape_t shape = {max_prompt, max_batch, pool};
     size_t bytes;
     CHECK_OK(flx_fwd_plan(f->m, &shape, &bytes));
     f->mem = flx_aligned_alloc(64, bytes);
     CHECK(f->mem);
     CHECK_ST(flx_fwd_ws_init(f->m, &shape, f->mem, bytes - 64, &f->ws), FLX_ERR_INVALID);
     CHECK_OK(flx_fwd_ws_init(f->m, &shape, f->mem, bytes, &f->ws));
+    CHECK(flx_fwd_ws_pool(f->ws) == pool);
+    (void)c;
+}
+
+static void fwd_open(const flx_model_config_t *c, uint32_t max_prompt, uint32_t max_batch, fwd_t *f)
+{
+    CHECK_OK(flx_model_init_random(c, flx_rng_u64(&rng), &f->m));
+    fwd_ws(c, max_prompt, max_batch, g_pool, f);
 }
 
 static void fwd_close(fwd_t *f)
@@ -499,40 +549,75 @@ static void test_bad_args(void)
     CHECK_ST(flx_model_decode(m2, f.ws, &da), FLX_ERR_INVALID);
     check_msg("rope_theta 500000");
     flx_model_destroy(m2);
-    flx_fwd_shape_t bad = {0, 1, 1};
+    flx_fwd_shape_t bad = {0, 1, NULL};
     size_t bytes;
     CHECK_ST(flx_fwd_plan(f.m, &bad, &bytes), FLX_ERR_INVALID);
     check_msg("max_prompt 0");
     fwd_close(&f);
 }
 
-/* ================= benchmark (not a test) ================= */
+/* ================= (f) the same bits at any worker count ================= */
 
-__attribute__((target("avx2"))) static uint64_t read_buf(const uint8_t *p, size_t bytes, int nth)
+/* Prefill of n tokens (all logits, K/V and q' of every layer) and two decode steps of a batch of
+ * 3, on a pool of FLX_TEST_WORKERS[wi] workers; out receives everything, in a fixed order. */
+static size_t run_workers(const flx_model_t *m, const int32_t *tok, uint32_t n, flx_pool_h pool, float *out)
 {
-    uint64_t total = 0;
-#pragma omp parallel num_threads(nth) reduction(^ : total)
-    {
-        int tid = 0, nt = 1;
-#ifdef _OPENMP
-        tid = omp_get_thread_num(), nt = omp_get_num_threads();
-#endif
-        size_t chunks = bytes / 128, c0 = chunks * tid / nt, c1 = chunks * (tid + 1) / nt;
-        __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-        for (size_t ci = c0; ci < c1; ci++) {
-            const __m256i *q = (const __m256i *)(p + ci * 128);
-            a0 = _mm256_xor_si256(a0, _mm256_load_si256(q));
-            a1 = _mm256_xor_si256(a1, _mm256_load_si256(q + 1));
-            a2 = _mm256_xor_si256(a2, _mm256_load_si256(q + 2));
-            a3 = _mm256_xor_si256(a3, _mm256_load_si256(q + 3));
-        }
-        __m256i a = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
-        uint64_t t[4];
-        _mm256_storeu_si256((__m256i *)t, a);
-        total ^= t[0] ^ t[1] ^ t[2] ^ t[3];
+    const flx_model_config_t *c = &m->cfg;
+    const uint32_t V = c->vocab, N = n + 2;
+    fwd_t f = {.m = (flx_model_t *)m};
+    fwd_ws(c, N, 3, pool, &f);
+    const size_t kvd = (size_t)c->n_kv_heads * c->head_dim, kvn = (size_t)c->n_layers * n * kvd;
+    kvcache_t kv[3];
+    size_t at = 0;
+    for (int s = 0; s < 3; s++) {   /* three sequences at different positions; the first one captured */
+        kv_init(&kv[s], c, N);
+        const size_t nv = (size_t)n * V;
+        sink_t sink = {&kv[s], s ? NULL : out + at + nv, s ? NULL : out + at + nv + kvn,
+                       s ? NULL : out + at + nv + 2 * kvn, c->n_heads, 0};
+        flx_prefill_args_t pa = {tok, n - 7 * (uint32_t)s, on_layer, &sink, NULL, s ? NULL : out + at, NULL};
+        CHECK_OK(flx_model_prefill(m, f.ws, &pa));
+        if (s == 0) at += nv + 2 * kvn + (size_t)c->n_layers * c->n_heads * c->head_dim;
     }
-    return total;
+    for (uint32_t st = 0; st < 2; st++) {
+        uint32_t pos[3];
+        int32_t tb[3];
+        kvcache_t *seq[3];
+        for (int s = 0; s < 3; s++) pos[s] = n - 7 * (uint32_t)s + st, tb[s] = tok[pos[s]], seq[s] = &kv[s];
+        attn_ctx_t actx = {seq, pos, c->n_heads};
+        flx_decode_args_t da = {3, tb, pos, dense_attn, &actx, out + at};
+        CHECK_OK(flx_model_decode(m, f.ws, &da));
+        at += (size_t)3 * V;
+    }
+    for (int s = 0; s < 3; s++) kv_free(&kv[s]);
+    flx_aligned_free(f.mem);
+    return at;
 }
+
+static void test_workers(const flx_model_config_t *c, uint32_t n)
+{
+    flx_model_t *m;
+    CHECK_OK(flx_model_init_random(c, flx_rng_u64(&rng), &m));
+    const uint32_t V = c->vocab, N = n + 2;
+    const size_t kvn = (size_t)c->n_layers * n * c->n_kv_heads * c->head_dim;
+    const size_t total = (size_t)n * V + 2 * kvn + (size_t)c->n_layers * c->n_heads * c->head_dim + (size_t)6 * V;
+    int32_t *tok = malloc(N * 4);
+    for (uint32_t i = 0; i < N; i++) tok[i] = (int32_t)flx_rng_below(&rng, V);
+    float *ref = malloc(total * 4), *got = malloc(total * 4);
+    CHECK(run_workers(m, tok, n, NULL, ref) == total);
+    for (int wi = 0; wi < 4; wi++) {
+        memset(got, 0, total * 4);
+        run_workers(m, tok, n, g_pools[wi], got);
+        char label[128];
+        snprintf(label, sizeof label, "%s prefill %u + decode batch 3 on %u workers vs the caller alone", c->name, n,
+                 FLX_TEST_WORKERS[wi]);
+        CHECK_SAME(label, got, ref, total);
+    }
+    fprintf(stderr, "%s: prefill %u tokens and decode steps: the same bits at 1, 2, 3 and 7 workers\n", c->name, n);
+    free(tok), free(ref), free(got);
+    flx_model_destroy(m);
+}
+
+/* ================= benchmark (not a test) ================= */
 
 static double best_of(int reps, double (*fn)(void *), void *arg)
 {
@@ -547,26 +632,23 @@ static double best_of(int reps, double (*fn)(void *), void *arg)
 typedef struct {
     const uint8_t *buf;
     size_t bytes;
-    int nth;
+    flx_pool_h pool;
     const flx_gemv_mat_t *mats;
     uint32_t cols, n;
 } bench_arg_t;
 
-static volatile uint64_t g_sink;
 
 static double time_read(void *p)
 {
     bench_arg_t *a = p;
-    uint64_t t0 = flx_now_ns();
-    g_sink ^= read_buf(a->buf, a->bytes, a->nth);
-    return (flx_now_ns() - t0) * 1e-9;
+    return a->bytes / (flx_bench_read_bw(a->pool, a->buf, a->bytes, 1) * 1e9);
 }
 
 static double time_gemv(void *p)
 {
     bench_arg_t *a = p;
     uint64_t t0 = flx_now_ns();
-    flx_gemv_bf16(a->mats, 1, a->cols, (const float *)a->buf, a->n, a->nth);
+    flx_gemv_bf16(a->mats, 1, a->cols, (const float *)a->buf, a->n, a->pool);
     return (flx_now_ns() - t0) * 1e-9;
 }
 
@@ -583,17 +665,19 @@ static void bench_gemv(void)
     CHECK(w && x && y);
     for (size_t i = 0; i < (size_t)rows * cols; i++) w[i] = (flx_bf16_t)(0x3f80 + (i & 63));
     rand_f(x, (size_t)8 * cols, 1.0);
-    printf("level %s, %d threads max\n", flx_gemv_level_name(flx_gemv_level()), g_threads);
+    printf("level %s, %d workers max\n", flx_gemv_level_name(flx_gemv_level()), g_threads);
     for (int nth = 1; nth <= g_threads; nth++) {
-        bench_arg_t ra = {buf, GiB, nth, NULL, 0, 0};
+        flx_pool_h pool = flx_test_pool((uint32_t)nth);
+        bench_arg_t ra = {buf, GiB, pool, NULL, 0, 0};
         double tr = best_of(5, time_read, &ra), bw_read = GiB / tr * 1e-9;
         for (uint32_t n = 1; n <= 8; n *= 2) {
             flx_gemv_mat_t mat = {w, rows, y};
-            bench_arg_t ga = {(const uint8_t *)x, 0, nth, &mat, cols, n};
+            bench_arg_t ga = {(const uint8_t *)x, 0, pool, &mat, cols, n};
             double tg = best_of(5, time_gemv, &ga), bw = (double)rows * cols * 2 / tg * 1e-9;
-            printf("threads %d: read %.2f GB/s | gemv batch %u: %.2f GB/s = %.2f of read, %.3f ms per token\n", nth,
+            printf("workers %d: read %.2f GB/s | gemv batch %u: %.2f GB/s = %.2f of read, %.3f ms per token\n", nth,
                    bw_read, n, bw, bw / bw_read, tg * 1e3 / n);
         }
+        flx_pool_destroy(pool);
     }
     flx_aligned_free(w), free(x), free(y), flx_aligned_free(buf);
 }
@@ -631,17 +715,18 @@ static int bench(int argc, char **argv)
                 size_t sz[7] = {qd_ * c.hidden, kvd_ * c.hidden, kvd_ * c.hidden, qd_ * c.hidden,
                                 (size_t)c.ffn * c.hidden, (size_t)c.ffn * c.hidden, (size_t)c.ffn * c.hidden};
                 for (int i = 0; i < 7; i++) {
-                    g_sink ^= read_buf((const uint8_t *)mats[i], sz[i] * 2, g_threads);
-                    bytes += sz[i] * 2;
+                    (void)flx_bench_read_bw(g_pool, (const uint8_t *)mats[i], sz[i] * 2 / 128 * 128, 1);
+                    bytes += sz[i] * 2 / 128 * 128;
                 }
             }
-            g_sink ^= read_buf((const uint8_t *)f.m->lm_head, (size_t)c.vocab * c.hidden * 2, g_threads);
-            bytes += (size_t)c.vocab * c.hidden * 2;
+            const size_t head = (size_t)c.vocab * c.hidden * 2 / 128 * 128;
+            (void)flx_bench_read_bw(g_pool, (const uint8_t *)f.m->lm_head, head, 1);
+            bytes += head;
             double t = (flx_now_ns() - t0) * 1e-9;
             best = t < best ? t : best;
         }
         wread = bytes / best * 1e-9;
-        printf("read of the model's weight matrices (%.0f MB), %d threads: %.2f GB/s\n", bytes * 1e-6, g_threads,
+        printf("read of the model's weight matrices (%.0f MB), %d workers: %.2f GB/s\n", bytes * 1e-6, g_threads,
                wread);
     }
     for (uint32_t b = 1; b <= 8 && !only_prefill; b *= 2) {
@@ -653,7 +738,7 @@ static int bench(int argc, char **argv)
             if (tm.dense_ns < best.dense_ns) best = tm;
         }
         double gbs = best.dense_bytes / (double)best.dense_ns;
-        printf("SmolLM2-135M shape decode batch %u, %d threads: dense %.2f ms (%.2f GB/s of weights = %.2f of the "
+        printf("SmolLM2-135M shape decode batch %u, %d workers: dense %.2f ms (%.2f GB/s of weights = %.2f of the "
                "weight read), %.3f ms per token\n", b, g_threads, best.dense_ns * 1e-6, gbs, gbs / wread,
                best.dense_ns * 1e-6 / b);
     }
@@ -676,11 +761,20 @@ static int bench(int argc, char **argv)
 int main(int argc, char **argv)
 {
     flx_rng_seed(&rng, flx_test_seed("test_forward"));
-#if defined(FLX_TSAN) || !defined(_OPENMP)
-    g_threads = 1;
-#endif
     if (getenv("FLX_THREADS")) g_threads = atoi(getenv("FLX_THREADS")) > 0 ? atoi(getenv("FLX_THREADS")) : 1;
+    g_pool = flx_test_pool((uint32_t)g_threads);
+    for (int i = 0; i < 4; i++) g_pools[i] = flx_test_pool(FLX_TEST_WORKERS[i]);
     if (argc > 1 && strcmp(argv[1], "bench") == 0) return bench(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "workers") == 0) {   /* (f) alone, at the best level (the TSan run) */
+        flx_model_config_t cw = ref_cfg_make(FLX_ARCH_QWEN2, 80, 6, 2, 48, 112, 97, 0);   /* G3 D48 bias */
+        test_gemv();
+        test_gemm();
+        test_workers(&cw, 40);
+        for (int i = 0; i < 4; i++) flx_pool_destroy(g_pools[i]);
+        flx_pool_destroy(g_pool);
+        fprintf(stderr, "test_forward workers: ok\n");
+        return 0;
+    }
 
     const flx_gemv_level_t levels[] = {FLX_GEMV_SCALAR, FLX_GEMV_AVX2, FLX_GEMV_AVX512};
     for (size_t li = 0; li < FLX_ARRAY_SIZE(levels); li++) {
@@ -715,9 +809,13 @@ int main(int argc, char **argv)
         test_batch(&c1);
         test_batch(&c2);
         test_bad_args();
+        test_workers(&c1, 300);
+        test_workers(&c4, 77);
     }
     flx_isa_force(FLX_ISA_AVX512BF16);
     flx_isa_force(FLX_ISA_AVX512BF16);   /* back to the best level */
+    flx_pool_destroy(g_pool);
+    for (int i = 0; i < 4; i++) flx_pool_destroy(g_pools[i]);
     fprintf(stderr, "test_forward: ok\n");
     return 0;
 }

@@ -61,7 +61,7 @@ typedef struct fx {
 static void fx_open(fx_t *f, const flx_model_config_t *c, uint32_t max_prompt, uint32_t max_batch, uint32_t chunk)
 {
     CHECK_OK(flx_model_init_random(c, flx_rng_u64(&rng), &f->m));
-    flx_fwd_shape_t cs = {max_prompt, max_batch, 2};
+    flx_fwd_shape_t cs = {max_prompt, max_batch, NULL};   /* the CPU side on this thread */
     size_t b;
     CHECK_OK(flx_fwd_plan(f->m, &cs, &b));
     f->cmem = flx_aligned_alloc(64, b);

@@ -1,8 +1,11 @@
 /*
  * test_attn_kernels - every fast attention kernel against its reference, the references against
  * dense brute-force softmax, at each dispatch level (scalar, AVX2, AVX-512 BF16 where present),
- * with 2 OpenMP threads (1 under TSan builds), GQA group sizes 1/4/7/8, head dims 64/128, host
- * lengths that are not multiples of any block size, budgets 0 and 1.
+ * on a pool of 2 workers, GQA group sizes 1/4/7/8, head dims 64/128, host lengths that are not
+ * multiples of any block size, budgets 0 and 1 (budget 1 the same bits as FULL). Determinism: every
+ * kernel and task gives the same bits on pools of 1, 2, 3 and 7 workers and in the staged form with
+ * its chunks run backwards; windows and host parts long enough for several chunks.
+ * Label concurrency: TSan runs it.
  */
 #include "attn_testutil.h"
 
@@ -12,6 +15,7 @@
 #define L_RTOL 1e-5
 
 static flx_rng_t rng;
+static flx_pool_h g_pools[4];   /* FLX_TEST_WORKERS */
 
 static void rand_q(float *q, size_t n)
 {
@@ -44,7 +48,7 @@ static void run_case(uint32_t D, uint32_t G, uint32_t l_cpu, uint32_t n_win)
 {
     tkv_t t;
     tkv_make(&t, &rng, D, l_cpu, n_win);
-    flx_attn_shape_t shape = {.group = G, .head_dim = D, .max_l_cpu = l_cpu + 40, .n_threads = 2};
+    flx_attn_shape_t shape = {.group = G, .head_dim = D, .max_l_cpu = l_cpu + 40, .pool = g_pools[1]};
     size_t bytes;
     CHECK_OK(flx_attn_plan(&shape, &bytes));
     void *mem = malloc(bytes);
@@ -171,12 +175,15 @@ static void run_case(uint32_t D, uint32_t G, uint32_t l_cpu, uint32_t n_win)
         free(s_ref);
     }
 
-    /* budget 1 == FULL, budget 0 == window alone (FIXED mode, all heads) */
-    flx_attn_cfg_t one = {.mode = FLX_ATTN_FIXED, .blk = 32, .budget = 1.0f};
-    CHECK_OK(flx_attn_group_run(&ws, &t.view, q, &one, o, lse, NULL));
-    snprintf(lab, sizeof lab, "[%s D%u G%u] budget 1 vs FULL", isa, D, G);
-    CHECK_CLOSE(lab, o, o_full, GD, 1e-3, 1e-2);
-    CHECK(lse_close("budget 1 vs FULL lse", lse, lse_full, G, 1e-3, 1e-3));
+    /* budget 1 == FULL (the same blocks in the same chunks: the same bits at any blk), budget 0 ==
+     * window alone (FIXED mode, all heads) */
+    for (uint32_t blk = 16; blk <= 128; blk *= 2) {
+        flx_attn_cfg_t one = {.mode = FLX_ATTN_FIXED, .blk = blk, .budget = 1.0f};
+        CHECK_OK(flx_attn_group_run(&ws, &t.view, q, &one, o, lse, NULL));
+        snprintf(lab, sizeof lab, "[%s D%u G%u blk %u] budget 1 vs FULL", isa, D, G, blk);
+        CHECK_SAME(lab, o, o_full, GD);
+        CHECK_SAME(lab, lse, lse_full, G);
+    }
     flx_attn_cfg_t zero = {.mode = FLX_ATTN_FIXED, .blk = 128, .budget = 0.0f};
     CHECK_OK(flx_attn_group_run(&ws, &t.view, q, &zero, o, lse, NULL));
     CHECK_OK(flx_attn_window_ref(&t.view, G, q, o_ref, lse_ref));
@@ -194,6 +201,74 @@ static void run_case(uint32_t D, uint32_t G, uint32_t l_cpu, uint32_t n_win)
     tkv_free(&t);
 }
 
+/* One configuration on a pool of FLX_TEST_WORKERS[wi] workers: window, sparse kernel, the group and
+ * host tasks into out (4 G D + 4 G floats). */
+static void run_all(const tkv_t *t, uint32_t G, const float *q, const flx_attn_cfg_t *cfg, flx_pool_h pool,
+                    int staged_backwards, float *out)
+{
+    const uint32_t D = t->D;
+    const size_t GD = (size_t)G * D;
+    flx_attn_shape_t shape = {.group = G, .head_dim = D, .max_l_cpu = t->l_cpu, .pool = pool};
+    size_t bytes;
+    CHECK_OK(flx_attn_plan(&shape, &bytes));
+    void *mem = malloc(bytes);
+    flx_attn_ws_t ws;
+    CHECK_OK(flx_attn_ws_init(&ws, &shape, mem, bytes));
+    float *o = out, *lse = out + 4 * GD;
+    CHECK_OK(flx_attn_window(&ws, &t->view, q, o, lse));
+    const int lv = cfg->mode == FLX_ATTN_FULL ? 0 : flx_attn_blk_level(cfg->blk);
+    const uint32_t n = t->view.meta_n[lv];
+    uint32_t *sel = malloc(((size_t)G * n + 1) * 4), k[FLX_ATTN_MAX_GROUP];
+    for (uint32_t h = 0; h < G; h++) {   /* a fixed selection: every (h + 1)-th block */
+        k[h] = 0;
+        for (uint32_t b = h % 3; b < n; b += h % 5 + 1) sel[(size_t)h * n + k[h]++] = b;
+    }
+    CHECK_OK(flx_attn_sparse(&ws, &t->view, lv, q, sel, n, k, o + GD, lse + G));
+    free(sel);
+    for (int with_window = 1; with_window >= 0; with_window--) {
+        float *og = o + (2 + !with_window) * GD, *lg = lse + (2 + !with_window) * G;
+        if (!staged_backwards) {
+            if (with_window) CHECK_OK(flx_attn_group_run(&ws, &t->view, q, cfg, og, lg, NULL));
+            else CHECK_OK(flx_attn_host_run(&ws, &t->view, q, cfg, og, lg, NULL));
+            continue;
+        }
+        uint32_t nc;
+        CHECK_OK(flx_attn_task_begin(&ws, &t->view, q, cfg, with_window, &nc));
+        for (uint32_t c = nc; c-- > 0;) CHECK_OK(flx_attn_task_chunk(&ws, c));
+        CHECK_ST(flx_attn_task_chunk(&ws, nc), FLX_ERR_INVALID);
+        CHECK_OK(flx_attn_task_end(&ws, og, lg, NULL));
+    }
+    free(mem);
+}
+
+static void check_determinism(uint32_t D, uint32_t G, uint32_t l_cpu, uint32_t n_win)
+{
+    tkv_t t;
+    tkv_make(&t, &rng, D, l_cpu, n_win);
+    const size_t GD = (size_t)G * D, N = 4 * GD + 4 * G;
+    float *q = malloc(GD * 4), *ref = malloc(N * 4), *got = malloc(N * 4), bud[FLX_ATTN_MAX_GROUP];
+    rand_q(q, GD);
+    for (uint32_t h = 0; h < G; h++) bud[h] = (float)flx_rng_uniform(&rng) * 0.4f;
+    const flx_attn_cfg_t cfgs[] = {{.mode = FLX_ATTN_FULL},
+                                   {.mode = FLX_ATTN_FIXED, .blk = 16, .budget = 0.3f},
+                                   {.mode = FLX_ATTN_SPARSE, .blk = 32, .budgets = bud},
+                                   {.mode = FLX_ATTN_FIXED, .blk = 64, .budget = 1.0f}};
+    for (size_t c = 0; c < FLX_ARRAY_SIZE(cfgs); c++) {
+        run_all(&t, G, q, &cfgs[c], NULL, 0, ref);
+        for (int wi = 0; wi < 5; wi++) {
+            char lab[160];
+            snprintf(lab, sizeof lab, "[%s D%u G%u L%u W%u] cfg %zu: %s", flx_isa_name(flx_isa_active()), D, G,
+                     l_cpu, n_win, c, wi < 4 ? "pool" : "staged, chunks backwards");
+            run_all(&t, G, q, &cfgs[c], wi < 4 ? g_pools[wi] : NULL, wi == 4, got);
+            CHECK_SAME(lab, got, ref, N);
+        }
+    }
+    fprintf(stderr, "[%s D%u G%u L%u W%u] same bits at 1, 2, 3, 7 workers and staged backwards\n",
+            flx_isa_name(flx_isa_active()), D, G, l_cpu, n_win);
+    free(q), free(ref), free(got);
+    tkv_free(&t);
+}
+
 static uint32_t odd_len(uint32_t lo, uint32_t hi)
 {
     uint32_t l;
@@ -204,6 +279,7 @@ static uint32_t odd_len(uint32_t lo, uint32_t hi)
 int main(void)
 {
     flx_rng_seed(&rng, flx_test_seed("test_attn_kernels"));
+    for (int i = 0; i < 4; i++) g_pools[i] = flx_test_pool(FLX_TEST_WORKERS[i]);
     const uint32_t Gs[] = {1, 4, 7, 8}, Ds[] = {64, 128};
     const flx_isa_t isas[] = {FLX_ISA_SCALAR, FLX_ISA_AVX2, FLX_ISA_AVX512, FLX_ISA_AVX512BF16};
     for (size_t ii = 0; ii < FLX_ARRAY_SIZE(isas); ii++) {
@@ -220,8 +296,12 @@ int main(void)
         run_case(64, 4, 0, 37);
         run_case(128, 8, odd_len(17, 300), 0);
         run_case(64, 7, 5, 0);
+        /* several window chunks (>= 256 rows each) and host chunks (>= 32 blocks each) */
+        check_determinism(64, 3, odd_len(3000, 5000), 300 + (uint32_t)flx_rng_below(&rng, 400));
+        check_determinism(128, 4, odd_len(600, 1100), 1);
     }
     flx_isa_force(FLX_ISA_AVX512BF16);
+    for (int i = 0; i < 4; i++) flx_pool_destroy(g_pools[i]);
     fprintf(stderr, "test_attn_kernels: ok\n");
     return 0;
 }

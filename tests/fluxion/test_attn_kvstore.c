@@ -2,7 +2,8 @@
  * test_attn_kvstore - the attention task on views of the real kvstore: a one-layer store, a session
  * pushed in chunks, the store's own pyramid and window; FULL and SPARSE (budget 0 and 1 included)
  * against a dense softmax over the raw prompt arrays (window = first sink + last local tokens).
- * Also binds the OpenMP pool to the store's NUMA node, and addresses tasks by (session, layer, kv group).
+ * Also runs the kernels on a pool bound to the store's NUMA node, and addresses tasks by (session, layer,
+ * kv group).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -80,9 +81,16 @@ int main(void)
     CHECK_OK(flx_kv_session_acquire(store, sid, &sess));
     flx_kv_store_info_t info;
     flx_kv_store_info(store, &info);
-    CHECK_OK(flx_attn_bind_threads(info.numa_node, 2));
+    /* the workers run on the store's NUMA node, next to the KV they read */
+    flx_pool_params_t pp = {.field_mask = FLX_POOL_FIELD_N_WORKERS | FLX_POOL_FIELD_NUMA_NODE, .n_workers = 2,
+                            .numa_node = info.numa_node};
+    flx_pool_h pool;
+    CHECK_OK(flx_pool_create(&pp, &pool));
+    flx_pool_info_t pi;
+    flx_pool_info(pool, &pi);
+    CHECK(pi.numa_node == info.numa_node);
 
-    flx_attn_shape_t shape = {.group = G, .head_dim = D, .max_l_cpu = si.l_cpu, .n_threads = 2};
+    flx_attn_shape_t shape = {.group = G, .head_dim = D, .max_l_cpu = si.l_cpu, .pool = pool};
     size_t bytes;
     CHECK_OK(flx_attn_plan(&shape, &bytes));
     void *mem = malloc(bytes);
@@ -129,6 +137,7 @@ int main(void)
     flx_kv_session_release(sess);
     CHECK_OK(flx_kv_session_close(store, sid));
     flx_kv_store_destroy(store);
+    flx_pool_destroy(pool);
     free(K);
     free(V);
     free(kb);

@@ -85,7 +85,7 @@ static void test_validation(void)
 {
     tkv_t t;
     tkv_make(&t, &rng, 64, 333, 20);
-    flx_attn_shape_t shape = {.group = 4, .head_dim = 64, .max_l_cpu = 333, .n_threads = 2};
+    flx_attn_shape_t shape = {.group = 4, .head_dim = 64, .max_l_cpu = 333, .pool = NULL};
     size_t bytes;
     CHECK_OK(flx_attn_plan(&shape, &bytes));
     void *mem = malloc(bytes);

@@ -32,12 +32,12 @@ int main(int argc, char **argv)
     CHECK(k && v && k2 && v2 && q && q2);
     flx_kvdump_writer_h w;
     CHECK_OK(flx_kvdump_writer_create(&sh, "synthetic", "none", &w));
-    CHECK_OK(flx_kvsrc_layer(src, 1, k, v, q));
+    CHECK_OK(flx_kvsrc_layer(src, 1, k, v, q, NULL));
     CHECK_OK(flx_kvdump_writer_layer(w, 1, k, v, q));
     CHECK_ST(flx_kvdump_writer_layer(w, 1, k, v, q), FLX_ERR_DUPLICATE);
     CHECK_ST(flx_kvdump_writer_layer(w, 2, k, v, q), FLX_ERR_INVALID);
     CHECK_ST(flx_kvdump_writer_save(w, path), FLX_ERR_STATE);
-    CHECK_OK(flx_kvsrc_layer(src, 0, k, v, q));
+    CHECK_OK(flx_kvsrc_layer(src, 0, k, v, q, NULL));
     CHECK_OK(flx_kvdump_writer_layer(w, 0, k, v, q));
     CHECK_OK(flx_kvdump_writer_save(w, path));
     flx_kvdump_writer_destroy(w);
@@ -48,11 +48,11 @@ int main(int argc, char **argv)
     CHECK(!memcmp(&dsh, &sh, sizeof sh));
     CHECK(flx_kvsrc_synth(d) == NULL);
     for (uint32_t l = 0; l < 2; l++) {
-        CHECK_OK(flx_kvsrc_layer(src, l, k, v, q));
-        CHECK_OK(flx_kvsrc_layer(d, l, k2, v2, q2));
+        CHECK_OK(flx_kvsrc_layer(src, l, k, v, q, NULL));
+        CHECK_OK(flx_kvsrc_layer(d, l, k2, v2, q2, NULL));
         CHECK(!memcmp(k, k2, nkv * 2) && !memcmp(v, v2, nkv * 2) && !memcmp(q, q2, nq * 4));
     }
-    CHECK_ST(flx_kvsrc_layer(d, 2, k2, v2, q2), FLX_ERR_INVALID);
+    CHECK_ST(flx_kvsrc_layer(d, 2, k2, v2, q2, NULL), FLX_ERR_INVALID);
     flx_kvsrc_close(d);
 
     /* refusals: hand-built files with one defect each */

@@ -53,12 +53,18 @@ static void check_fast_vs_ref(const flx_mlp_t *m, flx_predictor_h p, flx_rng_t *
         uint32_t n = ROWS[ri];
         random_feat(m, feat, n, rng);
         CHECK_OK(flx_mlp_forward_ref(m, feat, n, ref));
-        for (uint32_t nt = 1; nt <= 3; nt += 2) {
+        flx_head_pred_t one[100];
+        for (int wi = 0; wi < 4; wi++) {   /* pools of 1, 2, 3, 7 workers: the same bits */
+            flx_pool_h pool = flx_test_pool(FLX_TEST_WORKERS[wi]);
             memset(got, 0xff, sizeof got);
-            CHECK_OK(flx_predictor_run(p, feat, n, got, scratch, sb, nt));
+            CHECK_OK(flx_predictor_run(p, feat, n, got, scratch, sb, pool));
+            flx_pool_destroy(pool);
             char label[96];
-            snprintf(label, sizeof label, "%s rows %u threads %u", flx_isa_name(flx_isa_active()), n, nt);
+            snprintf(label, sizeof label, "%s rows %u workers %u", flx_isa_name(flx_isa_active()), n,
+                     FLX_TEST_WORKERS[wi]);
             CHECK_CLOSE(label, (const float *)got, (const float *)ref, 3 * n, 1e-4, 1e-3);
+            if (wi == 0) memcpy(one, got, n * sizeof *got);
+            else CHECK_SAME(label, (const float *)got, (const float *)one, 3 * n);
         }
     }
     free(scratch);
@@ -159,6 +165,7 @@ static void check_bad_value(flx_mlp_t *m, float *slot, float v, const char *want
 
 static void bench(flx_predictor_h p, const flx_mlp_t *m, flx_rng_t *rng, uint32_t n, uint32_t nt)
 {
+    flx_pool_h pool = flx_test_pool(nt);
     float *feat = malloc((size_t)n * FLX_PRED_IN * sizeof(float));
     flx_head_pred_t *out = malloc(n * sizeof *out);
     size_t sb = flx_predictor_scratch_bytes(n);
@@ -168,12 +175,13 @@ static void bench(flx_predictor_h p, const flx_mlp_t *m, flx_rng_t *rng, uint32_
     double best = 1e30;
     for (int it = 0; it < 200; it++) {
         uint64_t t0 = flx_now_ns();
-        CHECK_OK(flx_predictor_run(p, feat, n, out, scratch, sb, nt));
+        CHECK_OK(flx_predictor_run(p, feat, n, out, scratch, sb, pool));
         double us = (double)(flx_now_ns() - t0) / 1e3;
         if (us < best) best = us;
     }
-    fprintf(stderr, "timing %s: %u rows, %u thread(s): best %.1f us (%.1f GFLOP/s)\n", flx_isa_name(flx_isa_active()),
+    fprintf(stderr, "timing %s: %u rows, %u worker(s): best %.1f us (%.1f GFLOP/s)\n", flx_isa_name(flx_isa_active()),
             n, nt, best, 2.0 * (double)flx_mlp_param_count() * n / best / 1e3);
+    flx_pool_destroy(pool);
     free(feat);
     free(out);
     free(scratch);
@@ -232,10 +240,10 @@ int main(void)
         feat[2 * FLX_PRED_IN + 7] = NAN;
         size_t sb = flx_predictor_scratch_bytes(3);
         void *s = malloc(sb);
-        CHECK_ST(flx_predictor_run(p, feat, 3, out, s, sb, 1), FLX_ERR_INVALID);
+        CHECK_ST(flx_predictor_run(p, feat, 3, out, s, sb, NULL), FLX_ERR_INVALID);
         CHECK(strstr(flx_error_msg(), "row 2 feature 7") != NULL);
         feat[2 * FLX_PRED_IN + 7] = 0.0f;
-        CHECK_ST(flx_predictor_run(p, feat, 3, out, s, sb - 65, 1), FLX_ERR_INVALID);
+        CHECK_ST(flx_predictor_run(p, feat, 3, out, s, sb - 65, NULL), FLX_ERR_INVALID);
         free(s);
     }
 

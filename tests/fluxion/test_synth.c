@@ -1,10 +1,9 @@
 /*
- * test_synth - the synthetic workload (flx/synth.h): determinism, layer and thread-count
- * independence, knob refusals, and the ground truth it promises (kinds, needles, sinks, value
+ * test_synth - the synthetic workload (flx/synth.h): determinism, layer and worker-count
+ * independence (pools of 1, 2, 3 and 7 workers), knob refusals, and the ground truth it promises (kinds, needles, sinks, value
  * norms, normal z-scores, Eq. 2 separation of streaming and retrieval heads).
  */
 #include <math.h>
-#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -85,19 +84,21 @@ int main(void)
     flx_synth_t *syn, *syn2;
     CHECK_OK(flx_synth_create(&p, &syn));
     CHECK_OK(flx_synth_create(&p, &syn2));
-    CHECK_ST(flx_synth_layer(syn, L, kb, vb, qf), FLX_ERR_INVALID);
+    CHECK_ST(flx_synth_layer(syn, L, kb, vb, qf, NULL), FLX_ERR_INVALID);
 
-    /* determinism, thread-count and layer independence */
-    omp_set_num_threads(1);
-    CHECK_OK(flx_synth_layer(syn, 1, kb, vb, qf));
-    omp_set_num_threads(2);
-    CHECK_OK(flx_synth_layer(syn2, 0, kb2, vb2, qf2));
-    CHECK(memcmp(kb, kb2, nkv * 2) != 0);   /* layers differ */
-    CHECK_OK(flx_synth_layer(syn2, 1, kb2, vb2, qf2));
-    CHECK(!memcmp(kb, kb2, nkv * 2) && !memcmp(vb, vb2, nkv * 2) && !memcmp(qf, qf2, nq * 4));
+    /* determinism, worker-count and layer independence */
+    CHECK_OK(flx_synth_layer(syn, 1, kb, vb, qf, NULL));
+    for (int wi = 0; wi < 4; wi++) {
+        flx_pool_h pool = flx_test_pool(FLX_TEST_WORKERS[wi]);
+        CHECK_OK(flx_synth_layer(syn2, 0, kb2, vb2, qf2, pool));
+        CHECK(memcmp(kb, kb2, nkv * 2) != 0);   /* layers differ */
+        CHECK_OK(flx_synth_layer(syn2, 1, kb2, vb2, qf2, pool));
+        CHECK(!memcmp(kb, kb2, nkv * 2) && !memcmp(vb, vb2, nkv * 2) && !memcmp(qf, qf2, nq * 4));
+        flx_pool_destroy(pool);
+    }
     flx_synth_destroy(syn2);
     { flx_synth_params_t b = p; b.seed = 99; CHECK_OK(flx_synth_create(&b, &syn2)); }
-    CHECK_OK(flx_synth_layer(syn2, 1, kb2, vb2, qf2));
+    CHECK_OK(flx_synth_layer(syn2, 1, kb2, vb2, qf2, NULL));
     CHECK(memcmp(kb, kb2, nkv * 2) != 0);
     flx_synth_destroy(syn2);
 
@@ -108,7 +109,7 @@ int main(void)
     int sink_ok = 0, sink_n = 0, sep_ok = 0, sep_n = 0, mass_ok = 0, mass_n = 0;
     double prev_vn = 0;
     for (uint32_t l = 0; l < L; l++) {
-        CHECK_OK(flx_synth_layer(syn, l, kb, vb, qf));
+        CHECK_OK(flx_synth_layer(syn, l, kb, vb, qf, NULL));
         flx_bf16_to_f32_row(kb, K, nkv);
         flx_bf16_to_f32_row(vb, V, nkv);
         /* kinds: round(share * HQ) retrieval heads, spread over the groups */

@@ -212,7 +212,7 @@ int main(void)
         size_t scr_bytes = flx_predictor_scratch_bytes(N);
         void *scr = malloc(scr_bytes);
         CHECK(hp && scr);
-        CHECK_OK(flx_predictor_run(pr, fresh.features, N, hp, scr, scr_bytes, 1));
+        CHECK_OK(flx_predictor_run(pr, fresh.features, N, hp, scr, scr_bytes, NULL));
         int n = 0, cover = 0;
         double *lr = malloc((size_t)N * 4 * sizeof(double));
         CHECK(lr);

@@ -21,8 +21,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     flx_bf16_t *k = malloc(kv_n * 2 + 1), *v = malloc(kv_n * 2 + 1);
     float *q = malloc(q_n * 4 + 1);
     FUZZ_CHECK(k && v && q);
-    for (uint32_t l = 0; l < s.n_layers; l++) FUZZ_CHECK(flx_kvsrc_layer(src, l, k, v, q) == FLX_OK);
-    FUZZ_CHECK(flx_kvsrc_layer(src, s.n_layers, k, v, q) == FLX_ERR_INVALID);
+    for (uint32_t l = 0; l < s.n_layers; l++) FUZZ_CHECK(flx_kvsrc_layer(src, l, k, v, q, NULL) == FLX_OK);
+    FUZZ_CHECK(flx_kvsrc_layer(src, s.n_layers, k, v, q, NULL) == FLX_ERR_INVALID);
     free(k), free(v), free(q);
     flx_kvsrc_close(src);
     return 0;

@@ -18,7 +18,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     void *scratch = aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
     FUZZ_CHECK(scratch != NULL);
     flx_head_pred_t out;
-    FUZZ_CHECK(flx_predictor_run(p, feat, 1, &out, scratch, bytes, 1) == FLX_OK);
+    FUZZ_CHECK(flx_predictor_run(p, feat, 1, &out, scratch, bytes, NULL) == FLX_OK);
     free(scratch);
     flx_select_params_t sp = flx_predictor_select_params(p);
     FUZZ_CHECK(flx_select_params_check(&sp) == FLX_OK);

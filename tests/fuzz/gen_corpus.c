@@ -550,7 +550,7 @@ static void kvdump_seed(void)
     flx_kvdump_writer_h w;
     CHECK_OK(flx_kvdump_writer_create(&sh, "synthetic", "fuzz seed", &w));
     for (uint32_t l = 0; l < sh.n_layers; l++) {
-        CHECK_OK(flx_kvsrc_layer(src, l, k, v, q));
+        CHECK_OK(flx_kvsrc_layer(src, l, k, v, q, NULL));
         CHECK_OK(flx_kvdump_writer_layer(w, l, k, v, q));
     }
     const char *p = out_path("kvdump", "synth-2-layers.safetensors");

@@ -681,10 +681,8 @@ static void test_numa(void)
     CHECK(flx_numa_node_count() >= 1);
     int node = flx_numa_current_node();
     CHECK_OK(flx_numa_check_node(node));
-    CHECK_OK(flx_numa_bind_thread(node));
     CHECK_ST(flx_numa_check_node(4096), FLX_ERR_INVALID);
     CHECK_ST(flx_numa_check_node(-2), FLX_ERR_INVALID);
-    CHECK_ST(flx_numa_bind_thread(4096), FLX_ERR_INVALID);
     flx_kv_store_h s = kv_make_store(1, 1, 1, 64, 64, 256, 8u << 20);
     flx_kv_store_info_t si;
     flx_kv_store_info(s, &si);

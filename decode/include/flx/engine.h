@@ -44,9 +44,10 @@
  *
  * ATTENTION (the one entry point: the model's flx_attn_layer_fn for every layer of a step)
  *   1. the batch's new k, v are rounded to bf16 and appended to each session's window;
- *   2. one task per (sequence, kv group) runs flx_attn_group_run (window + host part + LSE merge)
- *      with the engine's mode; tasks are split over OpenMP threads, one attention workspace per
- *      thread (each task single-threaded inside);
+ *   2. one task per (sequence, kv group) (window + host part + LSE merge, flx/attn.h) with the
+ *      engine's mode, one attention workspace per task; the tasks' chunks (window and host-block
+ *      slices) are pulled by the pool's workers from one list, and whoever finishes a task's last
+ *      chunk merges it (the staged flx_attn_task_begin / _chunk / _end);
  *   3. o is written per query head.
  * Modes: FULL (window + every host token), FIXED (blk, bgt for every head; bgt = fraction of the
  * l_cpu host-resident tokens read in addition to the window), FLUXION (the paper's method): per
@@ -73,12 +74,19 @@
  * Tokens equal the CPU path's up to fp32 rounding order (the tests compare them). The GPU path is
  * compiled in every build but has never run on a device yet (no GPU on the development machines).
  *
+ * WORKERS
+ * One persistent pool (flx/pool.h) runs the whole step: the forward pass, the features and the
+ * predictor, the attention chunks and the sampling; the driving thread is its worker 0. The engine
+ * creates its own (n_threads workers, 0 = FLX_THREADS or the process's CPU budget; bind_numa: on
+ * the store's NUMA node) or borrows params.pool (then n_threads and bind_numa must be 0; create
+ * reserves the sampling scratch in that pool's workers). Tokens and logits are bitwise the same for
+ * any number of workers.
+ *
  * THREAD MODE
- * An engine is driven by one thread at a time (add, step, cancel, stats); the step uses up to
- * n_threads OpenMP threads for attention and for the forward pass. Callbacks run on the
+ * An engine is driven by one thread at a time (add, step, cancel, stats). Callbacks run on the
  * driving thread, inside flx_engine_step / flx_engine_cancel; they must not call back into the
  * engine. Distinct engines are independent (they may share a model and a store: both are
- * thread-safe for this use).
+ * thread-safe for this use; engines sharing a pool take turns on it).
  */
 #ifndef FLX_ENGINE_H
 #define FLX_ENGINE_H
@@ -90,6 +98,7 @@
 #include "flx/forward_gpu.h"
 #include "flx/kvstore.h"
 #include "flx/model.h"
+#include "flx/pool.h"
 #include "flx/predictor.h"
 #include "flx/sampling.h"
 #include "flx/status.h"
@@ -114,14 +123,16 @@ const char *flx_engine_attn_mode_name(flx_engine_attn_mode_t mode);
 typedef struct flx_engine_params {
     uint32_t max_batch;      /* sequences decoded per step, >= 1 */
     uint32_t max_seqs;       /* live sequences (decoding + waiting) at once; 0 = max_batch */
-    uint32_t n_threads;      /* attention and forward threads; 0 = omp_get_max_threads() at create */
+    uint32_t n_threads;      /* workers of the engine's own pool (WORKERS), driving thread included;
+                                0 = FLX_THREADS, else the process's CPU budget; 0 with params.pool */
     uint32_t max_l_cpu;      /* most host-resident tokens of an added session; 0 = the model's max_ctx */
     flx_engine_attn_mode_t mode;
     uint32_t blk;            /* FIXED: 16, 32, 64 or 128 */
     float bgt;               /* FIXED: in [0, 1], fraction of l_cpu read besides the window */
     int close_sessions;      /* 1: a retired sequence's kvstore session is closed by the engine */
-    int bind_numa;           /* 1: bind the OpenMP pool (n_threads, the calling thread included) to the
-                                store's NUMA node at create, so attention reads host KV locally */
+    int bind_numa;           /* 1: the engine's own pool runs on the store's NUMA node (the calling
+                                thread, its worker 0, included), so attention reads host KV locally;
+                                0 with params.pool */
     flx_predictor_h predictor; /* FLUXION: borrowed, must outlive the engine; NULL otherwise */
     const flx_select_params_t *select; /* FLUXION: the selector's operating point (copied at create);
                                           NULL = the one the predictor's weights carry */
@@ -129,10 +140,12 @@ typedef struct flx_engine_params {
     int cuda_device;         /* use_gpu: the device ordinal; must hold the store's device windows */
     flx_gpu_model_h gpu_model; /* use_gpu: a device copy of the model on cuda_device (borrowed, must
                                 * outlive the engine), or NULL for the engine to upload its own */
+    flx_pool_h pool;         /* the pool that runs the steps (borrowed, must outlive the engine), or
+                                NULL for the engine's own (WORKERS) */
 } flx_engine_params_t;
 
 /* max_batch 8, max_seqs 0, n_threads 0, max_l_cpu 0, FULL, blk 16, bgt 0.05, close_sessions 1,
- * bind_numa 0, predictor NULL, select NULL, use_gpu 0, cuda_device 0, gpu_model NULL. */
+ * bind_numa 0, predictor NULL, select NULL, use_gpu 0, cuda_device 0, gpu_model NULL, pool NULL. */
 flx_engine_params_t flx_engine_params_default(void);
 
 /* Checks params (ranges, mode; FLUXION needs a predictor) and that the store's shape (layers,
@@ -147,6 +160,10 @@ flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, c
 /* Retires every live sequence without callbacks (releasing views; closing sessions when
  * close_sessions). Accepts NULL. */
 void flx_engine_destroy(flx_engine_h engine);
+
+/* The pool that runs the engine's steps (its own or the lent one); flx_pool_describe() says how
+ * many workers it has and why. */
+flx_pool_h flx_engine_pool(flx_engine_h engine);
 
 typedef enum {
     FLX_FINISH_NONE = 0,     /* still running */

@@ -10,7 +10,8 @@
  * the decode loop implements it with the kvstore window and Fluxion's attention modes; tests
  * implement it with a plain dense KV cache. Everything else (embeddings, RMSNorm, projections,
  * SwiGLU, the LM head) runs here: bf16 weights, fp32 activations and accumulation, AVX-512 /
- * AVX2 / scalar kernels chosen at run time (flx/cpu.h), OpenMP across rows.
+ * AVX2 / scalar kernels chosen at run time (flx/cpu.h), spread over the workers of a pool
+ * (flx/pool.h), with results bitwise independent of how many workers there are.
  *
  * Positions: prompt token t has position t; the i-th generated token of a sequence has position
  * prompt_len + i (the decode step passes it).
@@ -26,7 +27,8 @@
  * the caller allocates it once. Neither prefill nor decode allocates on its own after that.
  *
  * THREAD MODE
- * One workspace serves one call at a time. Calls use up to n_threads OpenMP threads.
+ * One workspace serves one call at a time. Calls run on the workspace's pool (its driving thread
+ * is the caller); a NULL pool runs everything on the caller.
  */
 #ifndef FLX_FORWARD_H
 #define FLX_FORWARD_H
@@ -35,6 +37,7 @@
 #include <stdint.h>
 
 #include "flx/model.h"
+#include "flx/pool.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,7 +46,8 @@ extern "C" {
 typedef struct flx_fwd_shape {
     uint32_t max_prompt;   /* most tokens one prefill call takes, 1..min(2^22, the model's max_ctx) */
     uint32_t max_batch;    /* most sequences one decode step takes */
-    uint32_t n_threads;    /* 0: omp_get_max_threads() at plan time */
+    flx_pool_h pool;       /* the workers the passes run on (borrowed: outlives the workspace; its
+                              size sizes the per-worker scratch); NULL: the calling thread alone */
 } flx_fwd_shape_t;
 
 flx_status_t flx_fwd_plan(const flx_model_t *m, const flx_fwd_shape_t *shape, size_t *ws_bytes_p);
@@ -98,6 +102,8 @@ typedef struct flx_fwd_timing {
 
 flx_status_t flx_model_decode(const flx_model_t *m, flx_fwd_ws_t *ws, const flx_decode_args_t *args);
 void flx_fwd_timing_get(const flx_fwd_ws_t *ws, flx_fwd_timing_t *timing_p);
+/* The pool the workspace was planned with (NULL: none). */
+flx_pool_h flx_fwd_ws_pool(const flx_fwd_ws_t *ws);
 
 #ifdef __cplusplus
 }

@@ -35,7 +35,11 @@
  * The loaders report each layer loaded to the calling thread's progress observer (flx/progress.h,
  * stage "loading model").
  *
- * Thread mode: loaders share nothing; several may run at once.
+ * The _pool forms dequantize / convert on the workers of a pool (flx/pool.h); the plain forms run
+ * on the caller. The model is the same either way.
+ *
+ * Thread mode: loaders share nothing; several may run at once (on distinct pools, or the same pool
+ * taking turns).
  */
 #ifndef FLX_MODEL_LOAD_H
 #define FLX_MODEL_LOAD_H
@@ -43,6 +47,7 @@
 #include <stdint.h>
 
 #include "flx/model.h"
+#include "flx/pool.h"
 #include "flx/safetensors.h"
 #include "flx/status.h"
 
@@ -53,6 +58,9 @@ extern "C" {
 flx_status_t flx_model_load(const char *path, flx_model_t **model_p);
 flx_status_t flx_model_load_gguf(const char *path, flx_model_t **model_p);
 flx_status_t flx_model_load_hf(const char *dir, flx_model_t **model_p);
+flx_status_t flx_model_load_pool(const char *path, flx_pool_h pool, flx_model_t **model_p);
+flx_status_t flx_model_load_gguf_pool(const char *path, flx_pool_h pool, flx_model_t **model_p);
+flx_status_t flx_model_load_hf_pool(const char *dir, flx_pool_h pool, flx_model_t **model_p);
 
 /*
  * Writes model as a Hugging Face checkpoint into the existing directory dir: config.json and, for

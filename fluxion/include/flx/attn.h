@@ -34,6 +34,17 @@
  * kernels. flx_attn_host_run is the host part alone (the scheduler's CPU task when a GPU did the
  * window).
  *
+ * CHUNKS AND DETERMINISM
+ * Every reduction over tokens is cut into fixed chunks whose boundaries depend only on the data:
+ * the window into at most FLX_ATTN_WIN_CHUNKS slices of at least 256 rows, the host blocks into at
+ * most FLX_ATTN_HOST_CHUNKS slices of a fixed number of 16-token blocks set by l_cpu alone (so FULL
+ * and FIXED with budget 1 cut the same tokens at any blk). Each chunk keeps its own online-softmax
+ * state (m, l, acc) in the workspace; the states are merged in chunk order at the end. So a result
+ * is bitwise the same whether the chunks ran on one thread or on many, in any order. The staged
+ * form (flx_attn_task_begin / _chunk / _end) hands the chunks to a scheduler: the decode loop
+ * spreads the chunks of all (sequence, kv group) tasks of a layer over its pool's workers, and a
+ * stalled worker's share is taken by the others.
+ *
  * SHAPES
  *   q        fp32 (G, D), row h = query head h of the group
  *   o        fp32 (G, D);   lse fp32 (G)
@@ -44,23 +55,23 @@
  * KERNELS IN THREES
  * Every kernel has a _ref twin (scalar, double accumulation, allocates freely: the test oracle,
  * never the hot path) and a fast version (same name without _ref) that runs AVX-512 BF16
- * (_mm512_dpbf16_ps), AVX2+FMA or scalar code chosen per call from flx_isa_active(), split across
- * OpenMP threads by thread index. All accumulate in fp32. The AVX-512 path feeds q to dpbf16 as a
+ * (_mm512_dpbf16_ps), AVX2+FMA or scalar code chosen per call from flx_isa_active(), in chunks
+ * run on the workspace's pool (CHUNKS below). All accumulate in fp32. The AVX-512 path feeds q to dpbf16 as a
  * bf16 hi + lo pair (about 16 mantissa bits); AVX2 and scalar use fp32 q. Fast versions agree with
  * the references to ~1e-5 relative, well inside bf16 tolerances.
  *
  * WORKSPACE
  * flx_attn_plan() is the size-only pass: it returns the bytes a workspace for a shape needs
- * (G, D, max_l_cpu, threads). The caller allocates them once (any allocator; 64-byte alignment is
- * used if given, otherwise the start is aligned up inside) and flx_attn_ws_init() carves them. The
- * fast kernels and the task then allocate nothing.
+ * (G, D, max_l_cpu). The caller allocates them once (any allocator; 64-byte alignment is used if
+ * given, otherwise the start is aligned up inside) and flx_attn_ws_init() carves them. The fast
+ * kernels and the task then allocate nothing.
  *
  * THREAD MODE
- * A workspace serves one call at a time (one per worker). A call uses up to shape.n_threads OpenMP
- * threads (fewer when called from inside a parallel region; 1 under FLX_TSAN builds, whose libgomp
- * is not instrumented). The kernels never bind threads themselves: a worker pool calls
- * flx_attn_bind_threads(view->numa_node) once (flx_fluxion, which links the kvstore), and libgomp
- * keeps those threads for later regions. Results are deterministic for a fixed thread count.
+ * A workspace serves one task at a time. A call runs its chunks on shape.pool (flx/pool.h; the
+ * caller drives the run, and a call made from inside a run of that pool runs inline); a NULL pool
+ * runs them on the caller. Between flx_attn_task_begin and _end, distinct chunks of the task may
+ * run on different threads at once. The kernels never bind threads: the pool does (its numa_node,
+ * the node of the KV the workers read). Results do not depend on the pool (CHUNKS above).
  *
  * ERRORS
  * FLX_ERR_INVALID (with flx_error_msg() naming the argument and value) for: NULL pointers, blk not
@@ -76,6 +87,7 @@
 
 #include "flx/cpu.h"
 #include "flx/kvstore.h"
+#include "flx/pool.h"
 #include "flx/status.h"
 
 #ifdef __cplusplus
@@ -84,6 +96,9 @@ extern "C" {
 
 #define FLX_ATTN_MAX_GROUP 64
 #define FLX_ATTN_MAX_HEAD_DIM 256
+#define FLX_ATTN_WIN_CHUNKS 16     /* most chunks of a window */
+#define FLX_ATTN_HOST_CHUNKS 64    /* most chunks of a task's host blocks */
+#define FLX_ATTN_MAX_CHUNKS (FLX_ATTN_WIN_CHUNKS + FLX_ATTN_HOST_CHUNKS)
 
 /* blk (16, 32, 64, 128) -> pyramid level 0..3, or -1 when blk is not one of them. */
 int flx_attn_blk_level(uint32_t blk);
@@ -97,7 +112,7 @@ typedef struct flx_attn_shape {
     uint32_t group;      /* G query heads per kv head, 1..FLX_ATTN_MAX_GROUP */
     uint32_t head_dim;   /* D, multiple of 16, 16..256 */
     uint32_t max_l_cpu;  /* the most host tokens a view given to this workspace may have */
-    uint32_t n_threads;  /* OpenMP threads a call may use; 0 = omp_get_max_threads() at plan time */
+    flx_pool_h pool;     /* the workers a call's chunks run on (borrowed); NULL: the caller alone */
 } flx_attn_shape_t;
 
 /* Size-only pass: bytes of a workspace for shape. */
@@ -106,8 +121,8 @@ flx_status_t flx_attn_plan(const flx_attn_shape_t *shape, size_t *ws_bytes_p);
 /* A workspace carved from caller memory. Fields are internal; the memory stays the caller's and
  * must outlive the workspace (no destroy needed). */
 typedef struct flx_attn_ws {
-    flx_attn_shape_t shape;     /* n_threads resolved (>= 1) */
-    uint32_t n_max;             /* ceil(max_l_cpu / 16): most logical blocks at any level */
+    flx_attn_shape_t shape;
+    uint32_t n_max;             /* ceil(max_l_cpu / 16) + 1: most logical blocks at any level */
     float *q_f32;               /* (G, 2D) prepared q (scaled q, or [min(q,0) | max(q,0)]) */
     flx_bf16_t *q_hi, *q_lo;    /* (G, 2D) bf16 split of q_f32 */
     float *scores;              /* (G, n_max) */
@@ -115,8 +130,16 @@ typedef struct flx_attn_ws {
     uint32_t *k;                /* (G) */
     uint64_t *mask;             /* (n_max) per logical block: bit h = selected by head h */
     uint32_t *list;             /* (n_max) union of selected logical blocks, ascending */
-    float *part;                /* (n_threads, G, D + 16): per-thread online-softmax states */
+    float *part;                /* (FLX_ATTN_MAX_CHUNKS, G, D + 16): per-chunk online-softmax states */
+    uint64_t *chunk_ns;         /* (FLX_ATTN_MAX_CHUNKS) time each chunk took */
     float *o_win, *lse_win;     /* (G, D), (G) window partials of the task */
+    /* the task in progress (flx_attn_task_begin .. _end) */
+    flx_kv_head_view_t view;
+    int isa, level, with_window;
+    uint32_t n_list;            /* host: distinct logical blocks read (ws->list) */
+    uint32_t win_rows, n_win_chunks;      /* window chunks: [0, n_win_chunks) of win_rows rows */
+    uint32_t host_entries, n_host_chunks; /* host chunks: host_entries list entries each */
+    uint64_t score_ns, topk_ns, score_bytes, attn_bytes;
 } flx_attn_ws_t;
 
 flx_status_t flx_attn_ws_init(flx_attn_ws_t *ws, const flx_attn_shape_t *shape, void *mem, size_t bytes);
@@ -170,7 +193,8 @@ typedef struct flx_attn_cfg {
     float budget;             /* FIXED: in [0, 1] */
 } flx_attn_cfg_t;
 
-/* Time split of one call (nanoseconds), for benchmarks; any call may pass NULL. */
+/* Time split of one call (nanoseconds), for benchmarks; any call may pass NULL. window_ns and
+ * attn_ns sum the times of their chunks (thread time when chunks ran in parallel). */
 typedef struct flx_attn_timing {
     uint64_t window_ns;
     uint64_t score_ns;        /* Quest scoring */
@@ -190,6 +214,22 @@ flx_status_t flx_attn_host_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view
 flx_status_t flx_attn_group_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q,
                                 const flx_attn_cfg_t *cfg, float *o, float *lse, flx_attn_timing_t *timing);
 
+/* The task in stages, for a scheduler that spreads one group's work over several workers:
+ *   begin  checks, per-head block counts, scoring + top-k + the union of the selection (SPARSE,
+ *          FIXED; scoring and top-k on shape.pool), the chunk plan; *n_chunks_p = window chunks
+ *          (with_window) + host chunks
+ *   chunk  chunk c in [0, *n_chunks_p): a slice of the window (the first ones) or of the host
+ *          blocks, into its own state; distinct chunks may run concurrently on different threads
+ *   end    merges the states in chunk order: the window partial and the host partial, then both
+ *          (with_window) -> o, lse; timing gets the chunks' times summed
+ * flx_attn_group_run (with_window 1) and flx_attn_host_run (0) are begin, every chunk on
+ * shape.pool, end: a staged run gives bitwise their result. The view and q must stay valid and
+ * unchanged from begin to end. */
+flx_status_t flx_attn_task_begin(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q,
+                                 const flx_attn_cfg_t *cfg, int with_window, uint32_t *n_chunks_p);
+flx_status_t flx_attn_task_chunk(flx_attn_ws_t *ws, uint32_t chunk);
+flx_status_t flx_attn_task_end(flx_attn_ws_t *ws, float *o, float *lse, flx_attn_timing_t *timing);
+
 /* The task by its names: (session, layer, kv group = kv_head, cfg with blk and per-head budgets) ->
  * per-head (o, lse) of the group's G query heads (q (G, D): query heads kv_head * G .. + G - 1).
  * Looks the (layer, kv_head) view up in the acquired session and runs flx_attn_group_run. In
@@ -197,10 +237,6 @@ flx_status_t flx_attn_group_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *vie
 flx_status_t flx_attn_session_run(flx_attn_ws_t *ws, flx_kv_session_h sess, uint32_t layer, uint32_t kv_head,
                                   const float *q, const flx_attn_cfg_t *cfg, float *o, float *lse,
                                   flx_attn_timing_t *timing);
-
-/* Binds every thread of the OpenMP pool (n_threads of them) to numa_node with the kvstore's
- * flx_numa_bind_thread; call once per pool, not per kernel call. In flx_fluxion only. */
-flx_status_t flx_attn_bind_threads(int numa_node, uint32_t n_threads);
 
 #ifdef __cplusplus
 }

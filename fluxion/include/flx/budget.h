@@ -30,7 +30,8 @@
  *          pinned at bgt0: k = sum_j x_j (bgt_j - bgt0) / sum_j x_j^2, x_j = log2(blk_j).
  *   A streaming head has bgt[] = 0, bgt0 = 0, k = 0.
  *
- * THREAD MODE: pure; flx_label_layer uses up to n_threads OpenMP threads over heads.
+ * THREAD MODE: pure; flx_label_layer runs its heads on in->pool's workers (results do not depend
+ * on the pool: each head is computed by one worker).
  */
 #ifndef FLX_BUDGET_H
 #define FLX_BUDGET_H
@@ -38,6 +39,7 @@
 #include <stdint.h>
 
 #include "flx/kvstore.h"
+#include "flx/pool.h"
 #include "flx/status.h"
 
 #ifdef __cplusplus
@@ -70,7 +72,7 @@ typedef struct flx_label_layer_in {
     float tau;                          /* in (0, 1) */
     uint32_t n_blk;                     /* how many of the granularities to search: blk list below */
     const uint32_t *blks;               /* subset of {1, 16, 32, 64, 128}, or NULL for all five */
-    uint32_t n_threads;                 /* 0 = OpenMP default */
+    flx_pool_h pool;                    /* workers for the heads (borrowed); NULL: the caller alone */
 } flx_label_layer_in_t;
 
 /* Least budgets and labels of every query head: out (Hq). With a subset of blks only the searched

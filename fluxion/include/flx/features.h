@@ -56,6 +56,7 @@
 #include "flx/attn.h"
 #include "flx/bf16.h"
 #include "flx/kvstore.h"
+#include "flx/pool.h"
 #include "flx/status.h"
 
 #ifdef __cplusplus
@@ -93,6 +94,8 @@ typedef struct flx_prefill_layer {
     uint32_t tok_stride;                       /* >= prompt_len */
     const float *q_anchor;                     /* (Hq, D) query of token L - 1, RoPE applied */
     float tau;                                 /* Eq. 2 threshold for bgt* (default 0.1) */
+    flx_pool_h pool;                           /* workers for the bgt* searches (borrowed); NULL:
+                                                  the caller alone; results do not depend on it */
 } flx_prefill_layer_t;
 
 /* Statistics of every query head of the layer: stats (Hq), mean_k (Hq, D) = MEAN(K_cpu) of the
@@ -127,6 +130,15 @@ typedef struct flx_feat_layer {
  * recomputing it (both are required when in->ws is set: they hold the partials being merged).
  * Reads only the window. */
 flx_status_t flx_features_decode(const flx_feat_layer_t *in, float *feat, float *o_win, float *lse_win);
+
+/* flx_features_decode in two parts, so that a pool can compute the groups at once:
+ * _groups computes the rows of the heads of kv groups [g0, g1) (feat, o_win, lse_win rows of those
+ * heads; with in->ws, one workspace per concurrent call), leaving in FLX_F_MAX_ONORM_Q each head's
+ * own window-output norm; _finish, once every group is done, replaces it by the maximum over the
+ * layer's heads. flx_features_decode is _groups(0, n_kv_heads) then _finish: the same bits. */
+flx_status_t flx_features_decode_groups(const flx_feat_layer_t *in, uint32_t g0, uint32_t g1, float *feat,
+                                        float *o_win, float *lse_win);
+void flx_features_decode_finish(const flx_feat_layer_t *in, float *feat);
 
 /* Builds the flx_feat_layer_t of (session, layer) from the store: views of every kv head, stats.
  * win_k / win_v must hold n_kv_heads pointers each and outlive the returned struct's use.

@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "flx/bf16.h"
+#include "flx/pool.h"
 #include "flx/status.h"
 
 #ifdef __cplusplus
@@ -52,8 +53,10 @@ void flx_kvsrc_close(flx_kvsrc_h src);
 void flx_kvsrc_shape(flx_kvsrc_h src, flx_kvsrc_shape_t *shape_p);
 const char *flx_kvsrc_describe(flx_kvsrc_h src);   /* "dump:<path>" or "synth:<profile,seed,...>" */
 
-/* Fills caller arrays with layer l: k, v (Hkv, T, D), q (Hq, n_steps + 1, D). */
-flx_status_t flx_kvsrc_layer(flx_kvsrc_h src, uint32_t layer, flx_bf16_t *k, flx_bf16_t *v, float *q);
+/* Fills caller arrays with layer l: k, v (Hkv, T, D), q (Hq, n_steps + 1, D); a synthetic source
+ * generates on pool's workers (NULL: the caller alone), a dump is read. */
+flx_status_t flx_kvsrc_layer(flx_kvsrc_h src, uint32_t layer, flx_bf16_t *k, flx_bf16_t *v, float *q,
+                             flx_pool_h pool);
 
 /* Ground truth of synthetic sources (NULL / 0 for dumps): see flx/synth.h. */
 struct flx_synth *flx_kvsrc_synth(flx_kvsrc_h src);

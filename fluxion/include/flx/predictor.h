@@ -57,6 +57,7 @@
 #include <stdint.h>
 
 #include "flx/features.h"
+#include "flx/pool.h"
 #include "flx/status.h"
 
 #ifdef __cplusplus
@@ -144,10 +145,11 @@ flx_select_params_t flx_predictor_select_params(flx_predictor_h p);
 /* Scratch bytes for up to max_rows rows per call. */
 size_t flx_predictor_scratch_bytes(uint32_t max_rows);
 /* feat (n_rows, 41) -> out (n_rows); rows are independent (all heads of a layer, of every sequence
- * in the batch). Uses up to n_threads OpenMP threads (0 = 1: the decode loop calls it per layer
- * from a worker). Non-finite features are refused with FLX_ERR_INVALID naming row and feature. */
+ * in the batch), in chunks of 32 rows on pool's workers (NULL: the caller alone); the result does
+ * not depend on the pool. Non-finite features are refused with FLX_ERR_INVALID naming row and
+ * feature. */
 flx_status_t flx_predictor_run(flx_predictor_h p, const float *feat, uint32_t n_rows, flx_head_pred_t *out,
-                               void *scratch, size_t scratch_bytes, uint32_t n_threads);
+                               void *scratch, size_t scratch_bytes, flx_pool_h pool);
 
 /* The oracle of flx_predictor_run: the same network in double straight from the (out, in) weights,
  * one row at a time, no dispatch. Does not check the features (tests feed it finite ones). */

@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "flx/bf16.h"
+#include "flx/pool.h"
 #include "flx/status.h"
 
 #ifdef __cplusplus
@@ -74,8 +75,10 @@ flx_status_t flx_synth_create(const flx_synth_params_t *p, flx_synth_t **syn_p);
 void flx_synth_destroy(flx_synth_t *syn);
 const flx_synth_params_t *flx_synth_params(const flx_synth_t *syn);
 
-/* Layer l arrays (flx/kvsource.h layouts). Uses OpenMP over heads. */
-flx_status_t flx_synth_layer(const flx_synth_t *syn, uint32_t layer, flx_bf16_t *k, flx_bf16_t *v, float *q);
+/* Layer l arrays (flx/kvsource.h layouts), kv groups on pool's workers (NULL: the caller alone);
+ * the arrays do not depend on the pool (every random stream is keyed by seed, layer, head). */
+flx_status_t flx_synth_layer(const flx_synth_t *syn, uint32_t layer, flx_bf16_t *k, flx_bf16_t *v, float *q,
+                             flx_pool_h pool);
 
 /* Mean value norm of layer l's non-sink tokens: value_norm_base * (1 + growth * l / (n_layers - 1)). */
 float flx_synth_value_norm(const flx_synth_t *syn, uint32_t layer);

@@ -396,8 +396,6 @@ int flx_numa_node_count(void);
 flx_status_t flx_numa_check_node(int node);
 /* Node of the CPU the caller runs on. */
 int flx_numa_current_node(void);
-/* Binds the calling thread's CPUs and memory policy to node (workers call it before touching KV). */
-flx_status_t flx_numa_bind_thread(int node);
 
 #ifdef __cplusplus
 }

@@ -122,7 +122,7 @@ static void check_case(uint64_t seed, uint32_t Hq, uint32_t Hkv, uint32_t D, uin
     float *ofull = malloc((size_t)Hq * D * sizeof(float)), onorm[64], lse_full[64];
     CHECK(ofull);
     CHECK_OK(flx_full_output(views, Hq, Hkv, f.q, ofull, onorm));
-    flx_attn_shape_t shape = {.group = G, .head_dim = D, .max_l_cpu = l_cpu, .n_threads = 1};
+    flx_attn_shape_t shape = {.group = G, .head_dim = D, .max_l_cpu = l_cpu, .pool = NULL};
     size_t bytes;
     CHECK_OK(flx_attn_plan(&shape, &bytes));
     void *mem = malloc(bytes);
@@ -144,8 +144,16 @@ static void check_case(uint64_t seed, uint32_t Hq, uint32_t Hkv, uint32_t D, uin
     int nonstream = 0;
     for (int c = 0; c < 3; c++) {
         flx_label_layer_in_t in = {.n_q_heads = Hq, .n_kv_heads = Hkv, .views = views, .q = f.q, .crit = crits[c],
-                                   .tau = taus[c], .n_threads = 2};
+                                   .tau = taus[c], .pool = NULL};
         CHECK_OK(flx_label_layer(&in, lab));
+        for (int wi = 0; wi < 4; wi++) {   /* the same labels on pools of 1, 2, 3 and 7 workers */
+            flx_head_label_t lab_w[64];
+            in.pool = flx_test_pool(FLX_TEST_WORKERS[wi]);
+            CHECK_OK(flx_label_layer(&in, lab_w));
+            CHECK(memcmp(lab_w, lab, Hq * sizeof *lab) == 0);
+            flx_pool_destroy(in.pool);
+            in.pool = NULL;
+        }
         for (uint32_t h = 0; h < Hq; h++) {
             const float *qg = f.q + (size_t)(h / G) * G * D;
             double norm = crits[c] == FLX_CRIT_FLUXION ? maxn : onorm[h];

@@ -227,7 +227,7 @@ static void run_case(const tcase_t *c)
 
     /* the decode loop's path: window partials on the attention core's window kernel, at every ISA
      * level, held to the same oracle */
-    flx_attn_shape_t ash = {.group = G, .head_dim = D, .max_l_cpu = lc + 16, .n_threads = 1};
+    flx_attn_shape_t ash = {.group = G, .head_dim = D, .max_l_cpu = lc + 16, .pool = NULL};
     size_t wsb;
     CHECK_OK(flx_attn_plan(&ash, &wsb));
     void *wsm = flx_aligned_alloc(64, FLX_ALIGN_UP(wsb, 64));
@@ -252,6 +252,15 @@ static void run_case(const tcase_t *c)
         CHECK(ok);
         CHECK_CLOSE("window output (kernel)", oww, refow, (size_t)Hq * D, 1e-4, 1e-3);
         CHECK_CLOSE("window lse (kernel)", lww, reflw, Hq, 1e-4, 1e-4);
+        /* group by group (as the decode loop runs them on its pool, last group first here), then the
+         * cross-head maximum: the same bits */
+        float featg[16 * FLX_FEAT_COUNT], owg[16 * 64], lwg[16];
+        for (uint32_t g = Hkv; g-- > 0;) CHECK_OK(flx_features_decode_groups(&inw, g, g + 1, featg, owg, lwg));
+        flx_features_decode_finish(&inw, featg);
+        CHECK_SAME("features group by group", featg, featw, (size_t)Hq * FLX_FEAT_COUNT);
+        CHECK_SAME("window output group by group", owg, oww, (size_t)Hq * D);
+        CHECK_SAME("window lse group by group", lwg, lww, Hq);
+        CHECK_ST(flx_features_decode_groups(&inw, 1, Hkv + 1, featg, owg, lwg), FLX_ERR_INVALID);
         flx_feat_layer_t bad = inw;   /* the kernel path needs the partial outputs and a matching workspace */
         CHECK_ST(flx_features_decode(&bad, featw, NULL, NULL), FLX_ERR_INVALID);
     }

@@ -1,0 +1,71 @@
+/*
+ * bench_read.h - the read bandwidth every benchmark holds its kernels to: a STREAM-like read of a
+ * buffer on the same worker pool the kernels run on (flx/pool.h), in chunks claimed the way the
+ * GEMV's are (about 8 per worker, at least 64 KiB), so "fraction of bandwidth" compares like with
+ * like in one binary and one run.
+ */
+#ifndef FLX_BENCH_READ_H
+#define FLX_BENCH_READ_H
+
+#include <immintrin.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flx/pool.h"
+#include "flx/util.h"
+
+typedef struct flx_bench_read {
+    const uint8_t *buf;
+    _Atomic uint64_t sum;
+} flx_bench_read_t;
+
+__attribute__((target("avx2"))) static flx_status_t flx_bench_read_chunks(void *ctx, const flx_pool_worker_t *w,
+                                                                          uint64_t c0, uint64_t c1)
+{
+    (void)w;
+    flx_bench_read_t *r = ctx;
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (uint64_t c = c0; c < c1; c++) {
+        const __m256i *p = (const __m256i *)(r->buf + c * 128);
+        a0 = _mm256_add_epi64(a0, _mm256_load_si256(p));
+        a1 = _mm256_add_epi64(a1, _mm256_load_si256(p + 1));
+        a2 = _mm256_add_epi64(a2, _mm256_load_si256(p + 2));
+        a3 = _mm256_add_epi64(a3, _mm256_load_si256(p + 3));
+    }
+    uint64_t x[4];
+    _mm256_storeu_si256((__m256i *)x, _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+    atomic_fetch_add_explicit(&r->sum, x[0] + x[1] + x[2] + x[3], memory_order_relaxed);
+    return FLX_OK;
+}
+
+/* Best GB/s of reps passes over bytes (a multiple of 128) at buf (32-byte aligned). */
+static inline double flx_bench_read_bw(flx_pool_h pool, const uint8_t *buf, size_t bytes, int reps)
+{
+    static volatile uint64_t sink;
+    double best = 0;
+    for (int i = 0; i < reps; i++) {
+        flx_bench_read_t r = {buf, 0};
+        const uint64_t t0 = flx_now_ns();
+        const uint64_t lines = bytes / 128, per = lines / (8 * flx_pool_size(pool));
+        (void)flx_pool_for(pool, lines, per > 512 ? per : 512, flx_bench_read_chunks, &r);
+        const double s = (flx_now_ns() - t0) * 1e-9;
+        sink += r.sum;
+        if (bytes / s / 1e9 > best) best = bytes / s / 1e9;
+    }
+    return best;
+}
+
+/* The same over a fresh 1 GiB buffer (0 when it cannot be allocated). */
+static inline double flx_bench_read_bw_1g(flx_pool_h pool, int reps)
+{
+    const size_t sb = (size_t)1 << 30;
+    uint8_t *b = flx_aligned_alloc(4096, sb);
+    if (!b) return 0;
+    for (size_t i = 0; i < sb; i += 4096) b[i] = 1;
+    const double bw = flx_bench_read_bw(pool, b, sb, reps);
+    flx_aligned_free(b);
+    return bw;
+}
+
+#endif
