@@ -5,6 +5,7 @@
 #ifndef KV_TESTUTIL_H
 #define KV_TESTUTIL_H
 
+#include <math.h>
 #include <string.h>
 
 #include "flx/kvstore.h"
@@ -190,6 +191,32 @@ static inline void kv_check_placement(flx_kv_session_h sess, const flx_kv_sessio
                     CHECK(flx_kv_block_v(&v, v.n_blocks - 1)[(size_t)r * pr->D + d] == 0);
                 }
         }
+}
+
+/* Valid prefill statistics of H query heads (head_dim D) that pass flx_kv_stats_write's checks:
+ * stats (H), mean_k and q_anchor (H, D) random. */
+static inline void kv_fill_stats(flx_head_stats_t *st, float *mk, float *qa, uint32_t H, uint32_t D, flx_rng_t *rng)
+{
+    for (uint32_t h = 0; h < H; h++) {
+        flx_head_stats_t *x = &st[h];
+        memset(x, 0, sizeof *x);
+        x->version = FLX_HEAD_STATS_VERSION;
+        x->k_sink_norm = 3, x->v_sink_norm = 0.5f, x->k_cpu_mean_norm = 1, x->v_cpu_mean_norm = 1;
+        x->k_cpu_norm_mom[0] = 8, x->k_cpu_norm_mom[1] = 1, x->k_cpu_norm_mom[3] = 3;
+        x->v_cpu_norm_mom[0] = 8, x->v_cpu_norm_mom[1] = 1, x->v_cpu_norm_mom[3] = 3;
+        x->z_anchor_mom[1] = 1, x->z_anchor_mom[3] = 3;
+        x->lse_anchor[0] = 2, x->lse_anchor[1] = 6, x->lse_anchor[2] = 4;
+        x->onorm_anchor[0] = 1, x->onorm_anchor[1] = 1, x->onorm_anchor[2] = 1;
+        x->bgt_star[0] = 0.01f, x->bgt_star[1] = 0.02f, x->bgt_star[2] = 0.04f, x->bgt_star[3] = 0.08f;
+        x->max_onorm_gpu_anchor = 2;
+        double n2 = 0;
+        for (uint32_t d = 0; d < D; d++) {
+            qa[h * D + d] = (float)flx_rng_normal(rng);
+            mk[h * D + d] = (float)flx_rng_normal(rng);
+            n2 += (double)qa[h * D + d] * qa[h * D + d];
+        }
+        x->q_anchor_norm = (float)sqrt(n2);
+    }
 }
 
 #endif
