@@ -5,7 +5,9 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 uint64_t flx_now_ns(void)
@@ -108,5 +110,39 @@ flx_status_t flx_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *ou
     unsigned long long v = strtoull(s, &end, 10);
     if (*end || errno || v < lo || v > hi) return FLX_ERR_INVALID;
     *out = v;
+    return FLX_OK;
+}
+
+flx_status_t flx_read_file(const char *path, size_t max_bytes, char **buf_p, size_t *len_p)
+{
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) return flx_error_set(flx_status_from_errno(errno), "cannot open %s: %s", path, strerror(errno));
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    flx_status_t st = buf ? FLX_OK : flx_error_set(FLX_ERR_NOMEM, "reading %s", path);
+    while (st == FLX_OK) {
+        if (n + 1 >= cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                st = flx_error_set(FLX_ERR_NOMEM, "reading %s: %zu bytes", path, cap * 2);
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t r = fread(buf + n, 1, cap - 1 - n, f);
+        n += r;
+        if (n > max_bytes) st = flx_error_set(FLX_ERR_CAPACITY, "%s is larger than %zu bytes", path, max_bytes);
+        if (r == 0) break;
+    }
+    if (st == FLX_OK && ferror(f)) st = flx_error_set(FLX_ERR_IO, "reading %s failed", path);
+    if (f != stdin) fclose(f);
+    if (st) {
+        free(buf);
+        return st;
+    }
+    buf[n] = 0;
+    *buf_p = buf;
+    *len_p = n;
     return FLX_OK;
 }

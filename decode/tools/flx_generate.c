@@ -91,43 +91,6 @@ static int parse_f(const char *flag, const char *s, double lo, int lo_open, doub
     return 0;
 }
 
-static char *read_file(const char *path, size_t *len_p)
-{
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) {
-        fprintf(stderr, PROG ": cannot open prompt file %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (!buf) break;
-        if (n + 1 >= cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - 1 - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    int err = ferror(f);
-    if (f != stdin) fclose(f);
-    if (!buf || err) {
-        fprintf(stderr, PROG ": reading prompt file %s failed\n", path);
-        free(buf);
-        return NULL;
-    }
-    buf[n] = 0;
-    *len_p = n;
-    return buf;
-}
-
 /* Streaming detokenizer: holds tokens until their bytes end on a UTF-8 character boundary. */
 typedef struct stream {
     flx_tok_h tok;
@@ -295,7 +258,7 @@ int main(int argc, char **argv)
     flx_tok_h tok = NULL;
     flx_kv_store_h store = NULL;
     flx_engine_h eng = NULL;
-    char *text = NULL, *chat_text = NULL;
+    char *text = NULL;
     int32_t *ids = NULL;
     void *pmem = NULL, *scratch = NULL, *gdev_mem = NULL, *ghost_mem = NULL;
     flx_gpu_model_h gm = NULL;
@@ -323,35 +286,13 @@ int main(int argc, char **argv)
     }
 
     size_t text_len = 0;
-    if (!(text = read_file(prompt_path, &text_len)))
+    if ((st = flx_read_file(prompt_path, (size_t)1 << 30, &text, &text_len))) {
+        fprintf(stderr, PROG ": prompt file: %s\n", flx_error_msg());
         goto out;
-    const char *input = text;
-    size_t input_len = text_len;
-    if (chat) {
-        flx_tok_msg_t msg = {.role = "user", .content = text};
-        size_t need = 0;
-        st = flx_tok_chat(tok, &msg, 1, 1, NULL, 0, &need);
-        if (st && st != FLX_ERR_CAPACITY) {
-            fprintf(stderr, PROG ": --chat: %s\n", flx_error_msg());
-            goto out;
-        }
-        chat_text = malloc(need + 1);
-        if (!chat_text || (st = flx_tok_chat(tok, &msg, 1, 1, chat_text, need + 1, &need))) {
-            fprintf(stderr, PROG ": --chat: %s\n", chat_text ? flx_error_msg() : "out of memory");
-            goto out;
-        }
-        input = chat_text;
-        input_len = need;
     }
-    int add_bos = flx_tok_add_bos_default(tok) && flx_tok_bos(tok) >= 0;
     size_t n_ids = 0;
-    st = flx_tok_encode(tok, input, input_len, add_bos, NULL, 0, &n_ids);
-    if (st && st != FLX_ERR_CAPACITY) {
-        fprintf(stderr, PROG ": encoding the prompt: %s\n", flx_error_msg());
-        goto out;
-    }
-    if (n_ids == 0) {
-        fprintf(stderr, PROG ": the prompt is empty\n");
+    if ((st = flx_tok_encode_prompt(tok, text, text_len, chat, &ids, &n_ids))) {
+        fprintf(stderr, PROG ": %s: %s\n", chat ? "--chat" : "encoding the prompt", flx_error_msg());
         goto out;
     }
     if (n_ids + max_new > cfg->max_ctx)
@@ -359,11 +300,6 @@ int main(int argc, char **argv)
                 n_ids, max_new, cfg->max_ctx);
     if (n_ids > UINT32_MAX / 2) {
         fprintf(stderr, PROG ": prompt of %zu tokens is too long\n", n_ids);
-        goto out;
-    }
-    ids = malloc(n_ids * sizeof *ids);
-    if (!ids || (st = flx_tok_encode(tok, input, input_len, add_bos, ids, n_ids, &n_ids))) {
-        fprintf(stderr, PROG ": encoding the prompt: %s\n", ids ? flx_error_msg() : "out of memory");
         goto out;
     }
     const uint32_t n = (uint32_t)n_ids;
@@ -553,7 +489,6 @@ out:
     free(logits);
     free(tpot);
     free(ids);
-    free(chat_text);
     free(text);
     flx_tok_destroy(tok);
     flx_model_destroy(m);

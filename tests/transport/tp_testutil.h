@@ -100,4 +100,51 @@ static inline flx_tp_ref_t tp_test_ref(const flx_tp_session_desc_t *d)
     return r;
 }
 
+/* Two READY sessions hold the same bytes: every host row (K and V), window row, pyramid level and
+ * statistics record of every layer and head. Returns the number of (layer, head) parts compared. */
+static inline uint32_t tp_test_same_session(flx_kv_store_h sa, flx_kv_session_id_t a, flx_kv_store_h sb,
+                                            flx_kv_session_id_t b)
+{
+    flx_kv_session_h xa, xb;
+    CHECK_OK(flx_kv_session_acquire(sa, a, &xa));
+    CHECK_OK(flx_kv_session_acquire(sb, b, &xb));
+    flx_kv_session_shape_t ka, kb;
+    CHECK_OK(flx_kv_session_shape(xa, &ka));
+    CHECK_OK(flx_kv_session_shape(xb, &kb));
+    CHECK(memcmp(&ka, &kb, sizeof ka) == 0);
+    const size_t row = ka.head_dim * sizeof(flx_bf16_t);
+    uint32_t parts = 0;
+    for (uint32_t l = 0; l < ka.n_layers; l++) {
+        for (uint32_t h = 0; h < ka.n_kv_heads; h++, parts++) {
+            flx_kv_head_view_t va, vb;
+            CHECK_OK(flx_kv_head_view(xa, l, h, &va));
+            CHECK_OK(flx_kv_head_view(xb, l, h, &vb));
+            CHECK(va.l_cpu == vb.l_cpu && va.n_win == vb.n_win);
+            for (uint32_t i = 0; i < va.l_cpu; i++) {
+                CHECK(memcmp(flx_kv_block_k(&va, i / 16) + (size_t)(i % 16) * ka.head_dim,
+                             flx_kv_block_k(&vb, i / 16) + (size_t)(i % 16) * ka.head_dim, row) == 0);
+                CHECK(memcmp(flx_kv_block_v(&va, i / 16) + (size_t)(i % 16) * ka.head_dim,
+                             flx_kv_block_v(&vb, i / 16) + (size_t)(i % 16) * ka.head_dim, row) == 0);
+            }
+            CHECK(memcmp(va.win_k, vb.win_k, va.n_win * row) == 0);
+            CHECK(memcmp(va.win_v, vb.win_v, va.n_win * row) == 0);
+            for (int j = 0; j < FLX_KV_META_LEVELS; j++) {
+                CHECK(va.meta_n[j] == vb.meta_n[j]);
+                CHECK(memcmp(va.meta[j], vb.meta[j], (size_t)va.meta_n[j] * 2 * row) == 0);
+            }
+        }
+        for (uint32_t q = 0; q < ka.n_q_heads && ka.with_stats; q++) {
+            const flx_head_stats_t *sa_, *sb_;
+            const float *mka, *mkb, *qaa, *qab;
+            CHECK_OK(flx_kv_head_stats(xa, l, q, &sa_, &mka, &qaa));
+            CHECK_OK(flx_kv_head_stats(xb, l, q, &sb_, &mkb, &qab));
+            CHECK(sa_ && sb_ && memcmp(sa_, sb_, sizeof *sa_) == 0);
+            CHECK(memcmp(mka, mkb, ka.head_dim * sizeof(float)) == 0 && memcmp(qaa, qab, ka.head_dim * sizeof(float)) == 0);
+        }
+    }
+    flx_kv_session_release(xa);
+    flx_kv_session_release(xb);
+    return parts;
+}
+
 #endif

@@ -493,7 +493,7 @@ void tp_core_recv_done(tp_core_t *c, tp_recv_t *r)
     describe(&r->hdr, what, sizeof what);
     flx_status_t st = r->status;
     if (st != FLX_OK) {
-        snprintf(reason, sizeof reason, "receive of %s failed: %s", what, flx_status_name(st));
+        snprintf(reason, sizeof reason, "receive of %s failed: %s", what, r->why[0] ? r->why : flx_status_name(st));
     } else if (r->hdr.flags & FLX_TP_FLAG_PAYLOAD_XXH3) {
         uint64_t got = landed_hash(r);
         if (got != r->hdr.payload_xxh3) {

@@ -82,6 +82,7 @@ struct flx_tp_node {
     tp_fifo_t done_q;
     int done_stop;
     atomic_int stop;
+    atomic_int replan;        /* a deadline or lease changed: the periodic work is due now */
 
     /* progress thread only */
     conn_t *conns;
@@ -97,6 +98,7 @@ struct flx_tp_node {
 typedef struct out_msg {
     uint8_t hdr[FLX_TP_HDR_BYTES];
     uint8_t payload[FLX_TP_STATUS_MAX];
+    ucp_dt_iov_t iov;         /* tp_am_send's storage */
 } out_msg_t;
 
 static void reply_sent(void *req, ucs_status_t status, void *user_data)
@@ -117,10 +119,7 @@ static void send_reply(struct flx_tp_node *n, conn_t *c, const tp_reply_t *r)
     }
     flx_tp_hdr_encode(&h, m->hdr);
     memcpy(m->payload, r->payload, r->len);
-    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                                              UCP_OP_ATTR_FIELD_FLAGS,
-                              .cb.send = reply_sent, .user_data = m, .flags = UCP_AM_SEND_FLAG_EAGER};
-    void *req = ucp_am_send_nbx(c->ep, FLX_TP_AM_ID, m->hdr, FLX_TP_HDR_BYTES, m->payload, r->len, &rp);
+    void *req = tp_am_send(c->ep, m->hdr, m->payload, r->len, UCP_AM_SEND_FLAG_EAGER, reply_sent, m, &m->iov);
     if (!UCS_PTR_IS_PTR(req)) free(m); /* done at once, or refused (a dead peer): nothing to wait for */
     (void)n;
 }
@@ -240,6 +239,9 @@ static void recv_done_ucx(void *req, ucs_status_t status, size_t length, void *u
     struct flx_tp_node *n = c->node;
     r->status = status != UCS_OK ? tp_status_from_ucs(status)
                 : length != r->hdr.payload_len ? FLX_ERR_FORMAT : FLX_OK;
+    if (status != UCS_OK) snprintf(r->why, sizeof r->why, "%s (UCX)", ucs_status_string(status));
+    else if (r->status) snprintf(r->why, sizeof r->why, "%zu bytes landed of %llu", length,
+                                 (unsigned long long)r->hdr.payload_len);
     r->t_done_ns = flx_now_ns();
     c->inflight--;
     atomic_fetch_sub(&n->inflight, 1);
@@ -259,6 +261,8 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
         return UCS_OK;
     }
     c->last_seen = flx_now_ns();
+    flx_log_debug(MOD, "message of %zu + %zu bytes on connection %llu%s", header_length, length,
+                  (unsigned long long)c->id, param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV ? " (rendezvous)" : "");
     tp_recv_t *r;
     tp_reply_t reply;
     int drop;
@@ -311,6 +315,7 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
     c->inflight--;
     atomic_fetch_sub(&n->inflight, 1);
     r->status = UCS_PTR_IS_ERR(req) ? tp_status_from_ucs(UCS_PTR_STATUS(req)) : FLX_OK;
+    if (UCS_PTR_IS_ERR(req)) snprintf(r->why, sizeof r->why, "%s (UCX)", ucs_status_string(UCS_PTR_STATUS(req)));
     r->t_done_ns = flx_now_ns();
     tp_fifo_push(&n->done_q, r);
     return UCS_OK;
@@ -388,7 +393,7 @@ static void *progress_main(void *arg)
         conns_tend(n);
         send_notices(n);
         const uint64_t now = flx_now_ns();
-        if (now >= next_periodic) {
+        if (now >= next_periodic || atomic_exchange(&n->replan, 0)) {
             timeout = periodic(n, now);
             next_periodic = timeout < 0 ? UINT64_MAX : now + (uint64_t)timeout * 1000000;
             conns_tend(n);
@@ -590,7 +595,8 @@ flx_status_t flx_tp_session_open(flx_tp_node_h n, const flx_tp_open_params_t *p,
     d.worker_address = n->waddr;
     d.worker_address_len = n->waddr_len;
     *desc_p = d;
-    tp_loop_wake(&n->loop); /* its deadline may be the next thing due */
+    atomic_store(&n->replan, 1); /* its deadline may be the next thing due */
+    tp_loop_wake(&n->loop);
     return FLX_OK;
 }
 
@@ -619,7 +625,10 @@ flx_status_t flx_tp_session_renew(flx_tp_node_h n, flx_kv_session_id_t sid, uint
     flx_status_t st = tp_core_info(&n->core, sid, &info);
     if (st) return st;
     if (lease_ms == 0) return flx_error_set(FLX_ERR_INVALID, "lease_ms is 0");
-    return flx_kv_session_renew(n->core.store, sid, (uint64_t)lease_ms * 1000000);
+    if ((st = flx_kv_session_renew(n->core.store, sid, (uint64_t)lease_ms * 1000000))) return st;
+    atomic_store(&n->replan, 1);
+    tp_loop_wake(&n->loop);
+    return FLX_OK;
 }
 
 flx_status_t flx_tp_session_close(flx_tp_node_h n, flx_kv_session_id_t sid)

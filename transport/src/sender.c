@@ -9,7 +9,7 @@
  * thread, which posts it to UCX. The caller keeps producing (a prefill computing its next layer)
  * while UCX moves the bytes, and heartbeats go out on time even while the caller computes for
  * seconds. Every message carries UCP_AM_SEND_FLAG_REPLY so the node can tell which connection it
- * came from.
+ * came from. Eager messages go as one-entry IOVs (tp_am_send: tp_ucx.h says why).
  */
 #define _GNU_SOURCE
 #include <stdatomic.h>
@@ -33,6 +33,7 @@ typedef struct send_cmd {
     uint64_t len;
     uint8_t *owned;             /* payload owned by the command (statistics) */
     uint32_t flags;             /* FLX_TP_SEND_RNDV / EAGER */
+    ucp_dt_iov_t iov;           /* tp_am_send's storage */
     flx_tp_sent_fn done;
     void *ctx;
 } send_cmd_t;
@@ -60,6 +61,7 @@ struct flx_tp_sender {
     atomic_int stop;
     tp_fifo_t cmds;
     uint8_t hb_hdr[FLX_TP_HDR_BYTES];
+    ucp_dt_iov_t hb_iov;
     int hb_inflight;            /* progress thread only */
 
     pthread_mutex_t lock;
@@ -117,13 +119,9 @@ static void sent(void *req, ucs_status_t status, void *user_data)
 
 static void post(struct flx_tp_sender *s, send_cmd_t *c)
 {
-    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                                              UCP_OP_ATTR_FIELD_FLAGS,
-                              .cb.send = sent, .user_data = c,
-                              .flags = UCP_AM_SEND_FLAG_REPLY |
-                                       (c->flags & FLX_TP_SEND_RNDV ? UCP_AM_SEND_FLAG_RNDV : 0) |
-                                       (c->flags & FLX_TP_SEND_EAGER ? UCP_AM_SEND_FLAG_EAGER : 0)};
-    void *req = ucp_am_send_nbx(s->ep, FLX_TP_AM_ID, c->hdr, FLX_TP_HDR_BYTES, c->payload, c->len, &rp);
+    const uint32_t flags = UCP_AM_SEND_FLAG_REPLY | (c->flags & FLX_TP_SEND_RNDV ? UCP_AM_SEND_FLAG_RNDV : 0) |
+                           (c->flags & FLX_TP_SEND_EAGER ? UCP_AM_SEND_FLAG_EAGER : 0);
+    void *req = tp_am_send(s->ep, c->hdr, c->payload, c->len, flags, sent, c, &c->iov);
     if (UCS_PTR_IS_PTR(req)) return;
     char why[96];
     snprintf(why, sizeof why, "send: %s", ucs_status_string(UCS_PTR_STATUS(req)));
@@ -140,11 +138,8 @@ static void hb_sent(void *req, ucs_status_t status, void *user_data)
 static void heartbeat(struct flx_tp_sender *s)
 {
     if (s->hb_inflight) return; /* the last one has not left yet: no use queueing more */
-    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                                              UCP_OP_ATTR_FIELD_FLAGS,
-                              .cb.send = hb_sent, .user_data = s,
-                              .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER};
-    void *req = ucp_am_send_nbx(s->ep, FLX_TP_AM_ID, s->hb_hdr, FLX_TP_HDR_BYTES, NULL, 0, &rp);
+    void *req = tp_am_send(s->ep, s->hb_hdr, NULL, 0, UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER, hb_sent, s,
+                           &s->hb_iov);
     s->hb_inflight = UCS_PTR_IS_PTR(req);
 }
 
@@ -486,8 +481,8 @@ flx_status_t flx_tp_sender_status(flx_tp_sender_h s, flx_kv_session_id_t sid, ui
     sess_ent_t *e;
     for (;;) {
         e = sess_get_locked(s, sid, 0);
-        int final = e && !e->refused &&
-                    (e->state == FLX_KV_READY || e->state == FLX_KV_FAILED || e->state == FLX_KV_CLOSED);
+        /* READY, FAILED, CLOSED are final whether they came as a notice or with a refusal */
+        int final = e && (e->state == FLX_KV_READY || e->state == FLX_KV_FAILED || e->state == FLX_KV_CLOSED);
         if (final || !timeout_ms || s->peer_failed || !wait_until(s, until)) break;
     }
     *state_p = e ? e->state : FLX_KV_RESERVED;

@@ -63,6 +63,7 @@ typedef struct tp_recv {
     flx_kv_claim_t *claim;       /* KV: where the data lands */
     uint8_t *buf;                /* STATS: the payload (hdr.payload_len bytes) */
     flx_status_t status;         /* of the transfer, set by the caller */
+    char why[64];                /* the transport's reason when status is an error */
     uint64_t t_done_ns;          /* when the transfer completed */
     void *user;                  /* the caller's (node.c: the connection) */
 } tp_recv_t;

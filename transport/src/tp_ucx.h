@@ -34,6 +34,17 @@ flx_status_t tp_resolve(const char *host, uint16_t port, struct sockaddr_storage
 /* "ip:port" of a sockaddr. */
 void tp_sockaddr_str(const struct sockaddr_storage *ss, char *out, size_t cap);
 
+/* Sends one message of the wire format (FLX_TP_AM_ID, a FLX_TP_HDR_BYTES header): with
+ * UCP_AM_SEND_FLAG_RNDV the payload goes as a contiguous buffer (a zero-copy rendezvous); otherwise
+ * as a one-entry IOV (iov_storage, which must live as long as the request). Why not contiguous:
+ * UCX 1.13 picks a message's protocol when it is posted, from the endpoint's configuration at that
+ * moment, and replays it unchanged once a client-server endpoint is wired; a small message posted
+ * during wire-up was started as "short" under the first configuration and then refused by the
+ * shared-memory lane ("Invalid am_short_iov length: 120 (expected: <= 100)") and lost. UCX never
+ * picks "short" for an IOV datatype, so eager messages go as buffered copies on every lane. */
+void *tp_am_send(ucp_ep_h ep, const void *hdr, const void *payload, size_t len, uint32_t flags,
+                 ucp_send_nbx_callback_t cb, void *user_data, ucp_dt_iov_t *iov_storage);
+
 /* Event-driven progress: the worker's event fd and an eventfd other threads write to wake the
  * progress thread. */
 typedef struct tp_loop {

@@ -167,6 +167,25 @@ int tp_loop_wait(tp_loop_t *l, int timeout_ms, uint64_t spin_ns)
     return 0;
 }
 
+void *tp_am_send(ucp_ep_h ep, const void *hdr, const void *payload, size_t len, uint32_t flags, ucp_send_nbx_callback_t cb,
+                 void *user_data, ucp_dt_iov_t *iov_storage)
+{
+    ucp_request_param_t rp = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                                              UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_DATATYPE,
+                              .cb.send = cb, .user_data = user_data, .flags = flags,
+                              .datatype = ucp_dt_make_contig(1)};
+    const void *buf = payload;
+    size_t count = len;
+    if (!(flags & UCP_AM_SEND_FLAG_RNDV)) {
+        iov_storage->buffer = (void *)payload;
+        iov_storage->length = len;
+        rp.datatype = ucp_dt_make_iov();
+        buf = iov_storage;
+        count = len ? 1 : 0;
+    }
+    return ucp_am_send_nbx(ep, FLX_TP_AM_ID, hdr, FLX_TP_HDR_BYTES, buf, count, &rp);
+}
+
 void tp_fifo_init(tp_fifo_t *q)
 {
     pthread_mutex_init(&q->lock, NULL);

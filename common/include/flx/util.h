@@ -43,6 +43,10 @@ static inline flx_status_t flx_add_size(size_t a, size_t b, size_t *out)
  * trailing characters, value in [lo, hi]. FLX_ERR_INVALID otherwise; *out written only on success. */
 flx_status_t flx_parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out);
 
+/* Reads a whole file ("-": standard input) into a NUL-terminated buffer the caller frees; more
+ * than max_bytes is refused (FLX_ERR_CAPACITY). Errors name the path. */
+flx_status_t flx_read_file(const char *path, size_t max_bytes, char **buf_p, size_t *len_p);
+
 /* Aligned allocation (alignment a power of two >= sizeof(void*)); free with flx_aligned_free. */
 void *flx_aligned_alloc(size_t align, size_t size);
 void flx_aligned_free(void *p);
