@@ -287,8 +287,8 @@ static void progress(push_t *p, uint32_t layer, int force)
     if (p->o->quiet || (!force && now - p->t_last_print < p->o->progress_ms * 1000000)) return;
     p->t_last_print = now;
     const double s = (double)(now - p->t_start) / 1e9, landed = (double)atomic_load(&p->bytes_landed);
-    fprintf(stderr, PROG ": layer %u/%u, %.1f MiB sent, %.1f MiB landed, %.2f GB/s over %.1f s\n", layer,
-            p->w.n_layers, (double)p->kv_bytes / 1048576.0, landed / 1048576.0, s > 0 ? landed / s / 1e9 : 0.0, s);
+    fprintf(stderr, PROG ": layer %u/%u, %.1f MiB sent, %.1f MiB landed, %.1f MB/s over %.1f s\n", layer,
+            p->w.n_layers, (double)p->kv_bytes / 1048576.0, landed / 1048576.0, s > 0 ? landed / s / 1e6 : 0.0, s);
 }
 
 /* Waits until fewer than max layers are in flight. */
@@ -590,9 +590,9 @@ int main(int argc, char **argv)
         const double s = (double)(flx_now_ns() - p.t_start) / 1e9;
         progress(&p, p.w.n_layers, 1);
         if (!o.quiet)
-            fprintf(stderr, PROG ": pushed %" PRIu64 " KV bytes + statistics of %u layers in %.3f s (%.2f GB/s), "
-                            "first token %d\n",
-                    p.kv_bytes, p.n_stats, s, s > 0 ? (double)p.kv_bytes / s / 1e9 : 0.0, first);
+            fprintf(stderr, PROG ": pushed %" PRIu64 " KV bytes + statistics of %u layers in %.3f s (%.1f MB/s "
+                            "while computing), first token %d\n",
+                    p.kv_bytes, p.n_stats, s, s > 0 ? (double)p.kv_bytes / s / 1e6 : 0.0, first);
     }
     flx_kv_state_t state;
     char why[FLX_TP_STATUS_MAX + 1];
