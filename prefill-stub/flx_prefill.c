@@ -54,7 +54,7 @@ typedef struct opts {
     char host[FLX_TP_HOST_MAX];
     uint16_t port;
     uint64_t sid;
-    int chat, synthetic, quiet;
+    int chat, synthetic, quiet, pregenerate, no_hash;
     uint64_t prompt_len, seed, threads, max_chunk_mib, progress_ms, timeout_ms;
     float tau, temp, top_p;
     uint64_t top_k;
@@ -78,10 +78,13 @@ static void usage(FILE *f)
             "                   stdin); --chat wraps it with the model's chat template (as flx-generate --chat)\n"
             "  --synthetic      the synthetic workload (flx/synth.h) at the node's shape; --prompt-len N tokens\n"
             "  --seed           synthetic workload seed / first-token sampling seed (default 1)\n"
+            "  --pregenerate    synthetic: compute every layer first, then push them all (a transfer measured at\n"
+            "                   the transport's speed, not the generator's; memory: the whole session)\n"
             "  --tau            Eq. 2 threshold of the statistics (default 0.1); sent when the node asks for them\n"
             "  --temp, --top-k, --top-p  sampling of the first token (default greedy, as flx-generate)\n"
             "  --threads        prefill threads (default: OpenMP's)\n"
             "  --max-chunk-mib  largest chunk, MiB (default 16)\n"
+            "  --no-payload-hash  send KV payloads without their XXH3 (a node that requires them refuses them)\n"
             "  --err-mode       peer (default) or none: UCX peer-failure detection; the node's must match\n"
             "                   (none for shared memory on UCX 1.13)\n"
             "  --timeout-ms     wait this long for the node's answers (default 60000)\n"
@@ -136,6 +139,8 @@ static int parse_args(int argc, char **argv, opts_t *o)
         if (!strcmp(a, "--chat")) { o->chat = 1; continue; }
         if (!strcmp(a, "--synthetic")) { o->synthetic = 1; continue; }
         if (!strcmp(a, "--quiet")) { o->quiet = 1; continue; }
+        if (!strcmp(a, "--pregenerate")) { o->pregenerate = 1; continue; }
+        if (!strcmp(a, "--no-payload-hash")) { o->no_hash = 1; continue; }
         if (!strcmp(a, "--wrong-token")) { o->wrong_token = 1; continue; }
         if (!strcmp(a, "--outside-chunk")) { o->outside_chunk = 1; continue; }
         static const char *with_value[] = {"--node", "--session", "--token", "--model", "--prompt-file",
@@ -216,6 +221,10 @@ static int parse_args(int argc, char **argv, opts_t *o)
         fprintf(stderr, PROG ": --model needs --prompt-file\n");
         return 2;
     }
+    if (o->pregenerate && !o->synthetic) {
+        fprintf(stderr, PROG ": --pregenerate is for --synthetic\n");
+        return 2;
+    }
     if (o->synthetic && (!o->prompt_len || o->prompt_file || o->chat)) {
         fprintf(stderr, PROG ": --synthetic needs --prompt-len and takes no --prompt-file or --chat\n");
         return 2;
@@ -244,6 +253,7 @@ typedef struct push {
     uint64_t t_start, t_last_print;
     pthread_mutex_t lock;
     pthread_cond_t cv;
+    uint32_t hash_flag;          /* FLX_TP_SEND_NO_HASH with --no-payload-hash */
     uint32_t layers_inflight;    /* guarded by lock */
     int stalled;
 } push_t;
@@ -323,39 +333,83 @@ static flx_status_t send_raw_kv(push_t *p, flx_tp_hdr_t *h, const void *payload,
     return flx_tp_send_raw(p->snd, hdr, payload, h->payload_len, flags, cc ? chunk_sent : NULL, cc);
 }
 
-/* The sink of the prefill: one layer's KV (and statistics) onto the wire. */
-static flx_status_t on_layer(void *ctx, uint32_t layer, uint32_t n, const flx_bf16_t *k, const flx_bf16_t *v,
-                             const flx_head_stats_t *stats, const float *mean_k, const float *q_anchor)
+/* One layer packed for the wire: its chunks (plan order, one after the other in buf) and a copy of
+ * its statistics. */
+typedef struct prepared {
+    uint32_t layer, n_chunks;
+    flx_tp_plan_chunk_t *plan;
+    layer_buf_t *buf;
+    flx_head_stats_t *stats;     /* (Hq) or NULL */
+    float *mean_k, *q_anchor;    /* (Hq, D) */
+} prepared_t;
+
+static void prepared_free(prepared_t *pl)
 {
-    push_t *p = ctx;
-    const opts_t *o = p->o;
-    const uint32_t D = p->w.head_dim;
+    free(pl->plan);
+    free(pl->stats);
+    free(pl->mean_k);
+    free(pl->q_anchor);
+    if (pl->buf) layer_unref(pl->buf);
+    memset(pl, 0, sizeof *pl);
+}
+
+/* Plans and packs one layer (k, v (Hkv, n, D)) and copies its statistics. */
+static flx_status_t layer_pack(push_t *p, uint32_t layer, uint32_t n, const flx_bf16_t *k, const flx_bf16_t *v,
+                               const flx_head_stats_t *stats, const float *mean_k, const float *q_anchor,
+                               prepared_t *pl)
+{
+    const uint32_t D = p->w.head_dim, Hq = p->w.n_q_heads;
     if (n != p->w.prompt_len)
         return flx_error_set(FLX_ERR_INVALID, "layer %u has %u tokens, the session %u", layer, n, p->w.prompt_len);
-    const uint32_t n_chunks = flx_tp_plan_layer(&p->w, layer, p->max_chunk, NULL, 0);
-    flx_tp_plan_chunk_t *plan = malloc(n_chunks * sizeof *plan);
+    memset(pl, 0, sizeof *pl);
+    pl->layer = layer;
+    pl->n_chunks = flx_tp_plan_layer(&p->w, layer, p->max_chunk, NULL, 0);
+    pl->plan = malloc(pl->n_chunks * sizeof *pl->plan);
     layer_buf_t *b = calloc(1, sizeof *b);
     const uint64_t layer_bytes = 4ull * p->w.n_kv_heads * n * D;
     if (b) b->data = malloc(layer_bytes);
-    if (!plan || !b || !b->data) {
-        free(plan);
+    if (stats) {
+        pl->stats = malloc(Hq * sizeof *pl->stats);
+        pl->mean_k = malloc((size_t)Hq * D * sizeof(float));
+        pl->q_anchor = malloc((size_t)Hq * D * sizeof(float));
+    }
+    if (!pl->plan || !b || !b->data || (stats && (!pl->stats || !pl->mean_k || !pl->q_anchor))) {
         if (b) free(b->data);
         free(b);
+        prepared_free(pl);
         return flx_error_set(FLX_ERR_NOMEM, "layer %u: %llu bytes", layer, (unsigned long long)layer_bytes);
     }
-    flx_tp_plan_layer(&p->w, layer, p->max_chunk, plan, n_chunks);
-    throttle(p, 2);
+    b->push = p;
+    atomic_init(&b->refs, 1);
+    pl->buf = b;
     pthread_mutex_lock(&p->lock);
     p->layers_inflight++;
     pthread_mutex_unlock(&p->lock);
-    b->push = p;
-    atomic_init(&b->refs, 1);
+    flx_tp_plan_layer(&p->w, layer, p->max_chunk, pl->plan, pl->n_chunks);
     uint8_t *dst = b->data;
-    flx_status_t st = FLX_OK;
-    for (uint32_t i = 0; i < n_chunks && !st; i++) {
-        const flx_kv_chunk_t *c = &plan[i].chunk;
-        uint8_t *payload = dst;
+    for (uint32_t i = 0; i < pl->n_chunks; i++) {
+        const flx_kv_chunk_t *c = &pl->plan[i].chunk;
         dst = pack_granules(dst, k, v, n, D, c->head_begin, c->head_end, c->tok_begin, c->tok_end);
+    }
+    if (stats) {
+        memcpy(pl->stats, stats, Hq * sizeof *stats);
+        memcpy(pl->mean_k, mean_k, (size_t)Hq * D * sizeof(float));
+        memcpy(pl->q_anchor, q_anchor, (size_t)Hq * D * sizeof(float));
+    }
+    return FLX_OK;
+}
+
+/* Sends a packed layer (with the faults asked for), then frees it (its buffer lives until the last
+ * chunk has been sent). */
+static flx_status_t layer_send(push_t *p, prepared_t *pl)
+{
+    const opts_t *o = p->o;
+    const uint32_t D = p->w.head_dim, n = p->w.prompt_len;
+    layer_buf_t *b = pl->buf;
+    uint8_t *payload = b->data;
+    flx_status_t st = FLX_OK;
+    for (uint32_t i = 0; i < pl->n_chunks && !st; i++) {
+        const flx_kv_chunk_t *c = &pl->plan[i].chunk;
         const uint64_t bytes = flx_kv_chunk_bytes(c);
         if (p->kv_bytes + bytes > o->stall_after) {
             p->stalled = 1;
@@ -378,9 +432,9 @@ static flx_status_t on_layer(void *ctx, uint32_t layer, uint32_t n, const flx_bf
             payload[bytes / 2] ^= 0x40; /* after the hash: what the node receives is not what was hashed */
             fprintf(stderr, PROG ": --corrupt-chunk %" PRIu64 ": layer %u tokens [%u, %u) corrupted after hashing\n",
                     idx, c->layer, c->tok_begin, c->tok_end);
-            st = send_raw_kv(p, &h, payload, plan[i].send_flags, cc);
+            st = send_raw_kv(p, &h, payload, pl->plan[i].send_flags, cc);
         } else {
-            st = flx_tp_send_kv(p->snd, &p->ref, c, payload, plan[i].send_flags, chunk_sent, cc);
+            st = flx_tp_send_kv(p->snd, &p->ref, c, payload, pl->plan[i].send_flags | p->hash_flag, chunk_sent, cc);
         }
         if (!st && idx == o->dup_chunk) {
             chunk_ctx_t *c2 = malloc(sizeof *c2);
@@ -390,12 +444,13 @@ static flx_status_t on_layer(void *ctx, uint32_t layer, uint32_t n, const flx_bf
                 atomic_fetch_add(&b->refs, 1);
                 fprintf(stderr, PROG ": --duplicate-chunk %" PRIu64 ": layer %u tokens [%u, %u) sent twice\n", idx,
                         c->layer, c->tok_begin, c->tok_end);
-                st = flx_tp_send_kv(p->snd, &p->ref, c, payload, plan[i].send_flags, chunk_sent, c2);
+                st = flx_tp_send_kv(p->snd, &p->ref, c, payload, pl->plan[i].send_flags, chunk_sent, c2);
             }
         }
         if (!st) p->kv_bytes += bytes;
+        payload += bytes;
     }
-    if (!st && !p->stalled && layer == 0 && o->outside_chunk) {
+    if (!st && !p->stalled && pl->layer == 0 && o->outside_chunk) {
         /* one granule of head 0 just past the prompt, with the right token and a valid header */
         const uint32_t t0 = (n + 15) & ~15u;
         flx_tp_hdr_t h = {.kind = FLX_TP_KV, .sid = p->ref.sid, .layer = 0, .head_begin = 0, .head_end = 1,
@@ -412,14 +467,26 @@ static flx_status_t on_layer(void *ctx, uint32_t layer, uint32_t n, const flx_bf
             if (st == FLX_ERR_IO) st = FLX_OK; /* the node's verdict comes as a STATUS */
         }
     }
-    if (!st && !p->stalled && stats) {
-        st = flx_tp_send_stats(p->snd, &p->ref, layer, p->w.n_q_heads, D, stats, mean_k, q_anchor, 0);
+    if (!st && !p->stalled && pl->stats) {
+        st = flx_tp_send_stats(p->snd, &p->ref, pl->layer, p->w.n_q_heads, D, pl->stats, pl->mean_k, pl->q_anchor,
+                               p->hash_flag);
         if (!st) p->n_stats++;
     }
-    free(plan);
-    layer_unref(b);
+    const uint32_t layer = pl->layer;
+    prepared_free(pl);
     progress(p, layer + 1, 0);
     return st;
+}
+
+/* The sink of the prefill: one layer's KV (and statistics) onto the wire while the next computes. */
+static flx_status_t on_layer(void *ctx, uint32_t layer, uint32_t n, const flx_bf16_t *k, const flx_bf16_t *v,
+                             const flx_head_stats_t *stats, const float *mean_k, const float *q_anchor)
+{
+    push_t *p = ctx;
+    throttle(p, 2);
+    prepared_t pl;
+    flx_status_t st = layer_pack(p, layer, n, k, v, stats, mean_k, q_anchor, &pl);
+    return st ? st : layer_send(p, &pl);
 }
 
 /* ---- sources ---- */
@@ -515,6 +582,9 @@ static flx_status_t run_synthetic(push_t *p, const opts_t *o)
     float *qa = malloc((size_t)w->n_q_heads * D * sizeof *qa);
     if (!k || !v || !q || !stats || !mean_k || !qa) st = flx_error_set(FLX_ERR_NOMEM, "synthetic layer of %zu tokens", L);
     const int with_stats = (w->flags & FLX_TP_WELCOME_STATS) != 0;
+    prepared_t *all = o->pregenerate ? calloc(w->n_layers, sizeof *all) : NULL;
+    if (o->pregenerate && !all) st = flx_error_set(FLX_ERR_NOMEM, "%u layers", w->n_layers);
+    const uint64_t t0 = flx_now_ns();
     for (uint32_t l = 0; l < w->n_layers && !st && !p->stalled; l++) {
         if ((st = flx_synth_layer(syn, l, k, v, q))) break;
         if (with_stats) {
@@ -523,7 +593,19 @@ static flx_status_t run_synthetic(push_t *p, const opts_t *o)
                                       .v = v, .tok_stride = w->prompt_len, .q_anchor = q, .tau = o->tau};
             if ((st = flx_prefill_stats(&pl, stats, mean_k, qa))) break;
         }
-        st = on_layer(p, l, w->prompt_len, k, v, with_stats ? stats : NULL, mean_k, qa);
+        if (all) st = layer_pack(p, l, w->prompt_len, k, v, with_stats ? stats : NULL, mean_k, qa, &all[l]);
+        else st = on_layer(p, l, w->prompt_len, k, v, with_stats ? stats : NULL, mean_k, qa);
+    }
+    if (all) {
+        if (!o->quiet)
+            fprintf(stderr, PROG ": --pregenerate: %u layers computed in %.1f s; pushing them all now\n", w->n_layers,
+                    (double)(flx_now_ns() - t0) / 1e9);
+        p->t_start = p->t_last_print = flx_now_ns();
+        for (uint32_t l = 0; l < w->n_layers; l++) {
+            if (!st && !p->stalled) st = layer_send(p, &all[l]);
+            else prepared_free(&all[l]);
+        }
+        free(all);
     }
     free(k);
     free(v);
@@ -540,7 +622,7 @@ int main(int argc, char **argv)
     opts_t o;
     int rc = parse_args(argc, argv, &o);
     if (rc) return rc;
-    push_t p = {.o = &o, .max_chunk = o.max_chunk_mib << 20};
+    push_t p = {.o = &o, .max_chunk = o.max_chunk_mib << 20, .hash_flag = o.no_hash ? FLX_TP_SEND_NO_HASH : 0};
     pthread_mutex_init(&p.lock, NULL);
     pthread_cond_init(&p.cv, NULL);
     p.ref.sid = o.sid;
