@@ -60,6 +60,7 @@ typedef struct conn {
     int flush_close;          /* dropped: flush the reply before closing */
     char why[128];
     int handled;              /* its sessions were failed */
+    int peer_gone;            /* UCX reported the endpoint failed: the peer can send nothing more */
     int closing, closed;
     void *close_req;
 } conn_t;
@@ -136,6 +137,7 @@ static conn_t *conn_by_ep(struct flx_tp_node *n, ucp_ep_h ep)
 static void ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     conn_t *c = arg;
+    c->peer_gone = 1;
     if (c->failed) return;
     c->failed = 1;
     snprintf(c->why, sizeof c->why, "failed: %s (UCX)", ucs_status_string(status));
@@ -206,8 +208,12 @@ static void conns_tend(struct flx_tp_node *n)
             uint32_t k = tp_core_conn_failed(&n->core, c->id, c->peer, c->why);
             flx_log_write(k ? FLX_LOG_WARN : FLX_LOG_INFO, MOD, "connection %llu from %s %s: %u session(s) failed",
                           (unsigned long long)c->id, c->peer, c->why, k);
-            conn_close(n, c);
         }
+        /* Without peer error handling UCX 1.13 names the receiving endpoint by its address in every
+         * message (no indirect ids): closing it while its peer may still send would let the next
+         * message dereference a freed endpoint. Such a connection stays open, inert (its messages
+         * are dropped), until UCX reports the peer gone. */
+        if (c->failed && !c->closing && (n->err_mode == FLX_TP_ERR_PEER || c->peer_gone)) conn_close(n, c);
         if (c->close_req && ucp_request_check_status(c->close_req) != UCS_INPROGRESS) {
             ucp_request_free(c->close_req);
             c->close_req = NULL;
@@ -415,7 +421,9 @@ static void *progress_main(void *arg)
                     }
                 conns_tend(n);
             }
-            if (!n->conns && !atomic_load(&n->inflight)) break;
+            /* PEER mode closed every endpoint above; NONE mode leaves them to the worker's destruction
+             * (conns_tend says why), so it waits for the receives only. */
+            if (!atomic_load(&n->inflight) && (n->err_mode == FLX_TP_ERR_NONE || !n->conns)) break;
             if (now - stop_at > SHUTDOWN_WAIT_NS) {
                 flx_log_warn(MOD, "shutdown: %llu receive(s) still in flight after %.0f s (UCX cannot cancel them "
                                   "in this error mode); releasing the worker",
@@ -549,14 +557,16 @@ void flx_tp_node_destroy(flx_tp_node_h n)
     }
     tp_fifo_stop(&n->done_q, &n->done_stop);
     for (uint32_t i = 0; i < n->n_completers; i++) pthread_join(n->completers[i], NULL);
-    /* Whatever UCX still owed (receives it could not cancel) ends with the worker. */
-    for (conn_t *c = n->conns, *nx; c; c = nx) {
-        nx = c->next;
+    /* Whatever UCX still owed (receives it could not cancel, endpoints left open) ends with the
+     * worker; the connections, which its callbacks name, go after it. */
+    for (conn_t *c = n->conns; c; c = c->next)
         if (c->close_req) ucp_request_free(c->close_req);
-        free(c);
-    }
     tp_loop_fini(&n->loop);
     tp_ucx_close(n->ctx, n->worker);
+    for (conn_t *c = n->conns, *nx; c; c = nx) {
+        nx = c->next;
+        free(c);
+    }
     tp_recv_t *r;
     while ((r = tp_fifo_pop(&n->done_q))) tp_core_recv_done(&n->core, r);
     tp_core_fini(&n->core);
