@@ -18,7 +18,7 @@ static void test_loop(void)
 {
     const uint32_t NL = 3, HKV = 2, HQ = 4, D = 64, L = 64 + 16 * 37 + 256 + 9;
     flx_kv_store_h store = kv_make_store(NL, HKV, HQ, D, 64, 256, 64u << 20);
-    flx_tp_node_h node = tp_test_node(store, em, 2000, 500);
+    flx_tp_node_h node = tp_test_node(store, em, 10000, 500);
     kv_prompt_t pr;
     kv_prompt_random(&pr, NL, HKV, D, L, &rng);
     flx_head_stats_t st[3 * 4];
@@ -179,7 +179,7 @@ static void test_hostile(void)
 {
     const uint32_t NL = 2, HKV = 2, HQ = 2, D = 64, L = 700;
     flx_kv_store_h store = kv_make_store(NL, HKV, HQ, D, 64, 256, 64u << 20);
-    flx_tp_node_h node = tp_test_node(store, em, 2000, 500);
+    flx_tp_node_h node = tp_test_node(store, em, 10000, 500);
     kv_prompt_t pr;
     kv_prompt_random(&pr, NL, HKV, D, L, &rng);
     flx_tp_session_desc_t d = tp_test_open(node, store, L, 0, 20000, 20000);
@@ -249,7 +249,7 @@ static void test_iov(void)
 {
     const uint32_t NL = 2, HKV = 2, HQ = 2, D = 64, L = 64 + 16 * 20 + 256 + 5;
     flx_kv_store_h store = kv_make_store(NL, HKV, HQ, D, 64, 256, 64u << 20);
-    flx_tp_node_h node = tp_test_node(store, em, 2000, 500);
+    flx_tp_node_h node = tp_test_node(store, em, 10000, 500);
     kv_prompt_t pr;
     kv_prompt_random(&pr, NL, HKV, D, L, &rng);
     flx_tp_session_desc_t d = tp_test_open(node, store, L, 0, 20000, 20000);
