@@ -139,7 +139,7 @@ int main(int argc, char **argv)
     flx_kv_store_h store, ref;
     CHECK_OK(flx_kv_store_create(&kp, &store));
     CHECK_OK(flx_kv_store_create(&kp, &ref));
-    flx_tp_node_h node = tp_test_node(store, em, 5000, 1000);
+    flx_tp_node_h node = tp_test_node(store, em, 30000, 1000);
     flx_tp_open_params_t op = {.field_mask = FLX_TP_OPEN_FIELD_TIMEOUT, .n_layers = cfg->n_layers,
                                .n_kv_heads = cfg->n_kv_heads, .n_q_heads = cfg->n_heads, .head_dim = cfg->head_dim,
                                .vocab = cfg->vocab, .prompt_len = L, .max_new_tokens = MAX_NEW + 1,
