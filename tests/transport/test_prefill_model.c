@@ -140,7 +140,10 @@ int main(int argc, char **argv)
     CHECK_OK(flx_kv_store_create(&kp, &store));
     CHECK_OK(flx_kv_store_create(&kp, &ref));
     flx_tp_node_h node = tp_test_node(store, em, 30000, 1000);
-    flx_tp_open_params_t op = {.field_mask = FLX_TP_OPEN_FIELD_TIMEOUT, .n_layers = cfg->n_layers,
+    /* deadline and lease long enough for a loaded machine: the second session waits through the
+     * first one's decode and the local reference before it is claimed */
+    flx_tp_open_params_t op = {.field_mask = FLX_TP_OPEN_FIELD_TIMEOUT | FLX_TP_OPEN_FIELD_LEASE,
+                               .lease_ms = 1800000, .n_layers = cfg->n_layers,
                                .n_kv_heads = cfg->n_kv_heads, .n_q_heads = cfg->n_heads, .head_dim = cfg->head_dim,
                                .vocab = cfg->vocab, .prompt_len = L, .max_new_tokens = MAX_NEW + 1,
                                .timeout_ms = 300000};

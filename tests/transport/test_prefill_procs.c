@@ -211,10 +211,18 @@ static void test_faults(void)
         if (!strcmp(ft->name, "wrongtoken")) CHECK(info.kv.bytes_received == 0); /* nothing touched memory */
         /* Its memory back in the pool once nothing is in flight into it (the grace period cancels
          * what UCX can cancel). */
-        for (int i = 0; i < 400; i++) {
+        for (int i = 0; i < 2000; i++) { /* up to 20 s: a loaded machine is slow, a stuck receive never ends */
             CHECK_OK(flx_tp_session_info(node, bad.sid, &info));
             if (!info.kv.memory_held) break;
             usleep(10000);
+        }
+        if (info.kv.memory_held || info.receives_inflight) {
+            flx_tp_node_info_t ni;
+            flx_tp_node_info(node, &ni);
+            fprintf(stderr, "fault %s: memory still held: %u receives, %u claims in flight into the session, %llu "
+                            "receives in flight in the node, %u connections\n",
+                    ft->name, info.receives_inflight, info.kv.claims_inflight,
+                    (unsigned long long)ni.receives_inflight, ni.n_conns);
         }
         CHECK(!info.kv.memory_held && info.receives_inflight == 0);
         /* The healthy one: unaffected. */
@@ -289,7 +297,7 @@ static void test_usage(void)
     };
     for (size_t i = 0; i < FLX_ARRAY_SIZE(cases); i++) {
         char cmd[4096], log[600];
-        snprintf(log, sizeof log, "%s/usage.log", dir);
+        snprintf(log, sizeof log, "%s/usage-%s.log", dir, tls); /* the shm and tcp runs share dir */
         snprintf(cmd, sizeof cmd, "%s %s >%s 2>&1", tool, cases[i].args, log);
         int r = system(cmd);
         CHECK(r != -1 && WIFEXITED(r));
@@ -303,7 +311,7 @@ static void test_usage(void)
     }
     /* a node that is not there: exit 1 with the reason, within the timeout */
     char cmd[4096], log[600];
-    snprintf(log, sizeof log, "%s/usage.log", dir);
+    snprintf(log, sizeof log, "%s/usage-%s.log", dir, tls); /* the shm and tcp runs share dir */
     snprintf(cmd, sizeof cmd,
              "%s --node 127.0.0.1:9 --session 1 --token 00000000000000000000000000000000 --synthetic --prompt-len 5 "
              "--timeout-ms 2000 --err-mode %s >%s 2>&1",
