@@ -213,9 +213,11 @@ static flx_tp_node_h make_node(flx_kv_store_h store, const char *tls, int hash)
         setenv("UCX_TLS", "sm,tcp", 1);
         unsetenv("UCX_NET_DEVICES");
     }
-    flx_tp_node_params_t np = {.field_mask = FLX_TP_NODE_FIELD_ERR_MODE | FLX_TP_NODE_FIELD_CHECKSUM, .store = store,
-                               .err_mode = !strcmp(tls, "tcp") ? FLX_TP_ERR_PEER : FLX_TP_ERR_NONE,
-                               .require_payload_hash = hash};
+    /* liveness 60 s: the stub computes the synthetic layers for many seconds on a shared machine */
+    flx_tp_node_params_t np = {.field_mask = FLX_TP_NODE_FIELD_ERR_MODE | FLX_TP_NODE_FIELD_CHECKSUM |
+                                             FLX_TP_NODE_FIELD_LIVENESS,
+                               .store = store, .err_mode = !strcmp(tls, "tcp") ? FLX_TP_ERR_PEER : FLX_TP_ERR_NONE,
+                               .require_payload_hash = hash, .liveness_ms = 60000};
     flx_tp_node_h node;
     if (flx_tp_node_create(&np, &node)) die("transport node");
     return node;

@@ -454,7 +454,7 @@ flx_status_t flx_tp_node_create(const flx_tp_node_params_t *p, flx_tp_node_h *no
     if (em != FLX_TP_ERR_PEER && em != FLX_TP_ERR_NONE)
         return flx_error_set(FLX_ERR_INVALID, "transport node: err_mode %d unknown", (int)em);
     tp_core_params_t cp = {.store = p->store,
-                           .liveness_ms = (m & FLX_TP_NODE_FIELD_LIVENESS) ? p->liveness_ms : 2000,
+                           .liveness_ms = (m & FLX_TP_NODE_FIELD_LIVENESS) ? p->liveness_ms : 10000,
                            .default_timeout_ms = (m & FLX_TP_NODE_FIELD_TIMEOUTS) ? p->default_timeout_ms : 60000,
                            .default_lease_ms = (m & FLX_TP_NODE_FIELD_TIMEOUTS) ? p->default_lease_ms : 60000,
                            .cancel_grace_ms = (m & FLX_TP_NODE_FIELD_GRACE) ? p->cancel_grace_ms : 1000,

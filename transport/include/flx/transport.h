@@ -123,7 +123,9 @@ typedef struct flx_tp_node_params {
     flx_tp_err_mode_t err_mode;   /* of the node's endpoints; default FLX_TP_ERR_PEER; a sender must use
                                      the same */
     uint32_t liveness_ms;         /* a connection feeding a session and silent this long is dead;
-                                     default 2000; senders are asked to beat every liveness_ms / 4 */
+                                     default 10000; senders are asked to beat every liveness_ms / 4 (a
+                                     shorter one finds frozen peers sooner, and takes a prefill node
+                                     whose progress thread a busy host starves for a dead one) */
     uint32_t default_timeout_ms;  /* open's timeout_ms when 0; default 60000 */
     uint32_t default_lease_ms;    /* open's lease_ms when 0; default 60000 */
     int require_payload_hash;     /* 1 (default): KV and STATS payloads must carry payload_xxh3 */
