@@ -198,7 +198,7 @@ static flx_kv_store_h make_store(uint32_t layers, size_t capacity)
     flx_kv_store_params_t kp = {.field_mask = FLX_KV_STORE_FIELD_CAPACITY | FLX_KV_STORE_FIELD_SHAPE |
                                               FLX_KV_STORE_FIELD_FLAGS,
                                 .capacity_bytes = capacity, .n_layers = layers, .n_kv_heads = HKV, .n_q_heads = HQ,
-                                .head_dim = HD, .flags = FLX_KV_STORE_HUGEPAGES};
+                                .head_dim = HD, .flags = FLX_KV_STORE_HUGEPAGES | FLX_KV_STORE_PREFAULT}; /* a serving node faults its arena in at start */
     flx_kv_store_h s;
     if (flx_kv_store_create(&kp, &s)) die("kv store");
     return s;
