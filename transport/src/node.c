@@ -21,11 +21,15 @@
  * buffer into the destinations inside the handler. Nothing is staged in node memory.
  *
  * Connections. A connection exists from the listener's request to the completion of its close.
- * It is taken for dead when UCX says so (error callback; PEER mode) or when it feeds a session and
- * has been silent for liveness_ms; either way the sessions it fed fail with the reason, then it is
- * closed (forcibly in PEER mode, which cancels its receives; flushed in NONE mode, where UCX 1.13
- * cannot cancel). A connection is freed only when its close completed and no receive of it is in
- * flight, so completion callbacks never see freed memory.
+ * It is taken for dead when UCX says so (error callback) or when it feeds a session and has been
+ * silent for liveness_ms, and dropped when it sent a message refused before its token matched;
+ * either way the sessions it fed fail with the reason and its messages are ignored from then on.
+ * In PEER mode it is then closed forcibly, which cancels its receives. In NONE mode UCX 1.13 can
+ * neither cancel a receive nor tell a stale endpoint from a live one (messages name the receiving
+ * endpoint by its address), so the endpoint stays open, inert, until UCX reports its peer gone;
+ * the worker's destruction takes what is left at shutdown. A connection is freed only when its
+ * close completed and no receive of it is in flight, so completion callbacks never see freed
+ * memory.
  */
 #define _GNU_SOURCE
 #include <errno.h>
