@@ -11,7 +11,7 @@ cd "$here"
 
 pkgs=(build-essential cmake pkg-config libnuma-dev numactl libucx-dev ucx-utils libgrpc-dev
       protobuf-c-compiler libprotobuf-c-dev libprotobuf-dev protobuf-compiler libopenblas-dev
-      libcjson-dev python3 python3-venv python3-grpcio python3-protobuf unzip
+      libcjson-dev libxxhash-dev python3 python3-venv python3-grpcio python3-protobuf unzip
       python3-numpy python3-matplotlib clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do

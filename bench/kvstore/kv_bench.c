@@ -73,7 +73,7 @@ int main(int argc, char **argv)
         flx_bf16_t *ck = malloc((size_t)H * 1024 * D * 2), *cv = malloc((size_t)H * 1024 * D * 2);
         for (int r = 0; r < REPS; r++) {
             if (sid) flx_kv_session_close(s, sid);
-            flx_kv_session_params_t sp = {L, 16, FLX_KV_SESSION_NO_STATS};
+            flx_kv_session_params_t sp = {.prompt_len = L, .max_new_tokens = 16, .flags = FLX_KV_SESSION_NO_STATS};
             if (flx_kv_session_open(s, &sp, &sid) != FLX_OK) {
                 fprintf(stderr, "kv_bench: %s\n", flx_error_msg());
                 return 1;
@@ -85,7 +85,7 @@ int main(int argc, char **argv)
                     memcpy(ck + (size_t)h * (t1 - t0) * D, k + ((size_t)h * L + t0) * D, (size_t)(t1 - t0) * D * 2);
                     memcpy(cv + (size_t)h * (t1 - t0) * D, v + ((size_t)h * L + t0) * D, (size_t)(t1 - t0) * D * 2);
                 }
-                flx_kv_chunk_t c = {0, 0, H, t0, t1, FLX_DT_BF16, D};
+                flx_kv_chunk_t c = {0, 0, H, t0, t1, FLX_DT_BF16, D, FLX_KV_ORDER_SPLIT};
                 uint64_t a = flx_now_ns();
                 if (flx_kv_chunk_write(s, sid, &c, ck, cv) != FLX_OK) {
                     fprintf(stderr, "kv_bench: %s\n", flx_error_msg());

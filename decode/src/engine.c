@@ -1124,35 +1124,7 @@ flx_status_t flx_engine_step(flx_engine_h e)
     return e->n_live ? FLX_INPROGRESS : FLX_OK;
 }
 
-/* ---- in-process prefill ---- */
-
-typedef struct prefill_ctx {
-    flx_kv_store_h store;
-    flx_kv_session_id_t sid;
-    uint32_t n_q_heads, n_kv_heads, head_dim;
-    float tau;                    /* < 0: no statistics */
-    flx_pool_h pool;              /* the statistics' bgt* searches run on it */
-    flx_kv_store_info_t info;
-    flx_head_stats_t *stats;      /* (Hq) */
-    float *mean_k, *q_anchor;     /* (Hq, D) */
-} prefill_ctx_t;
-
-static flx_status_t prefill_on_layer(void *ctx, uint32_t layer, uint32_t n, const flx_bf16_t *k, const flx_bf16_t *v,
-                                     const float *q_last)
-{
-    const prefill_ctx_t *pc = ctx;
-    flx_kv_chunk_t c = {.layer = layer, .head_begin = 0, .head_end = pc->n_kv_heads, .tok_begin = 0, .tok_end = n,
-                        .dtype = FLX_DT_BF16, .head_dim = pc->head_dim};
-    flx_status_t st = flx_kv_chunk_write(pc->store, pc->sid, &c, k, v);
-    if (st || pc->tau < 0.0f)
-        return st;
-    flx_prefill_layer_t pl = {.n_q_heads = pc->n_q_heads, .n_kv_heads = pc->n_kv_heads, .head_dim = pc->head_dim,
-                              .prompt_len = n, .sink = pc->info.sink, .local = pc->info.local, .k = k, .v = v,
-                              .tok_stride = n, .q_anchor = q_last, .tau = pc->tau, .pool = pc->pool};
-    if ((st = flx_prefill_stats(&pl, pc->stats, pc->mean_k, pc->q_anchor)))
-        return st;
-    return flx_kv_stats_write(pc->store, pc->sid, layer, pc->stats, pc->mean_k, pc->q_anchor);
-}
+/* ---- prefill: one implementation for the in-process path and a prefill node ---- */
 
 /* Which forward pass a prefill runs: the CPU one (m, ws) or the GPU one (gm, gws, stream). */
 typedef struct prefill_runner {
@@ -1163,6 +1135,86 @@ typedef struct prefill_runner {
     flx_gpu_fwd_ws_h gws;
     flx_cuda_stream_t stream;
 } prefill_runner_t;
+
+typedef struct prefill_run_ctx {
+    const flx_prefill_out_t *out;
+    uint32_t n_q_heads, n_kv_heads, head_dim;
+    flx_pool_h pool;              /* the statistics' bgt* searches run on it */
+    flx_head_stats_t *stats;      /* (Hq) scratch, NULL without statistics */
+    float *mean_k, *q_anchor;     /* (Hq, D) scratch */
+} prefill_run_ctx_t;
+
+/* The model's per-layer output, with the layer's statistics when asked for, to the sink. */
+static flx_status_t run_on_layer(void *ctx, uint32_t layer, uint32_t n, const flx_bf16_t *k, const flx_bf16_t *v,
+                                 const float *q_last)
+{
+    const prefill_run_ctx_t *rc = ctx;
+    const flx_prefill_out_t *o = rc->out;
+    if (o->tau < 0.0f) return o->on_layer(o->ctx, layer, n, k, v, NULL, NULL, NULL);
+    flx_prefill_layer_t pl = {.n_q_heads = rc->n_q_heads, .n_kv_heads = rc->n_kv_heads, .head_dim = rc->head_dim,
+                              .prompt_len = n, .sink = o->sink, .local = o->local, .k = k, .v = v,
+                              .tok_stride = n, .q_anchor = q_last, .tau = o->tau, .pool = rc->pool};
+    flx_status_t st = flx_prefill_stats(&pl, rc->stats, rc->mean_k, rc->q_anchor);
+    if (st) return st;
+    return o->on_layer(o->ctx, layer, n, k, v, rc->stats, rc->mean_k, rc->q_anchor);
+}
+
+static flx_status_t prefill_run(const prefill_runner_t *r, const int32_t *tokens, uint32_t n,
+                                const flx_prefill_out_t *out, float *first_logits)
+{
+    if (!r->cfg || !tokens || !out || !out->on_layer || !first_logits)
+        return flx_error_set(FLX_ERR_INVALID, "prefill: NULL argument");
+    if (n == 0) return flx_error_set(FLX_ERR_INVALID, "prefill: empty prompt");
+    if (isnan(out->tau) || (out->tau >= 0.0f && !(out->tau > 0.0f && out->tau < 1.0f)))
+        return flx_error_set(FLX_ERR_INVALID, "prefill: tau %g not in (0, 1)", (double)out->tau);
+    const uint32_t Hq = r->cfg->n_heads, D = r->cfg->head_dim;
+    prefill_run_ctx_t rc = {.out = out, .n_q_heads = Hq, .n_kv_heads = r->cfg->n_kv_heads, .head_dim = D,
+                            .pool = r->ws ? flx_fwd_ws_pool(r->ws) : NULL};
+    if (out->tau >= 0.0f) {
+        rc.stats = malloc(Hq * sizeof *rc.stats);
+        rc.mean_k = malloc((size_t)Hq * D * sizeof(float));
+        rc.q_anchor = malloc((size_t)Hq * D * sizeof(float));
+        if (!rc.stats || !rc.mean_k || !rc.q_anchor) {
+            free(rc.stats);
+            free(rc.mean_k);
+            free(rc.q_anchor);
+            return flx_error_set(FLX_ERR_NOMEM, "prefill: statistics of %u heads", Hq);
+        }
+    }
+    flx_prefill_args_t pa = {.tokens = tokens, .n_tokens = n, .on_layer = run_on_layer, .ctx = &rc,
+                             .logits_last = first_logits};
+    flx_status_t st = r->gm ? flx_gpu_model_prefill(r->gm, r->gws, r->stream, &pa) : flx_model_prefill(r->m, r->ws, &pa);
+    free(rc.stats);
+    free(rc.mean_k);
+    free(rc.q_anchor);
+    return st;
+}
+
+flx_status_t flx_engine_prefill_run(const flx_model_t *m, flx_fwd_ws_t *ws, const int32_t *tokens, uint32_t n,
+                                    const flx_prefill_out_t *out, float *first_logits)
+{
+    if (!m || !ws) return flx_error_set(FLX_ERR_INVALID, "prefill: NULL model or workspace");
+    prefill_runner_t r = {.cfg = &m->cfg, .m = m, .ws = ws};
+    return prefill_run(&r, tokens, n, out, first_logits);
+}
+
+/* The in-process sink: each layer into a store session, as the UCX receiver would land it. */
+typedef struct store_sink {
+    flx_kv_store_h store;
+    flx_kv_session_id_t sid;
+    uint32_t n_kv_heads, head_dim;
+} store_sink_t;
+
+static flx_status_t store_on_layer(void *ctx, uint32_t layer, uint32_t n, const flx_bf16_t *k, const flx_bf16_t *v,
+                                   const flx_head_stats_t *stats, const float *mean_k, const float *q_anchor)
+{
+    const store_sink_t *sc = ctx;
+    flx_kv_chunk_t c = {.layer = layer, .head_begin = 0, .head_end = sc->n_kv_heads, .tok_begin = 0, .tok_end = n,
+                        .dtype = FLX_DT_BF16, .head_dim = sc->head_dim, .order = FLX_KV_ORDER_SPLIT};
+    flx_status_t st = flx_kv_chunk_write(sc->store, sc->sid, &c, k, v);
+    if (st || !stats) return st;
+    return flx_kv_stats_write(sc->store, sc->sid, layer, stats, mean_k, q_anchor);
+}
 
 static flx_status_t prefill(const prefill_runner_t *r, flx_kv_store_h store, const int32_t *tokens, uint32_t n,
                             uint32_t max_new_tokens, float tau, flx_kv_session_id_t *sid_p, float *first_logits)
@@ -1178,29 +1230,14 @@ static flx_status_t prefill(const prefill_runner_t *r, flx_kv_store_h store, con
         return flx_error_set(FLX_ERR_INVALID, "prefill into store: tau %g not in (0, 1)", (double)tau);
     flx_kv_session_params_t sp = {.prompt_len = n, .max_new_tokens = max_new_tokens,
                                   .flags = tau < 0.0f ? FLX_KV_SESSION_NO_STATS : 0};
-    const uint32_t Hq = r->cfg->n_heads, D = r->cfg->head_dim;
-    prefill_ctx_t pc = {.store = store, .n_q_heads = Hq, .n_kv_heads = r->cfg->n_kv_heads, .head_dim = D, .tau = tau,
-                        .pool = r->ws ? flx_fwd_ws_pool(r->ws) : NULL};
-    flx_kv_store_info(store, &pc.info);
-    if (tau >= 0.0f) {
-        pc.stats = malloc(Hq * sizeof *pc.stats);
-        pc.mean_k = malloc((size_t)Hq * D * sizeof(float));
-        pc.q_anchor = malloc((size_t)Hq * D * sizeof(float));
-        if (!pc.stats || !pc.mean_k || !pc.q_anchor) {
-            free(pc.stats);
-            free(pc.mean_k);
-            free(pc.q_anchor);
-            return flx_error_set(FLX_ERR_NOMEM, "prefill into store: statistics of %u heads", Hq);
-        }
-    }
+    flx_kv_store_info_t si;
+    flx_kv_store_info(store, &si);
     flx_kv_session_id_t sid;
     flx_status_t st = flx_kv_session_open(store, &sp, &sid);
-    if (st)
-        goto fail_open;
-    pc.sid = sid;
-    flx_prefill_args_t pa = {.tokens = tokens, .n_tokens = n, .on_layer = prefill_on_layer, .ctx = &pc,
-                             .logits_last = first_logits};
-    if ((st = r->gm ? flx_gpu_model_prefill(r->gm, r->gws, r->stream, &pa) : flx_model_prefill(r->m, r->ws, &pa)))
+    if (st) return st;
+    store_sink_t sc = {.store = store, .sid = sid, .n_kv_heads = r->cfg->n_kv_heads, .head_dim = r->cfg->head_dim};
+    flx_prefill_out_t out = {.on_layer = store_on_layer, .ctx = &sc, .tau = tau, .sink = si.sink, .local = si.local};
+    if ((st = prefill_run(r, tokens, n, &out, first_logits)))
         goto fail;
     flx_kv_session_info_t info;
     if ((st = flx_kv_session_info(store, sid, &info)))
@@ -1210,22 +1247,14 @@ static flx_status_t prefill(const prefill_runner_t *r, flx_kv_store_h store, con
                            (unsigned long long)sid, flx_kv_state_name(info.state), n);
         goto fail;
     }
-    free(pc.stats);
-    free(pc.mean_k);
-    free(pc.q_anchor);
     *sid_p = sid;
     return FLX_OK;
 fail: {
     char msg[FLX_ERROR_MSG_MAX];
     snprintf(msg, sizeof msg, "%s", flx_error_msg());
     flx_kv_session_close(store, sid);
-    st = flx_error_set(st, "%s", msg);
+    return flx_error_set(st, "%s", msg);
 }
-fail_open:
-    free(pc.stats);
-    free(pc.mean_k);
-    free(pc.q_anchor);
-    return st;
 }
 
 flx_status_t flx_engine_prefill_into_store(const flx_model_t *m, flx_fwd_ws_t *ws, flx_kv_store_h store,

@@ -1720,3 +1720,50 @@ out:
     flx_gguf_close(g);
     return st;
 }
+
+flx_status_t flx_tok_encode_prompt(flx_tok_h tok, const char *text, size_t len, int chat, int32_t **ids_p,
+                                   size_t *n_p)
+{
+    if (!tok || !text || !ids_p || !n_p) return flx_error_set(FLX_ERR_INVALID, "encode prompt: NULL argument");
+    char *chat_text = NULL;
+    int32_t *ids = NULL;
+    flx_status_t st;
+    if (chat) {
+        char *content = malloc(len + 1);
+        if (!content) return flx_error_set(FLX_ERR_NOMEM, "encode prompt: %zu bytes", len);
+        memcpy(content, text, len);
+        content[len] = 0;
+        flx_tok_msg_t msg = {.role = "user", .content = content};
+        size_t need = 0;
+        st = flx_tok_chat(tok, &msg, 1, 1, NULL, 0, &need);
+        if (st == FLX_ERR_CAPACITY) {
+            chat_text = malloc(need + 1);
+            st = chat_text ? flx_tok_chat(tok, &msg, 1, 1, chat_text, need + 1, &need)
+                           : flx_error_set(FLX_ERR_NOMEM, "chat prompt of %zu bytes", need);
+        }
+        free(content);
+        if (st) goto out;
+        text = chat_text;
+        len = need;
+    }
+    const int add_bos = flx_tok_add_bos_default(tok) && flx_tok_bos(tok) >= 0;
+    size_t n = 0;
+    st = flx_tok_encode(tok, text, len, add_bos, NULL, 0, &n);
+    if (st && st != FLX_ERR_CAPACITY) goto out;
+    if (n == 0) {
+        st = flx_error_set(FLX_ERR_INVALID, "the prompt is empty");
+        goto out;
+    }
+    if (!(ids = malloc(n * sizeof *ids))) {
+        st = flx_error_set(FLX_ERR_NOMEM, "prompt of %zu tokens", n);
+        goto out;
+    }
+    if ((st = flx_tok_encode(tok, text, len, add_bos, ids, n, &n))) goto out;
+    *ids_p = ids;
+    *n_p = n;
+    ids = NULL;
+out:
+    free(ids);
+    free(chat_text);
+    return st;
+}

@@ -204,7 +204,6 @@ int main(int argc, char **argv)
     flx_tok_h tok = NULL;
     flx_kv_store_h store = NULL;
     flx_engine_h eng = NULL;
-    char *chat_text = NULL;
     int32_t *ids = NULL;
     void *pmem = NULL, *scratch = NULL, *gdev_mem = NULL, *ghost_mem = NULL;
     flx_gpu_model_h gm = NULL;
@@ -240,33 +239,9 @@ int main(int argc, char **argv)
         goto out;
     }
 
-    const char *input = text;
-    size_t input_len = text_len;
-    if (chat) {
-        flx_tok_msg_t msg = {.role = "user", .content = text};
-        size_t need = 0;
-        st = flx_tok_chat(tok, &msg, 1, 1, NULL, 0, &need);
-        if (st && st != FLX_ERR_CAPACITY) {
-            fprintf(stderr, PROG ": --chat: %s\n", flx_error_msg());
-            goto out;
-        }
-        chat_text = malloc(need + 1);
-        if (!chat_text || (st = flx_tok_chat(tok, &msg, 1, 1, chat_text, need + 1, &need))) {
-            fprintf(stderr, PROG ": --chat: %s\n", chat_text ? flx_error_msg() : "out of memory");
-            goto out;
-        }
-        input = chat_text;
-        input_len = need;
-    }
-    int add_bos = flx_tok_add_bos_default(tok) && flx_tok_bos(tok) >= 0;
     size_t n_ids = 0;
-    st = flx_tok_encode(tok, input, input_len, add_bos, NULL, 0, &n_ids);
-    if (st && st != FLX_ERR_CAPACITY) {
-        fprintf(stderr, PROG ": encoding the prompt: %s\n", flx_error_msg());
-        goto out;
-    }
-    if (n_ids == 0) {
-        fprintf(stderr, PROG ": the prompt is empty\n");
+    if ((st = flx_tok_encode_prompt(tok, text, text_len, chat, &ids, &n_ids))) {
+        fprintf(stderr, PROG ": %s: %s\n", chat ? "--chat" : "encoding the prompt", flx_error_msg());
         goto out;
     }
     if (n_ids > cfg->max_ctx) {   /* refused before any memory is sized for it or a layer runs */
@@ -277,11 +252,6 @@ int main(int argc, char **argv)
     if (n_ids + max_new > cfg->max_ctx)
         fprintf(stderr, PROG ": warning: prompt %zu + max-new %llu tokens exceed the model's trained context %u\n",
                 n_ids, (unsigned long long)max_new, cfg->max_ctx);
-    ids = malloc(n_ids * sizeof *ids);
-    if (!ids || (st = flx_tok_encode(tok, input, input_len, add_bos, ids, n_ids, &n_ids))) {
-        fprintf(stderr, PROG ": encoding the prompt: %s\n", ids ? flx_error_msg() : "out of memory");
-        goto out;
-    }
     const uint32_t n = (uint32_t)n_ids;
 
     /* The store: room for this one session (KV + window + side tables), with slack. */
@@ -470,7 +440,6 @@ out:
     free(logits);
     free(tpot);
     free(ids);
-    free(chat_text);
     free(text);
     flx_tok_destroy(tok);
     flx_model_destroy(m);

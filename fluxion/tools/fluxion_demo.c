@@ -99,7 +99,7 @@ int main(int argc, char **argv)
         }
 
     /* Push like a prefill node: 2048-token chunks of 2 heads, in random order. */
-    flx_kv_session_params_t ssp = {L, 16, FLX_KV_SESSION_NO_STATS};
+    flx_kv_session_params_t ssp = {.prompt_len = L, .max_new_tokens = 16, .flags = FLX_KV_SESSION_NO_STATS};
     flx_kv_session_id_t sid;
     if (flx_kv_session_open(store, &ssp, &sid) != FLX_OK) die("session open");
     typedef struct { uint32_t h0, t0, t1; } ch_t;
@@ -121,7 +121,7 @@ int main(int argc, char **argv)
             memcpy(pk + (size_t)hh * nt * D, k + ((size_t)(ch[i].h0 + hh) * L + ch[i].t0) * D, (size_t)nt * D * 2);
             memcpy(pv + (size_t)hh * nt * D, v + ((size_t)(ch[i].h0 + hh) * L + ch[i].t0) * D, (size_t)nt * D * 2);
         }
-        flx_kv_chunk_t c = {0, ch[i].h0, ch[i].h0 + 2, ch[i].t0, ch[i].t1, FLX_DT_BF16, D};
+        flx_kv_chunk_t c = {0, ch[i].h0, ch[i].h0 + 2, ch[i].t0, ch[i].t1, FLX_DT_BF16, D, FLX_KV_ORDER_SPLIT};
         uint64_t a = flx_now_ns();
         if (flx_kv_chunk_write(store, sid, &c, pk, pv) != FLX_OK) die("chunk");
         t_push += flx_now_ns() - a;

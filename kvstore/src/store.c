@@ -3,8 +3,12 @@
  *
  * DESIGN
  * Memory. KV blocks (64 * head_dim bytes: K then V of 16 tokens) come from one arena per store,
- * mapped with libnuma on the store's node and advised for transparent huge pages. Blocks are handed
- * out from a free list (then a bump pointer), so open/close cycles reuse memory and never grow it.
+ * mapped with libnuma on the store's node and advised for transparent huge pages. A bitmap says
+ * which blocks are free; open takes the first free run long enough for the whole session (first
+ * fit), else free blocks in ascending order, so open/close cycles reuse memory and never grow it,
+ * and a session's blocks are adjacent whenever the pool allows: a transport then receives the
+ * host-resident part of a chunk with one contiguous (zero-copy) receive instead of one per block.
+ * The scan is O(blocks / 64) words at open, off every per-token path.
  * Everything else a session needs (block tables, pyramid, window, statistics, completion bitmaps)
  * is one side allocation on the same node, laid out by session_layout(), the single source of
  * truth for sizes: flx_kv_session_bytes() and open both call it. A session reserves all its blocks
@@ -18,10 +22,22 @@
  * granule builds that layer's pyramid, outside the lock (no other writer touches that layer any
  * more). READY = every layer built (+ statistics unless NO_STATS).
  *
- * Lifetime. A session has a reference count: one for the session table, one per view (acquire)
- * and one per outstanding claim. Close removes it from the table; its memory is returned when the
- * last reference goes, so a receiver or the decode loop never touches freed memory. Ids are
- * (generation << 32 | slot + 1): never 0 and never reused.
+ * Lifetime. Two counts. refs keeps the session struct (state, reason, counters): one for the
+ * session table, one per view, one per outstanding claim, one per call in progress. mem_refs keeps
+ * its memory (blocks, side memory, device window): one for the owner while the session lives
+ * (RESERVED .. DECODING), one per view, one per outstanding claim. FAILED and CLOSED drop the
+ * owner's hold, so a failed session's memory is back in the pool as soon as no receive is in flight
+ * into it and no view reads it, while the session itself stays known (info shows why it failed)
+ * until closed. Everything in the side memory (bitmaps, counters of missing granules, statistics
+ * flags) is touched only in RESERVED/RECEIVING, where the owner's hold guarantees it exists, or
+ * through a claim or view, which hold it themselves. Ids are (generation << 32 | slot + 1): never
+ * 0 and never reused.
+ *
+ * Time. Deadlines and leases are absolute flx_now_ns() times kept per session; the store has no
+ * thread, so flx_kv_store_expire (called by whoever owns a clock: the UCX receiver's progress
+ * thread) fails what is due. Waiters (flx_kv_session_wait) sleep on one store-wide condition
+ * variable, broadcast on every state change; a wait re-checks its own session, so a broadcast for
+ * another costs a lookup, never a missed wake-up (the generation count is read before the check).
  *
  * Device window. With FLX_KV_STORE_WINDOW_DEVICE and a GPU at create, each session also owns one
  * cudaMalloc holding a copy of its window (K half then V half, the host window's layout), so
@@ -41,10 +57,10 @@
  * synchronous for now (flx/cuda_rt.h); cudaFree synchronises the device, a cost paid at session
  * free, off the per-token path (a store-wide device arena like the host one would remove it).
  *
- * Locks. store->lock guards the pool (free list, bump, used_bytes, dev_used), the session table,
- * generations and session ids. sess->lock guards state, bitmaps, counters and fail_reason. Order:
- * store before session; no lock is held while copying KV, uploading a window or building a
- * pyramid.
+ * Locks. store->lock guards the pool (free bitmap, used_bytes, pending_free, dev_used), the session
+ * table, generations and session ids. sess->lock guards state, bitmaps, counters, times and
+ * fail_reason. wait_lock guards state_gen only and is taken last. Order: store, session, wait; no
+ * lock is held while copying KV, uploading a window or building a pyramid.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -81,14 +97,18 @@ struct flx_kv_store {
 
     pthread_mutex_t lock;
     /* guarded by lock */
-    uint32_t *free_list;       /* (n_blocks_max) */
-    uint32_t n_free;
-    uint32_t bump;             /* blocks never handed out start here */
+    uint64_t *free_map;        /* (ceil(n_blocks_max / 64)): bit b set = block b is free */
+    uint32_t n_free;           /* set bits of free_map */
     size_t used_bytes;
+    size_t pending_free;       /* part of used_bytes: failed/closed sessions' memory still held */
     size_t dev_used;           /* bytes of device windows reserved by sessions not yet freed */
     uint32_t n_sessions;
     struct flx_kv_session **slots; /* (max_sessions) */
     uint32_t *gen;             /* (max_sessions) */
+
+    pthread_mutex_t wait_lock;
+    pthread_cond_t wait_cv;    /* CLOCK_MONOTONIC */
+    uint64_t state_gen;        /* guarded by wait_lock: bumped on every session state change */
 };
 
 typedef struct session_layout {
@@ -109,7 +129,8 @@ struct flx_kv_session {
     flx_kv_store_h store;
     flx_kv_session_id_t id;
     uint32_t slot;
-    atomic_int refs;
+    atomic_int refs;          /* the struct (LIFETIME in the DESIGN block) */
+    atomic_int mem_refs;      /* the memory: owner + claims + views */
     uint32_t prompt_len, max_new, flags;
     session_layout_t lay;
     uint8_t *side;
@@ -134,6 +155,13 @@ struct flx_kv_session {
     uint32_t *missing;        /* (n_layers): granules (all heads) not yet completed */
     uint32_t layers_built, stats_received;
     uint64_t bytes_received;
+    uint32_t claims_inflight;
+    int mem_owner;            /* the owner's hold on mem_refs is still there */
+    int mem_pending;          /* counted in store->pending_free (owner gone, memory still held) */
+    int committed;
+    int32_t first_token;      /* -1 until the commit */
+    uint64_t deadline_ns, lease_ns, lease_end_ns;
+    uint64_t t_open, t_first, t_last, t_ready, t_end;
     char fail_reason[160];
 };
 
@@ -282,10 +310,24 @@ flx_status_t flx_kv_store_create(const flx_kv_store_params_t *p, flx_kv_store_h 
     s->n_blocks_max = (uint32_t)FLX_MIN(s->capacity / s->block_bytes, (size_t)UINT32_MAX - 1);
     s->arena_bytes = FLX_ALIGN_UP((size_t)s->n_blocks_max * s->block_bytes, 2u << 20);
     pthread_mutex_init(&s->lock, NULL);
-    s->free_list = malloc((size_t)s->n_blocks_max * sizeof *s->free_list);
+    pthread_mutex_init(&s->wait_lock, NULL);
+    {
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* flx_now_ns's clock */
+        pthread_cond_init(&s->wait_cv, &ca);
+        pthread_condattr_destroy(&ca);
+    }
+    const size_t map_words = FLX_DIV_UP((size_t)s->n_blocks_max, 64);
+    s->free_map = malloc(map_words * sizeof *s->free_map);
     s->slots = calloc(s->max_sessions, sizeof *s->slots);
     s->gen = calloc(s->max_sessions, sizeof *s->gen);
-    if (!s->free_list || !s->slots || !s->gen) {
+    if (s->free_map) {
+        memset(s->free_map, 0xff, map_words * sizeof *s->free_map);
+        if (s->n_blocks_max % 64) s->free_map[map_words - 1] = (1ull << (s->n_blocks_max % 64)) - 1;
+        s->n_free = s->n_blocks_max;
+    }
+    if (!s->free_map || !s->slots || !s->gen) {
         st = flx_error_set(FLX_ERR_NOMEM, "kv store tables for %u blocks", s->n_blocks_max);
         goto err;
     }
@@ -318,7 +360,8 @@ err:
     return st;
 }
 
-static void session_free(struct flx_kv_session *x);
+static void session_mem_free(struct flx_kv_session *x);
+static void session_struct_free(struct flx_kv_session *x);
 
 void flx_kv_store_destroy(flx_kv_store_h s)
 {
@@ -328,9 +371,11 @@ void flx_kv_store_destroy(flx_kv_store_h s)
             struct flx_kv_session *x = s->slots[i];
             if (!x) continue;
             s->slots[i] = NULL;
-            /* Views must have been released (documented); drop the table's reference. */
+            /* Views and claims must have been released (documented); drop the table's reference
+             * and the owner's hold if the session still had one. */
             FLX_DEBUG_ASSERT(atomic_load(&x->refs) == 1);
-            session_free(x);
+            if (x->side) session_mem_free(x);
+            session_struct_free(x);
         }
     }
     if (s->arena) {
@@ -338,10 +383,12 @@ void flx_kv_store_destroy(flx_kv_store_h s)
         if (numa_available() >= 0) numa_free(s->arena, s->arena_bytes);
         else munmap(s->arena, s->arena_bytes);
     }
-    free(s->free_list);
+    free(s->free_map);
     free(s->slots);
     free(s->gen);
     pthread_mutex_destroy(&s->lock);
+    pthread_mutex_destroy(&s->wait_lock);
+    pthread_cond_destroy(&s->wait_cv);
     free(s);
 }
 
@@ -350,6 +397,7 @@ void flx_kv_store_info(flx_kv_store_h s, flx_kv_store_info_t *info)
     memset(info, 0, sizeof *info);
     pthread_mutex_lock(&s->lock);
     info->used_bytes = s->used_bytes;
+    info->pending_free_bytes = s->pending_free;
     info->device_used_bytes = s->dev_used;
     info->n_sessions = s->n_sessions;
     pthread_mutex_unlock(&s->lock);
@@ -357,6 +405,7 @@ void flx_kv_store_info(flx_kv_store_h s, flx_kv_store_info_t *info)
     info->hugepages = s->hugepages;
     info->pinned = s->pinned;
     info->capacity_bytes = s->capacity;
+    info->max_sessions = s->max_sessions;
     info->block_bytes = s->block_bytes;
     info->n_layers = s->n_layers;
     info->n_kv_heads = s->n_kv_heads;
@@ -395,43 +444,170 @@ const char *flx_kv_state_name(flx_kv_state_t st)
 
 /* ---- sessions ---- */
 
+/* Clears bits [b0, b0 + n) of the free map (taken). */
+static void map_take_range(uint64_t *m, size_t b0, size_t n)
+{
+    size_t b = b0, end = b0 + n;
+    while (b < end) {
+        size_t w = b / 64, lo = b % 64, hi = FLX_MIN((size_t)64, lo + (end - b));
+        uint64_t mask = (hi == 64 ? ~0ull : (1ull << hi) - 1) & ~((1ull << lo) - 1);
+        m[w] &= ~mask;
+        b += hi - lo;
+    }
+}
+
+/* Takes n blocks (n <= n_free) into out[], ascending: the first free run of n blocks when there is
+ * one, else the lowest free blocks. Caller holds store->lock. */
+static void pool_take(struct flx_kv_store *s, uint32_t *out, size_t n)
+{
+    const size_t words = FLX_DIV_UP((size_t)s->n_blocks_max, 64);
+    uint64_t *m = s->free_map;
+    size_t run = 0, run_start = 0, start = SIZE_MAX;
+    for (size_t w = 0; w < words && start == SIZE_MAX; w++) {
+        uint64_t x = m[w];
+        if (x == ~0ull) {
+            if (!run) run_start = w * 64;
+            run += 64;
+            if (run >= n) start = run_start;
+            continue;
+        }
+        for (int b = 0; b < 64 && start == SIZE_MAX; b++) {
+            if (!(x >> b & 1)) {
+                run = 0;
+                continue;
+            }
+            if (!run) run_start = w * 64 + (size_t)b;
+            if (++run >= n) start = run_start;
+        }
+    }
+    if (start != SIZE_MAX) {
+        for (size_t i = 0; i < n; i++) out[i] = (uint32_t)(start + i);
+        map_take_range(m, start, n);
+    } else {
+        size_t k = 0;
+        for (size_t w = 0; w < words && k < n; w++)
+            while (m[w] && k < n) {
+                int b = __builtin_ctzll(m[w]);
+                out[k++] = (uint32_t)(w * 64 + (size_t)b);
+                m[w] &= m[w] - 1;
+            }
+        FLX_CORRUPTION(k != n);
+    }
+    s->n_free -= (uint32_t)n;
+}
+
 /* Returns blocks to the pool and the reservation to the budget. Caller holds store->lock. */
 static void pool_put(struct flx_kv_store *s, const uint32_t *blocks, size_t n, size_t bytes)
 {
-    for (size_t i = 0; i < n; i++) s->free_list[s->n_free++] = blocks[i];
+    for (size_t i = 0; i < n; i++) {
+        FLX_CORRUPTION(s->free_map[blocks[i] / 64] >> (blocks[i] % 64) & 1); /* freed twice */
+        s->free_map[blocks[i] / 64] |= 1ull << (blocks[i] % 64);
+    }
+    s->n_free += (uint32_t)n;
     s->used_bytes -= bytes;
 }
 
-static void session_free(struct flx_kv_session *x)
+/* The session's memory back to the pool: called once, when mem_refs reaches 0. */
+static void session_mem_free(struct flx_kv_session *x)
 {
     struct flx_kv_store *s = x->store;
     const size_t n_blocks = (size_t)s->n_layers * s->n_kv_heads * x->lay.n_blocks;
+    const size_t total = x->lay.kv_bytes + x->lay.side_bytes;
     /* Free before un-reserving, so the budget never promises memory the device has not got back. */
     if (x->win_k_dev && flx_cuda_free(s->cuda_device, x->win_k_dev) != FLX_OK)
         flx_log_warn(MOD, "session %#llx: freeing its device window of %zu bytes: %s", (unsigned long long)x->id,
                      x->lay.dev_bytes, flx_error_msg());
+    x->win_k_dev = x->win_v_dev = NULL;
     pthread_mutex_lock(&s->lock);
-    pool_put(s, x->table, n_blocks, x->lay.kv_bytes + x->lay.side_bytes);
+    pool_put(s, x->table, n_blocks, total);
     s->dev_used -= x->lay.dev_bytes;
+    if (x->mem_pending) s->pending_free -= total;
+    x->mem_pending = 0;
     pthread_mutex_unlock(&s->lock);
     if (x->side_pinned) flx_cuda_host_unregister(x->side);
     if (numa_available() >= 0) numa_free(x->side, x->lay.side_bytes);
     else munmap(x->side, x->lay.side_bytes);
+    x->side = NULL;
+}
+
+static void session_struct_free(struct flx_kv_session *x)
+{
+    FLX_CORRUPTION(x->side != NULL); /* memory still out: a hold was dropped twice or leaked */
     pthread_mutex_destroy(&x->lock);
     free(x);
 }
 
+static void mem_unref(struct flx_kv_session *x)
+{
+    if (atomic_fetch_sub_explicit(&x->mem_refs, 1, memory_order_acq_rel) == 1) session_mem_free(x);
+}
+
 static void session_unref(struct flx_kv_session *x)
 {
-    if (atomic_fetch_sub_explicit(&x->refs, 1, memory_order_acq_rel) == 1) session_free(x);
+    if (atomic_fetch_sub_explicit(&x->refs, 1, memory_order_acq_rel) == 1) session_struct_free(x);
+}
+
+/* Drops the owner's hold on the memory once the session is FAILED or CLOSED. Called without locks
+ * after anything that may have ended the session; the memory returns now, or when the last claim
+ * or view lets go (counted as pending meanwhile). */
+static void session_settle(struct flx_kv_session *x)
+{
+    pthread_mutex_lock(&x->lock);
+    int drop = x->mem_owner && (x->state == FLX_KV_FAILED || x->state == FLX_KV_CLOSED);
+    if (drop) x->mem_owner = 0;
+    pthread_mutex_unlock(&x->lock);
+    if (!drop) return;
+    struct flx_kv_store *s = x->store;
+    pthread_mutex_lock(&s->lock);
+    x->mem_pending = 1;   /* undone by session_mem_free, whoever lets go last */
+    s->pending_free += x->lay.kv_bytes + x->lay.side_bytes;
+    pthread_mutex_unlock(&s->lock);
+    mem_unref(x);
+}
+
+/* The end of a public call that took a reference: settle, then drop the reference. */
+static void session_put(struct flx_kv_session *x)
+{
+    session_settle(x);
+    session_unref(x);
+}
+
+static uint64_t bytes_expected(const struct flx_kv_session *x)
+{
+    const struct flx_kv_store *s = x->store;
+    return (uint64_t)s->n_layers * s->n_kv_heads * x->prompt_len * s->head_dim * 2 * sizeof(flx_bf16_t);
+}
+
+static void notify_state(struct flx_kv_store *s)
+{
+    pthread_mutex_lock(&s->wait_lock);
+    s->state_gen++;
+    pthread_cond_broadcast(&s->wait_cv);
+    pthread_mutex_unlock(&s->wait_lock);
+}
+
+/* Caller holds x->lock. Every state change goes through here: times and waiters. */
+static void set_state_locked(struct flx_kv_session *x, flx_kv_state_t st)
+{
+    if (x->state == st) return;
+    x->state = st;
+    uint64_t now = flx_now_ns();
+    if (st == FLX_KV_READY) {
+        x->t_ready = now;
+        x->lease_end_ns = x->lease_ns ? now + x->lease_ns : 0;
+    } else {
+        x->lease_end_ns = 0;
+    }
+    if ((st == FLX_KV_FAILED || st == FLX_KV_CLOSED) && !x->t_end) x->t_end = now;
+    if (st != FLX_KV_RECEIVING) notify_state(x->store);
 }
 
 flx_status_t flx_kv_session_open(flx_kv_store_h s, const flx_kv_session_params_t *p, flx_kv_session_id_t *sid_p)
 {
     flx_status_t st;
     if (!s || !p || !sid_p) return flx_error_set(FLX_ERR_INVALID, "session open: NULL argument");
-    if (p->flags & ~(uint32_t)FLX_KV_SESSION_NO_STATS)
-        return flx_error_set(FLX_ERR_INVALID, "session open: unknown flags 0x%x", p->flags);
+    const uint32_t known = FLX_KV_SESSION_NO_STATS | FLX_KV_SESSION_COMMIT;
+    if (p->flags & ~known) return flx_error_set(FLX_ERR_INVALID, "session open: unknown flags 0x%x", p->flags & ~known);
     session_layout_t lay;
     if ((st = session_layout(s, p->prompt_len, p->max_new_tokens, !(p->flags & FLX_KV_SESSION_NO_STATS), &lay)))
         return st;
@@ -464,13 +640,13 @@ flx_status_t flx_kv_session_open(flx_kv_store_h s, const flx_kv_session_params_t
             slot = i;
             break;
         }
-    size_t avail_blocks = s->n_free + (size_t)(s->n_blocks_max - s->bump);
     if (slot == UINT32_MAX) {
         st = flx_error_set(FLX_ERR_CAPACITY, "session open: all %u session slots in use", s->max_sessions);
-    } else if (s->used_bytes + total > s->capacity || n_blocks > avail_blocks) {
+    } else if (s->used_bytes + total > s->capacity || n_blocks > s->n_free) {
         st = flx_error_set(FLX_ERR_CAPACITY,
-                           "session open: prompt of %u tokens needs %zu bytes, %zu of %zu bytes in use (%u sessions)",
-                           p->prompt_len, total, s->used_bytes, s->capacity, s->n_sessions);
+                           "session open: prompt of %u tokens needs %zu bytes, %zu of %zu bytes in use (%u sessions, "
+                           "%zu bytes held by failed or closed ones)",
+                           p->prompt_len, total, s->used_bytes, s->capacity, s->n_sessions, s->pending_free);
     } else if (lay.dev_bytes > s->dev_capacity - s->dev_used) {
         st = flx_error_set(FLX_ERR_CAPACITY,
                            "session open: prompt of %u tokens, %u new: device window needs %zu bytes, %zu of %zu "
@@ -478,8 +654,7 @@ flx_status_t flx_kv_session_open(flx_kv_store_h s, const flx_kv_session_params_t
                            p->prompt_len, p->max_new_tokens, lay.dev_bytes, s->dev_used, s->dev_capacity,
                            s->n_sessions);
     } else {
-        for (size_t i = 0; i < n_blocks; i++)
-            x->table[i] = s->n_free ? s->free_list[--s->n_free] : s->bump++;
+        pool_take(s, x->table, n_blocks);
         s->used_bytes += total;
         s->dev_used += lay.dev_bytes;
         s->n_sessions++;
@@ -519,9 +694,15 @@ flx_status_t flx_kv_session_open(flx_kv_store_h s, const flx_kv_session_params_t
 
     x->store = s;
     atomic_init(&x->refs, 1);
+    atomic_init(&x->mem_refs, 1);
+    x->mem_owner = 1;
     x->prompt_len = p->prompt_len;
     x->max_new = p->max_new_tokens;
     x->flags = p->flags;
+    x->first_token = -1;
+    x->deadline_ns = p->deadline_ns;
+    x->lease_ns = p->lease_ns;
+    x->t_open = flx_now_ns();
     x->lay = lay;
     x->meta = (flx_bf16_t *)(x->side + lay.off_meta);
     x->win_k = (flx_bf16_t *)(x->side + lay.off_wk);
@@ -576,12 +757,13 @@ static flx_status_t session_get(struct flx_kv_store *s, flx_kv_session_id_t sid,
     return FLX_OK;
 }
 
-/* Caller holds x->lock. */
+/* Caller holds x->lock. RESERVED/RECEIVING -> FAILED with the reason; the owner's hold is dropped
+ * by session_settle once the lock is released. */
 static void session_fail_locked(struct flx_kv_session *x, const char *reason)
 {
     if (x->state != FLX_KV_RESERVED && x->state != FLX_KV_RECEIVING) return;
-    x->state = FLX_KV_FAILED;
     snprintf(x->fail_reason, sizeof x->fail_reason, "%s", reason);
+    set_state_locked(x, FLX_KV_FAILED);
     flx_log_warn(MOD, "session %#llx failed: %s", (unsigned long long)x->id, reason);
 }
 
@@ -591,7 +773,7 @@ flx_status_t flx_kv_session_close(flx_kv_store_h s, flx_kv_session_id_t sid)
     flx_status_t st = session_get(s, sid, &x);
     if (st != FLX_OK) return st;
     pthread_mutex_lock(&x->lock);
-    x->state = FLX_KV_CLOSED;
+    set_state_locked(x, FLX_KV_CLOSED);
     pthread_mutex_unlock(&x->lock);
     pthread_mutex_lock(&s->lock);
     int owned = s->slots[x->slot] == x;
@@ -600,6 +782,7 @@ flx_status_t flx_kv_session_close(flx_kv_store_h s, flx_kv_session_id_t sid)
         s->n_sessions--;
     }
     pthread_mutex_unlock(&s->lock);
+    session_settle(x);
     if (owned) session_unref(x); /* the table's reference */
     session_unref(x);            /* ours */
     return owned ? FLX_OK : flx_error_set(FLX_ERR_NOT_FOUND, "session %#llx closed concurrently",
@@ -619,7 +802,7 @@ flx_status_t flx_kv_session_fail(flx_kv_store_h s, flx_kv_session_id_t sid, cons
                            (unsigned long long)sid, flx_kv_state_name(x->state));
     }
     pthread_mutex_unlock(&x->lock);
-    session_unref(x);
+    session_put(x);
     return st;
 }
 
@@ -629,13 +812,138 @@ flx_status_t flx_kv_session_begin_decode(flx_kv_store_h s, flx_kv_session_id_t s
     flx_status_t st = session_get(s, sid, &x);
     if (st != FLX_OK) return st;
     pthread_mutex_lock(&x->lock);
-    if (x->state == FLX_KV_READY) x->state = FLX_KV_DECODING;
+    if (x->state == FLX_KV_READY) set_state_locked(x, FLX_KV_DECODING);
     else
         st = flx_error_set(FLX_ERR_STATE, "session %#llx is %s, not READY", (unsigned long long)sid,
                            flx_kv_state_name(x->state));
     pthread_mutex_unlock(&x->lock);
     session_unref(x);
     return st;
+}
+
+static void check_ready_locked(struct flx_kv_session *x);
+
+flx_status_t flx_kv_session_commit(flx_kv_store_h s, flx_kv_session_id_t sid, const flx_kv_commit_t *c)
+{
+    if (!s || !c) return flx_error_set(FLX_ERR_INVALID, "commit: NULL argument");
+    struct flx_kv_session *x;
+    flx_status_t st = session_get(s, sid, &x);
+    if (st != FLX_OK) return st;
+    const uint32_t want_stats = x->lay.with_stats ? s->n_layers : 0;
+    const uint64_t want_bytes = bytes_expected(x);
+    pthread_mutex_lock(&x->lock);
+    if (!(x->flags & FLX_KV_SESSION_COMMIT) || (x->state != FLX_KV_RESERVED && x->state != FLX_KV_RECEIVING)) {
+        st = flx_error_set(FLX_ERR_STATE, "commit for session %#llx in state %s%s refused", (unsigned long long)sid,
+                           flx_kv_state_name(x->state),
+                           x->flags & FLX_KV_SESSION_COMMIT ? "" : " (opened without COMMIT)");
+        goto out;
+    }
+    if (x->committed)
+        st = flx_error_set(FLX_ERR_DUPLICATE, "commit sent twice");
+    else if (c->first_token < 0)
+        st = flx_error_set(FLX_ERR_INVALID, "commit: first token %d is negative", c->first_token);
+    else if (c->kv_bytes != want_bytes)
+        st = flx_error_set(FLX_ERR_INVALID, "commit: %llu KV bytes sent, the session expects %llu",
+                           (unsigned long long)c->kv_bytes, (unsigned long long)want_bytes);
+    else if (c->n_stats_layers != want_stats)
+        st = flx_error_set(FLX_ERR_INVALID, "commit: statistics of %u layers sent, the session expects %u",
+                           c->n_stats_layers, want_stats);
+    if (st != FLX_OK) {
+        char reason[160];
+        snprintf(reason, sizeof reason, "bad commit: %s", flx_error_msg());
+        session_fail_locked(x, reason);
+        goto out;
+    }
+    x->committed = 1;
+    x->first_token = c->first_token;
+    check_ready_locked(x);
+out:
+    pthread_mutex_unlock(&x->lock);
+    session_put(x);
+    return st;
+}
+
+flx_status_t flx_kv_session_renew(flx_kv_store_h s, flx_kv_session_id_t sid, uint64_t lease_ns)
+{
+    struct flx_kv_session *x;
+    flx_status_t st = session_get(s, sid, &x);
+    if (st != FLX_OK) return st;
+    pthread_mutex_lock(&x->lock);
+    if (x->state == FLX_KV_READY) {
+        x->lease_ns = lease_ns;
+        x->lease_end_ns = lease_ns ? flx_now_ns() + lease_ns : 0;
+    } else if (x->state == FLX_KV_RESERVED || x->state == FLX_KV_RECEIVING) {
+        x->lease_ns = lease_ns;
+    } else {
+        st = flx_error_set(FLX_ERR_STATE, "lease of session %#llx in state %s cannot be renewed",
+                           (unsigned long long)sid, flx_kv_state_name(x->state));
+    }
+    pthread_mutex_unlock(&x->lock);
+    session_unref(x);
+    return st;
+}
+
+/* Caller holds x->lock. Fails x when its deadline or lease is due at now; otherwise lowers *next to
+ * its next due time. Returns 1 when it failed x. */
+static int expire_locked(struct flx_kv_session *x, uint64_t now, uint64_t *next)
+{
+    char reason[160];
+    if ((x->state == FLX_KV_RESERVED || x->state == FLX_KV_RECEIVING) && x->deadline_ns) {
+        if (x->deadline_ns > now) {
+            *next = FLX_MIN(*next, x->deadline_ns);
+            return 0;
+        }
+        uint32_t stats_want = x->lay.with_stats ? x->store->n_layers : 0;
+        snprintf(reason, sizeof reason,
+                 "deadline passed %.0f ms after open: %llu of %llu bytes, %u of %u layers, statistics %u of %u%s",
+                 (double)(now - x->t_open) / 1e6, (unsigned long long)x->bytes_received,
+                 (unsigned long long)bytes_expected(x), x->layers_built, x->store->n_layers, x->stats_received,
+                 stats_want, (x->flags & FLX_KV_SESSION_COMMIT) && !x->committed ? ", no commit" : "");
+        session_fail_locked(x, reason);
+        return 1;
+    }
+    if (x->state == FLX_KV_READY && x->lease_end_ns) {
+        if (x->lease_end_ns > now) {
+            *next = FLX_MIN(*next, x->lease_end_ns);
+            return 0;
+        }
+        snprintf(reason, sizeof reason, "lease of %.0f ms expired: READY for %.0f ms and not claimed by a decode",
+                 (double)x->lease_ns / 1e6, (double)(now - x->t_ready) / 1e6);
+        snprintf(x->fail_reason, sizeof x->fail_reason, "%s", reason);
+        set_state_locked(x, FLX_KV_FAILED);
+        flx_log_warn(MOD, "session %#llx reclaimed: %s", (unsigned long long)x->id, reason);
+        return 1;
+    }
+    return 0;
+}
+
+uint32_t flx_kv_store_expire(flx_kv_store_h s, uint64_t now, uint64_t *next_p)
+{
+    enum { BATCH = 64 };
+    struct flx_kv_session *done[BATCH];
+    uint32_t n_failed = 0;
+    uint64_t next;
+    for (;;) {
+        uint32_t n = 0;
+        next = UINT64_MAX;
+        pthread_mutex_lock(&s->lock);
+        for (uint32_t i = 0; i < s->max_sessions && n < BATCH; i++) {
+            struct flx_kv_session *x = s->slots[i];
+            if (!x || !x->id) continue;
+            pthread_mutex_lock(&x->lock);
+            if (expire_locked(x, now, &next)) {
+                atomic_fetch_add_explicit(&x->refs, 1, memory_order_relaxed);
+                done[n++] = x;
+            }
+            pthread_mutex_unlock(&x->lock);
+        }
+        pthread_mutex_unlock(&s->lock);
+        for (uint32_t i = 0; i < n; i++) session_put(done[i]); /* memory back outside the store lock */
+        n_failed += n;
+        if (n < BATCH) break; /* a full batch may have stopped the scan early: scan again */
+    }
+    if (next_p) *next_p = next;
+    return n_failed;
 }
 
 flx_status_t flx_kv_session_info(flx_kv_store_h s, flx_kv_session_id_t sid, flx_kv_session_info_t *info)
@@ -647,18 +955,62 @@ flx_status_t flx_kv_session_info(flx_kv_store_h s, flx_kv_session_id_t sid, flx_
     pthread_mutex_lock(&x->lock);
     info->state = x->state;
     info->bytes_received = x->bytes_received;
+    info->claims_inflight = x->claims_inflight;
     memcpy(info->fail_reason, x->fail_reason, sizeof info->fail_reason);
+    info->first_token = x->first_token;
+    info->t_open_ns = x->t_open;
+    info->t_first_byte_ns = x->t_first;
+    info->t_last_byte_ns = x->t_last;
+    info->t_ready_ns = x->t_ready;
+    info->t_end_ns = x->t_end;
+    info->deadline_ns = x->deadline_ns;
+    info->lease_end_ns = x->lease_end_ns;
+    info->lease_ns = x->lease_ns;
     pthread_mutex_unlock(&x->lock);
+    info->memory_held = atomic_load_explicit(&x->mem_refs, memory_order_acquire) > 0;
+    info->flags = x->flags;
     info->prompt_len = x->prompt_len;
     info->n_sink = x->lay.n_sink;
     info->n_local = x->lay.n_local;
     info->l_cpu = x->lay.l_cpu;
     info->max_new_tokens = x->max_new;
-    info->bytes_expected = (uint64_t)s->n_layers * s->n_kv_heads * x->prompt_len * s->head_dim * 2 * sizeof(flx_bf16_t);
+    info->bytes_expected = bytes_expected(x);
     info->reserved_bytes = x->lay.kv_bytes + x->lay.side_bytes;
     info->device_bytes = x->lay.dev_bytes;
     session_unref(x);
     return FLX_OK;
+}
+
+flx_status_t flx_kv_session_wait(flx_kv_store_h s, flx_kv_session_id_t sid, uint64_t timeout_ns,
+                                 flx_kv_state_t *state_p)
+{
+    if (!s || !state_p) return flx_error_set(FLX_ERR_INVALID, "session wait: NULL argument");
+    const uint64_t start = flx_now_ns();
+    const uint64_t end = timeout_ns > UINT64_MAX - start ? UINT64_MAX : start + timeout_ns;
+    for (;;) {
+        pthread_mutex_lock(&s->wait_lock);
+        const uint64_t gen = s->state_gen; /* before the check: a change after it bumps gen */
+        pthread_mutex_unlock(&s->wait_lock);
+        struct flx_kv_session *x;
+        flx_status_t st = session_get(s, sid, &x);
+        if (st != FLX_OK) return st;
+        pthread_mutex_lock(&x->lock);
+        flx_kv_state_t state = x->state;
+        pthread_mutex_unlock(&x->lock);
+        session_unref(x);
+        if (state != FLX_KV_RESERVED && state != FLX_KV_RECEIVING) {
+            *state_p = state;
+            return FLX_OK;
+        }
+        if (flx_now_ns() >= end)
+            return flx_error_set(FLX_ERR_TIMEOUT, "session %#llx still %s after %.0f ms", (unsigned long long)sid,
+                                 flx_kv_state_name(state), (double)timeout_ns / 1e6);
+        struct timespec ts = {.tv_sec = (time_t)(end / 1000000000ull), .tv_nsec = (long)(end % 1000000000ull)};
+        pthread_mutex_lock(&s->wait_lock);
+        while (s->state_gen == gen)
+            if (pthread_cond_timedwait(&s->wait_cv, &s->wait_lock, &ts) != 0) break; /* ETIMEDOUT */
+        pthread_mutex_unlock(&s->wait_lock);
+    }
 }
 
 /* ---- chunks ---- */
@@ -677,9 +1029,10 @@ static claim_priv_t *claim_priv_of(flx_kv_claim_t *pub)
 
 static void check_ready_locked(struct flx_kv_session *x)
 {
-    if (x->state == FLX_KV_RECEIVING && x->layers_built == x->store->n_layers &&
-        (!x->lay.with_stats || x->stats_received == x->store->n_layers))
-        x->state = FLX_KV_READY;
+    if ((x->state == FLX_KV_RECEIVING || x->state == FLX_KV_RESERVED) && x->layers_built == x->store->n_layers &&
+        (!x->lay.with_stats || x->stats_received == x->store->n_layers) &&
+        (!(x->flags & FLX_KV_SESSION_COMMIT) || x->committed))
+        set_state_locked(x, FLX_KV_READY);
 }
 
 /* Destination of prompt position p of (layer, head); *run_p = contiguous rows from p on. */
@@ -709,6 +1062,8 @@ static flx_status_t chunk_check(const struct flx_kv_session *x, const flx_kv_chu
     const uint32_t L = x->prompt_len;
     if (c->dtype != FLX_DT_BF16)
         return flx_error_set(FLX_ERR_INVALID, "chunk dtype %s, expected BF16", flx_dtype_name(c->dtype));
+    if (c->order != FLX_KV_ORDER_SPLIT && c->order != FLX_KV_ORDER_GRANULE)
+        return flx_error_set(FLX_ERR_INVALID, "chunk order %d unknown", (int)c->order);
     if (c->head_dim != s->head_dim)
         return flx_error_set(FLX_ERR_INVALID, "chunk head_dim %u, store has %u", c->head_dim, s->head_dim);
     if (c->layer >= s->n_layers)
@@ -729,6 +1084,58 @@ static uint64_t *gran_word(struct flx_kv_session *x, uint32_t layer, uint32_t he
 {
     *bit = 1ull << (g % 64);
     return &x->bits[((size_t)layer * x->store->n_kv_heads + head) * x->lay.gran_words + g / 64];
+}
+
+/* Builds a claim's destination list, adjacent destinations merged; with iov NULL it only counts. */
+typedef struct iov_build {
+    flx_kv_iov_t *iov;
+    uint32_t n;
+    uint8_t *end;             /* end of the last destination */
+    uint64_t bytes;
+} iov_build_t;
+
+static void iov_push(iov_build_t *b, uint8_t *dst, size_t len)
+{
+    if (b->n && b->end == dst) {
+        if (b->iov) b->iov[b->n - 1].len += len;
+    } else {
+        if (b->iov) b->iov[b->n] = (flx_kv_iov_t){.dst = dst, .len = len};
+        b->n++;
+    }
+    b->end = dst + len;
+    b->bytes += len;
+}
+
+/* Destinations of rows [p0, p1) of (layer, head), K or V, in order. */
+static void iov_rows(struct flx_kv_session *x, iov_build_t *b, uint32_t layer, uint32_t h, uint32_t p0, uint32_t p1,
+                     int is_v)
+{
+    const size_t row = (size_t)x->store->head_dim * sizeof(flx_bf16_t);
+    for (uint32_t p = p0; p < p1;) {
+        uint32_t run;
+        uint8_t *d = dest_of(x, layer, h, p, is_v, &run);
+        run = FLX_MIN(run, p1 - p);
+        iov_push(b, d, run * row);
+        p += run;
+    }
+}
+
+/* The destinations of a checked chunk, in its payload order. */
+static void claim_layout(struct flx_kv_session *x, const flx_kv_chunk_t *c, iov_build_t *b)
+{
+    const uint32_t g0 = c->tok_begin / FLX_KV_BLOCK_TOKENS, g1 = FLX_DIV_UP(c->tok_end, FLX_KV_BLOCK_TOKENS);
+    if (c->order == FLX_KV_ORDER_GRANULE) {
+        for (uint32_t h = c->head_begin; h < c->head_end; h++)
+            for (uint32_t g = g0; g < g1; g++) {
+                uint32_t p0 = g * FLX_KV_BLOCK_TOKENS, p1 = FLX_MIN(p0 + FLX_KV_BLOCK_TOKENS, c->tok_end);
+                iov_rows(x, b, c->layer, h, p0, p1, 0);
+                iov_rows(x, b, c->layer, h, p0, p1, 1);
+            }
+    } else {
+        for (int is_v = 0; is_v < 2; is_v++)
+            for (uint32_t h = c->head_begin; h < c->head_end; h++)
+                iov_rows(x, b, c->layer, h, c->tok_begin, c->tok_end, is_v);
+    }
 }
 
 flx_status_t flx_kv_chunk_claim(flx_kv_store_h s, flx_kv_session_id_t sid, const flx_kv_chunk_t *c,
@@ -758,41 +1165,35 @@ flx_status_t flx_kv_chunk_claim(flx_kv_store_h s, flx_kv_session_id_t sid, const
                 goto fail;
             }
         }
-    /* Destinations, in payload order. Runs per (K/V, head) are bounded by 2 per granule + 2. */
-    const uint32_t nh = c->head_end - c->head_begin, ng = g1 - g0;
-    size_t max_iov = 2 * (size_t)nh * (2 * (size_t)ng + 2);
-    claim_priv_t *priv = malloc(sizeof *priv + max_iov * sizeof(flx_kv_iov_t));
+    /* Destinations, in payload order: counted, then listed. */
+    iov_build_t count = {0};
+    claim_layout(x, c, &count);
+    claim_priv_t *priv = malloc(sizeof *priv + (size_t)count.n * sizeof(flx_kv_iov_t));
     if (!priv) {
-        st = flx_error_set(FLX_ERR_NOMEM, "chunk claim iov");
+        st = flx_error_set(FLX_ERR_NOMEM, "chunk claim: %u destinations", count.n);
         goto refuse;
     }
     priv->sess = x;
     flx_kv_claim_t *cl = &priv->pub;
+    iov_build_t b = {.iov = priv->iov};
+    claim_layout(x, c, &b);
+    FLX_CORRUPTION(b.n != count.n || b.bytes != flx_kv_chunk_bytes(c));
     cl->sid = sid;
     cl->chunk = *c;
     cl->iov = priv->iov;
-    cl->n_iov = 0;
-    const size_t row = (size_t)s->head_dim * sizeof(flx_bf16_t);
-    for (int is_v = 0; is_v < 2; is_v++)
-        for (uint32_t h = c->head_begin; h < c->head_end; h++)
-            for (uint32_t p = c->tok_begin; p < c->tok_end;) {
-                uint32_t run;
-                uint8_t *d = dest_of(x, c->layer, h, p, is_v, &run);
-                run = FLX_MIN(run, c->tok_end - p);
-                FLX_CORRUPTION(cl->n_iov >= max_iov);
-                cl->iov[cl->n_iov].dst = d;
-                cl->iov[cl->n_iov].len = run * row;
-                cl->n_iov++;
-                p += run;
-            }
+    cl->n_iov = b.n;
+    cl->bytes = b.bytes;
     for (uint32_t h = c->head_begin; h < c->head_end; h++)
         for (uint32_t g = g0; g < g1; g++) {
             uint64_t bit, *w = gran_word(x, c->layer, h, g, &bit);
             *w |= bit;
         }
-    x->state = FLX_KV_RECEIVING;
+    set_state_locked(x, FLX_KV_RECEIVING);
+    if (!x->t_first) x->t_first = flx_now_ns();
+    x->claims_inflight++;
+    atomic_fetch_add_explicit(&x->mem_refs, 1, memory_order_relaxed); /* the owner holds it: it exists */
     pthread_mutex_unlock(&x->lock);
-    *claim_p = cl; /* keeps our session reference until complete */
+    *claim_p = cl; /* keeps our session reference and a memory hold until complete */
     return FLX_OK;
 
 fail:
@@ -803,7 +1204,7 @@ fail:
     }
 refuse:
     pthread_mutex_unlock(&x->lock);
-    session_unref(x);
+    session_put(x);
     return st;
 }
 
@@ -844,7 +1245,8 @@ static flx_status_t upload_layer(struct flx_kv_session *x, uint32_t layer)
 flx_status_t flx_kv_chunk_complete(flx_kv_store_h s, flx_kv_claim_t *cl, int ok)
 {
     if (!s || !cl) return flx_error_set(FLX_ERR_INVALID, "chunk complete: NULL argument");
-    /* The claim holds a reference: the session is alive even if it was closed meanwhile. */
+    /* The claim holds a reference and a memory hold: the session and its memory are alive even if
+     * it was failed or closed meanwhile. */
     claim_priv_t *priv = claim_priv_of(cl);
     struct flx_kv_session *sess = priv->sess;
     flx_status_t st = FLX_OK;
@@ -853,6 +1255,7 @@ flx_status_t flx_kv_chunk_complete(flx_kv_store_h s, flx_kv_claim_t *cl, int ok)
     const uint32_t ng = FLX_DIV_UP(c->tok_end, FLX_KV_BLOCK_TOKENS) - c->tok_begin / FLX_KV_BLOCK_TOKENS;
     int build = 0;
     pthread_mutex_lock(&sess->lock);
+    sess->claims_inflight--;
     if (!ok) {
         char reason[160];
         snprintf(reason, sizeof reason, "transfer of layer %u tokens [%u, %u) failed", c->layer, c->tok_begin,
@@ -860,7 +1263,8 @@ flx_status_t flx_kv_chunk_complete(flx_kv_store_h s, flx_kv_claim_t *cl, int ok)
         session_fail_locked(sess, reason);
         st = FLX_OK;
     } else if (sess->state == FLX_KV_RECEIVING) {
-        sess->bytes_received += 2ull * nh * (c->tok_end - c->tok_begin) * s->head_dim * sizeof(flx_bf16_t);
+        sess->bytes_received += cl->bytes;
+        if (sess->bytes_received == bytes_expected(sess)) sess->t_last = flx_now_ns();
         sess->missing[c->layer] -= nh * ng;
         build = sess->missing[c->layer] == 0;
     } else {
@@ -885,6 +1289,8 @@ flx_status_t flx_kv_chunk_complete(flx_kv_store_h s, flx_kv_claim_t *cl, int ok)
         if (up != FLX_OK) st = flx_error_set(up, "session %#llx: %s", (unsigned long long)cl->sid, reason);
     }
     free(priv);
+    session_settle(sess);
+    mem_unref(sess);
     session_unref(sess);
     return st;
 }
@@ -892,28 +1298,37 @@ flx_status_t flx_kv_chunk_complete(flx_kv_store_h s, flx_kv_claim_t *cl, int ok)
 flx_status_t flx_kv_chunk_write(flx_kv_store_h s, flx_kv_session_id_t sid, const flx_kv_chunk_t *c,
                                 const flx_bf16_t *k, const flx_bf16_t *v)
 {
-    if (!k || !v) {
+    if (!k || (!v && (!c || c->order != FLX_KV_ORDER_GRANULE))) {
         if (!s || !c) return flx_error_set(FLX_ERR_INVALID, "chunk write: NULL argument");
         struct flx_kv_session *x;
         if (session_get(s, sid, &x) == FLX_OK) {
             pthread_mutex_lock(&x->lock);
             session_fail_locked(x, "bad chunk: NULL payload");
             pthread_mutex_unlock(&x->lock);
-            session_unref(x);
+            session_put(x);
         }
         return flx_error_set(FLX_ERR_INVALID, "chunk write: NULL payload");
     }
     flx_kv_claim_t *cl;
     flx_status_t st = flx_kv_chunk_claim(s, sid, c, &cl);
     if (st != FLX_OK) return st;
-    const uint8_t *src[2] = {(const uint8_t *)k, (const uint8_t *)v};
-    uint32_t half = cl->n_iov / 2; /* K runs then V runs: the same count each */
-    for (int is_v = 0; is_v < 2; is_v++) {
-        const uint8_t *p = src[is_v];
-        for (uint32_t i = 0; i < half; i++) {
-            memcpy(cl->iov[is_v * half + i].dst, p, cl->iov[is_v * half + i].len);
-            p += cl->iov[is_v * half + i].len;
+    /* Payload order: GRANULE is one stream at k; SPLIT is K at k then V at v, each half the bytes. */
+    const uint8_t *p = (const uint8_t *)k;
+    uint64_t done = 0;
+    for (uint32_t i = 0; i < cl->n_iov; i++) {
+        if (c->order != FLX_KV_ORDER_GRANULE && done == cl->bytes / 2) p = (const uint8_t *)v;
+        size_t len = cl->iov[i].len;
+        if (c->order != FLX_KV_ORDER_GRANULE && done < cl->bytes / 2 && done + len > cl->bytes / 2) {
+            /* a merged destination spans the K/V boundary: K's tail, then V's head */
+            size_t kpart = cl->bytes / 2 - done;
+            memcpy(cl->iov[i].dst, p, kpart);
+            memcpy((uint8_t *)cl->iov[i].dst + kpart, v, len - kpart);
+            p = (const uint8_t *)v + (len - kpart);
+        } else {
+            memcpy(cl->iov[i].dst, p, len);
+            p += len;
         }
+        done += len;
     }
     return flx_kv_chunk_complete(s, cl, 1);
 }
@@ -1001,7 +1416,7 @@ flx_status_t flx_kv_stats_write(flx_kv_store_h s, flx_kv_session_id_t sid, uint3
     memcpy(x->q_anchor + (size_t)layer * H * D, q_anchor, (size_t)H * D * sizeof(float));
     x->stats_done[layer] = 1;
     x->stats_received++;
-    x->state = FLX_KV_RECEIVING;
+    set_state_locked(x, FLX_KV_RECEIVING);
     check_ready_locked(x);
     goto out;
 fail:
@@ -1012,7 +1427,7 @@ fail:
     }
 out:
     pthread_mutex_unlock(&x->lock);
-    session_unref(x);
+    session_put(x);
     return st;
 }
 
@@ -1026,6 +1441,8 @@ flx_status_t flx_kv_session_acquire(flx_kv_store_h s, flx_kv_session_id_t sid, f
     if (st != FLX_OK) return st;
     pthread_mutex_lock(&x->lock);
     flx_kv_state_t state = x->state;
+    /* READY/DECODING: the owner holds the memory, so it exists; the view now holds it too. */
+    if (state == FLX_KV_READY || state == FLX_KV_DECODING) atomic_fetch_add_explicit(&x->mem_refs, 1, memory_order_relaxed);
     pthread_mutex_unlock(&x->lock);
     if (state != FLX_KV_READY && state != FLX_KV_DECODING) {
         session_unref(x);
@@ -1038,7 +1455,9 @@ flx_status_t flx_kv_session_acquire(flx_kv_store_h s, flx_kv_session_id_t sid, f
 
 void flx_kv_session_release(flx_kv_session_h x)
 {
-    if (x) session_unref(x);
+    if (!x) return;
+    mem_unref(x);
+    session_unref(x);
 }
 
 flx_status_t flx_kv_head_view(flx_kv_session_h x, uint32_t layer, uint32_t kv_head, flx_kv_head_view_t *v)

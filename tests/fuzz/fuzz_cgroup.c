@@ -35,6 +35,7 @@ static flx_status_t image_read(void *ctx, const char *path, char **data_p, size_
     return FLX_ERR_NOT_FOUND;
 }
 
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     image_t im = {.n = 0};

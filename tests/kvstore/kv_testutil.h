@@ -5,6 +5,7 @@
 #ifndef KV_TESTUTIL_H
 #define KV_TESTUTIL_H
 
+#include <math.h>
 #include <string.h>
 
 #include "flx/kvstore.h"
@@ -92,15 +93,44 @@ static inline flx_status_t kv_push_chunk(flx_kv_store_h s, flx_kv_session_id_t s
         memcpy(k + (size_t)(h - h0) * nt * pr->D, kv_row(pr, pr->k, layer, h, t0), nt * pr->D * sizeof *k);
         memcpy(v + (size_t)(h - h0) * nt * pr->D, kv_row(pr, pr->v, layer, h, t0), nt * pr->D * sizeof *v);
     }
-    flx_kv_chunk_t c = {layer, h0, h1, t0, t1, FLX_DT_BF16, pr->D};
+    flx_kv_chunk_t c = {layer, h0, h1, t0, t1, FLX_DT_BF16, pr->D, FLX_KV_ORDER_SPLIT};
     flx_status_t st = flx_kv_chunk_write(s, sid, &c, k, v);
     free(k);
     free(v);
     return st;
 }
 
+/* The payload of a chunk in GRANULE order (flx/kvstore.h): per head, per 16-token granule, K rows
+ * then V rows. Caller frees. */
+static inline flx_bf16_t *kv_granule_payload(const kv_prompt_t *pr, uint32_t layer, uint32_t h0, uint32_t h1,
+                                             uint32_t t0, uint32_t t1)
+{
+    flx_bf16_t *buf = malloc(2 * (size_t)(h1 - h0) * (t1 - t0) * pr->D * sizeof *buf), *p = buf;
+    CHECK(buf);
+    for (uint32_t h = h0; h < h1; h++)
+        for (uint32_t g = t0; g < t1; g += 16) {
+            uint32_t n = (t1 - g < 16 ? t1 - g : 16);
+            memcpy(p, kv_row(pr, pr->k, layer, h, g), (size_t)n * pr->D * sizeof *p);
+            p += (size_t)n * pr->D;
+            memcpy(p, kv_row(pr, pr->v, layer, h, g), (size_t)n * pr->D * sizeof *p);
+            p += (size_t)n * pr->D;
+        }
+    return buf;
+}
+
+static inline flx_status_t kv_push_chunk_granule(flx_kv_store_h s, flx_kv_session_id_t sid, const kv_prompt_t *pr,
+                                                 uint32_t layer, uint32_t h0, uint32_t h1, uint32_t t0, uint32_t t1)
+{
+    flx_bf16_t *buf = kv_granule_payload(pr, layer, h0, h1, t0, t1);
+    flx_kv_chunk_t c = {.layer = layer, .head_begin = h0, .head_end = h1, .tok_begin = t0, .tok_end = t1,
+                        .dtype = FLX_DT_BF16, .head_dim = pr->D, .order = FLX_KV_ORDER_GRANULE};
+    flx_status_t st = flx_kv_chunk_write(s, sid, &c, buf, NULL);
+    free(buf);
+    return st;
+}
+
 /* Pushes the whole prompt as chunks of random token spans (multiples of 16) and head ranges, in a
- * random order. */
+ * random order, each in SPLIT or GRANULE payload order at random. */
 static inline void kv_push_random(flx_kv_store_h s, flx_kv_session_id_t sid, const kv_prompt_t *pr, flx_rng_t *rng)
 {
     typedef struct { uint32_t l, h0, h1, t0, t1; } ch_t;
@@ -123,7 +153,9 @@ static inline void kv_push_random(flx_kv_store_h s, flx_kv_session_id_t sid, con
         cs[i - 1] = cs[j];
         cs[j] = t;
     }
-    for (size_t i = 0; i < n; i++) CHECK_OK(kv_push_chunk(s, sid, pr, cs[i].l, cs[i].h0, cs[i].h1, cs[i].t0, cs[i].t1));
+    for (size_t i = 0; i < n; i++)
+        CHECK_OK((flx_rng_below(rng, 2) ? kv_push_chunk_granule : kv_push_chunk)(s, sid, pr, cs[i].l, cs[i].h0,
+                                                                                cs[i].h1, cs[i].t0, cs[i].t1));
     free(cs);
 }
 
@@ -159,6 +191,32 @@ static inline void kv_check_placement(flx_kv_session_h sess, const flx_kv_sessio
                     CHECK(flx_kv_block_v(&v, v.n_blocks - 1)[(size_t)r * pr->D + d] == 0);
                 }
         }
+}
+
+/* Valid prefill statistics of H query heads (head_dim D) that pass flx_kv_stats_write's checks:
+ * stats (H), mean_k and q_anchor (H, D) random. */
+static inline void kv_fill_stats(flx_head_stats_t *st, float *mk, float *qa, uint32_t H, uint32_t D, flx_rng_t *rng)
+{
+    for (uint32_t h = 0; h < H; h++) {
+        flx_head_stats_t *x = &st[h];
+        memset(x, 0, sizeof *x);
+        x->version = FLX_HEAD_STATS_VERSION;
+        x->k_sink_norm = 3, x->v_sink_norm = 0.5f, x->k_cpu_mean_norm = 1, x->v_cpu_mean_norm = 1;
+        x->k_cpu_norm_mom[0] = 8, x->k_cpu_norm_mom[1] = 1, x->k_cpu_norm_mom[3] = 3;
+        x->v_cpu_norm_mom[0] = 8, x->v_cpu_norm_mom[1] = 1, x->v_cpu_norm_mom[3] = 3;
+        x->z_anchor_mom[1] = 1, x->z_anchor_mom[3] = 3;
+        x->lse_anchor[0] = 2, x->lse_anchor[1] = 6, x->lse_anchor[2] = 4;
+        x->onorm_anchor[0] = 1, x->onorm_anchor[1] = 1, x->onorm_anchor[2] = 1;
+        x->bgt_star[0] = 0.01f, x->bgt_star[1] = 0.02f, x->bgt_star[2] = 0.04f, x->bgt_star[3] = 0.08f;
+        x->max_onorm_gpu_anchor = 2;
+        double n2 = 0;
+        for (uint32_t d = 0; d < D; d++) {
+            qa[h * D + d] = (float)flx_rng_normal(rng);
+            mk[h * D + d] = (float)flx_rng_normal(rng);
+            n2 += (double)qa[h * D + d] * qa[h * D + d];
+        }
+        x->q_anchor_norm = (float)sqrt(n2);
+    }
 }
 
 #endif

@@ -1,11 +1,13 @@
 /*
  * test_kvstore.c - the host KV store: layout arithmetic, the metadata pyramid against a brute-force
  * oracle at every ISA level, the session state machine, capacity, chunk placement in any order,
- * refusal of bad input (and what it does to the session), statistics, window, claims, the
- * device-window flag and its host fallback, and a 10,000-cycle leak check.
+ * refusal of bad input (and what it does to the session), statistics, window, claims, memory
+ * lifetime under in-flight claims and views, deadlines, leases, commits, waiting, GRANULE order and
+ * contiguous blocks, the device-window flag and its host fallback, and a 10,000-cycle leak check.
  */
 #define _GNU_SOURCE
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +21,7 @@ static flx_rng_t rng;
 
 static flx_kv_session_id_t open_session(flx_kv_store_h s, uint32_t L, uint32_t max_new, uint32_t flags)
 {
-    flx_kv_session_params_t sp = {L, max_new, flags};
+    flx_kv_session_params_t sp = {.prompt_len = L, .max_new_tokens = max_new, .flags = flags};
     flx_kv_session_id_t sid;
     CHECK_OK(flx_kv_session_open(s, &sp, &sid));
     CHECK(sid != 0);
@@ -259,7 +261,7 @@ static void test_states(void)
     CHECK(state_of(s, c) == FLX_KV_RECEIVING);
     CHECK_OK(flx_kv_session_close(s, c));
     /* Parameters of open. */
-    flx_kv_session_params_t sp = {0, 4, 0};
+    flx_kv_session_params_t sp = {.prompt_len = 0, .max_new_tokens = 4, .flags = 0};
     flx_kv_session_id_t d;
     CHECK_ST(flx_kv_session_open(s, &sp, &d), FLX_ERR_INVALID);
     sp.prompt_len = 10, sp.flags = 0x80;
@@ -277,15 +279,15 @@ static void test_bad_chunks(void)
     flx_kv_session_id_t good = open_session(s, 700, 4, FLX_KV_SESSION_NO_STATS);
     CHECK_OK(kv_push_chunk(s, good, &pr, 0, 0, 2, 0, 700));
     struct { flx_kv_chunk_t c; flx_status_t want; } bad[] = {
-        {{2, 0, 1, 0, 16, FLX_DT_BF16, 64}, FLX_ERR_INVALID},    /* layer out of range */
-        {{0, 1, 3, 0, 16, FLX_DT_BF16, 64}, FLX_ERR_INVALID},    /* head out of range */
-        {{0, 1, 1, 0, 16, FLX_DT_BF16, 64}, FLX_ERR_INVALID},    /* empty head range */
-        {{0, 0, 1, 0, 720, FLX_DT_BF16, 64}, FLX_ERR_INVALID},   /* tokens past L */
-        {{0, 0, 1, 8, 32, FLX_DT_BF16, 64}, FLX_ERR_INVALID},    /* unaligned begin */
-        {{0, 0, 1, 0, 20, FLX_DT_BF16, 64}, FLX_ERR_INVALID},    /* unaligned end */
-        {{0, 0, 1, 32, 32, FLX_DT_BF16, 64}, FLX_ERR_INVALID},   /* empty token range */
-        {{0, 0, 1, 0, 16, FLX_DT_F16, 64}, FLX_ERR_INVALID},     /* wrong dtype */
-        {{0, 0, 1, 0, 16, FLX_DT_BF16, 128}, FLX_ERR_INVALID},   /* wrong head_dim */
+        {{2, 0, 1, 0, 16, FLX_DT_BF16, 64, FLX_KV_ORDER_SPLIT}, FLX_ERR_INVALID},    /* layer out of range */
+        {{0, 1, 3, 0, 16, FLX_DT_BF16, 64, FLX_KV_ORDER_SPLIT}, FLX_ERR_INVALID},    /* head out of range */
+        {{0, 1, 1, 0, 16, FLX_DT_BF16, 64, FLX_KV_ORDER_SPLIT}, FLX_ERR_INVALID},    /* empty head range */
+        {{0, 0, 1, 0, 720, FLX_DT_BF16, 64, FLX_KV_ORDER_SPLIT}, FLX_ERR_INVALID},   /* tokens past L */
+        {{0, 0, 1, 8, 32, FLX_DT_BF16, 64, FLX_KV_ORDER_SPLIT}, FLX_ERR_INVALID},    /* unaligned begin */
+        {{0, 0, 1, 0, 20, FLX_DT_BF16, 64, FLX_KV_ORDER_SPLIT}, FLX_ERR_INVALID},    /* unaligned end */
+        {{0, 0, 1, 32, 32, FLX_DT_BF16, 64, FLX_KV_ORDER_SPLIT}, FLX_ERR_INVALID},   /* empty token range */
+        {{0, 0, 1, 0, 16, FLX_DT_F16, 64, FLX_KV_ORDER_SPLIT}, FLX_ERR_INVALID},     /* wrong dtype */
+        {{0, 0, 1, 0, 16, FLX_DT_BF16, 128, FLX_KV_ORDER_SPLIT}, FLX_ERR_INVALID},   /* wrong head_dim */
     };
     static flx_bf16_t buf[2 * 720 * 128];
     for (size_t i = 0; i < FLX_ARRAY_SIZE(bad); i++) {
@@ -311,7 +313,7 @@ static void test_bad_chunks(void)
     CHECK_OK(flx_kv_session_close(s, o));
     /* NULL payload. */
     o = open_session(s, 700, 4, FLX_KV_SESSION_NO_STATS);
-    flx_kv_chunk_t c = {0, 0, 1, 0, 16, FLX_DT_BF16, 64};
+    flx_kv_chunk_t c = {0, 0, 1, 0, 16, FLX_DT_BF16, 64, FLX_KV_ORDER_SPLIT};
     CHECK_ST(flx_kv_chunk_write(s, o, &c, NULL, buf), FLX_ERR_INVALID);
     CHECK(state_of(s, o) == FLX_KV_FAILED);
     CHECK_OK(flx_kv_session_close(s, o));
@@ -332,26 +334,7 @@ static void test_bad_chunks(void)
 
 static void fill_stats(flx_head_stats_t *st, float *mk, float *qa, uint32_t H, uint32_t D)
 {
-    for (uint32_t h = 0; h < H; h++) {
-        flx_head_stats_t *x = &st[h];
-        memset(x, 0, sizeof *x);
-        x->version = FLX_HEAD_STATS_VERSION;
-        x->k_sink_norm = 3, x->v_sink_norm = 0.5f, x->k_cpu_mean_norm = 1, x->v_cpu_mean_norm = 1;
-        x->k_cpu_norm_mom[0] = 8, x->k_cpu_norm_mom[1] = 1, x->k_cpu_norm_mom[3] = 3;
-        x->v_cpu_norm_mom[0] = 8, x->v_cpu_norm_mom[1] = 1, x->v_cpu_norm_mom[3] = 3;
-        x->z_anchor_mom[1] = 1, x->z_anchor_mom[3] = 3;
-        x->lse_anchor[0] = 2, x->lse_anchor[1] = 6, x->lse_anchor[2] = 4;
-        x->onorm_anchor[0] = 1, x->onorm_anchor[1] = 1, x->onorm_anchor[2] = 1;
-        x->bgt_star[0] = 0.01f, x->bgt_star[1] = 0.02f, x->bgt_star[2] = 0.04f, x->bgt_star[3] = 0.08f;
-        x->max_onorm_gpu_anchor = 2;
-        double n2 = 0;
-        for (uint32_t d = 0; d < D; d++) {
-            qa[h * D + d] = (float)flx_rng_normal(&rng);
-            mk[h * D + d] = (float)flx_rng_normal(&rng);
-            n2 += (double)qa[h * D + d] * qa[h * D + d];
-        }
-        x->q_anchor_norm = (float)sqrt(n2);
-    }
+    kv_fill_stats(st, mk, qa, H, D, &rng);
 }
 
 static void test_stats(void)
@@ -428,7 +411,7 @@ static void test_claims(void)
     kv_prompt_random(&pr, 1, 2, 64, 400, &rng);
     flx_kv_session_id_t sid = open_session(s, 400, 4, FLX_KV_SESSION_NO_STATS);
     /* Zero-copy: fill the iovs from the payload ourselves, in payload order. */
-    flx_kv_chunk_t c = {0, 0, 2, 0, 400, FLX_DT_BF16, 64};
+    flx_kv_chunk_t c = {0, 0, 2, 0, 400, FLX_DT_BF16, 64, FLX_KV_ORDER_SPLIT};
     flx_kv_claim_t *cl;
     CHECK_OK(flx_kv_chunk_claim(s, sid, &c, &cl));
     /* An overlapping claim while the first is in flight is refused (and fails the session) ... */
@@ -474,6 +457,303 @@ static void test_claims(void)
     flx_kv_store_destroy(s);
 }
 
+static size_t used_bytes(flx_kv_store_h s, size_t *pending_p)
+{
+    flx_kv_store_info_t si;
+    flx_kv_store_info(s, &si);
+    if (pending_p) *pending_p = si.pending_free_bytes;
+    return si.used_bytes;
+}
+
+/* Memory of a FAILED session returns to the pool without a close, but never while a claim (a
+ * receive in flight) or a view holds it. */
+static void test_lifetime(void)
+{
+    flx_kv_store_h s = kv_make_store(2, 2, 2, 64, 64, 256, 64u << 20);
+    kv_prompt_t pr;
+    kv_prompt_random(&pr, 2, 2, 64, 900, &rng);
+    size_t pending;
+    /* Failed with a claim in flight: memory held (pending) until the claim completes. */
+    flx_kv_session_id_t a = open_session(s, 900, 4, FLX_KV_SESSION_NO_STATS);
+    size_t per = used_bytes(s, NULL);
+    CHECK(per > 0);
+    flx_kv_chunk_t c = {.layer = 1, .head_begin = 0, .head_end = 2, .tok_begin = 0, .tok_end = 900,
+                        .dtype = FLX_DT_BF16, .head_dim = 64, .order = FLX_KV_ORDER_GRANULE};
+    flx_kv_claim_t *cl;
+    CHECK_OK(flx_kv_chunk_claim(s, a, &c, &cl));
+    flx_kv_session_info_t info;
+    CHECK_OK(flx_kv_session_info(s, a, &info));
+    CHECK(info.claims_inflight == 1 && info.memory_held && info.t_first_byte_ns >= info.t_open_ns);
+    CHECK_OK(flx_kv_session_fail(s, a, "peer died"));
+    CHECK(used_bytes(s, &pending) == per && pending == per);
+    /* The receive writes into the claimed destinations after the failure: they are still the
+     * session's, not another session's, even though a new one opens meanwhile. */
+    flx_kv_session_id_t b = open_session(s, 900, 4, FLX_KV_SESSION_NO_STATS);
+    CHECK(used_bytes(s, NULL) == 2 * per);
+    flx_bf16_t *payload = kv_granule_payload(&pr, 1, 0, 2, 0, 900);
+    const uint8_t *src = (const uint8_t *)payload;
+    for (uint32_t i = 0; i < cl->n_iov; i++) {
+        memcpy(cl->iov[i].dst, src, cl->iov[i].len);
+        src += cl->iov[i].len;
+    }
+    free(payload);
+    CHECK_ST(flx_kv_chunk_complete(s, cl, 1), FLX_ERR_STATE); /* counted for nobody */
+    CHECK(used_bytes(s, &pending) == per && pending == 0);   /* a's memory is back, b's stays */
+    CHECK_OK(flx_kv_session_info(s, a, &info));
+    CHECK(info.state == FLX_KV_FAILED && !info.memory_held && info.claims_inflight == 0);
+    CHECK(strstr(info.fail_reason, "peer died") && info.t_end_ns >= info.t_open_ns);
+    /* b is whole and right: nothing of a's late receive landed in it. */
+    kv_push_random(s, b, &pr, &rng);
+    CHECK(state_of(s, b) == FLX_KV_READY);
+    flx_kv_session_h sess;
+    CHECK_OK(flx_kv_session_info(s, b, &info));
+    CHECK_OK(flx_kv_session_acquire(s, b, &sess));
+    kv_check_placement(sess, &info, &pr);
+    flx_kv_session_release(sess);
+    CHECK_OK(flx_kv_session_close(s, a));
+    CHECK_OK(flx_kv_session_close(s, b));
+    CHECK(used_bytes(s, &pending) == 0 && pending == 0);
+    /* A claim failing its own session (ok = 0): memory back at complete. */
+    a = open_session(s, 900, 4, FLX_KV_SESSION_NO_STATS);
+    CHECK_OK(flx_kv_chunk_claim(s, a, &c, &cl));
+    CHECK_OK(flx_kv_chunk_complete(s, cl, 0));
+    CHECK(state_of(s, a) == FLX_KV_FAILED && used_bytes(s, NULL) == 0);
+    CHECK_OK(flx_kv_session_close(s, a));
+    /* Closed with a claim in flight: the id is dead at once, the memory waits for the claim. */
+    a = open_session(s, 900, 4, FLX_KV_SESSION_NO_STATS);
+    CHECK_OK(flx_kv_chunk_claim(s, a, &c, &cl));
+    CHECK_OK(flx_kv_session_close(s, a));
+    CHECK_ST(flx_kv_session_info(s, a, &info), FLX_ERR_NOT_FOUND);
+    CHECK(used_bytes(s, &pending) == per && pending == per);
+    CHECK_ST(flx_kv_chunk_complete(s, cl, 1), FLX_ERR_STATE);
+    CHECK(used_bytes(s, &pending) == 0 && pending == 0);
+    kv_prompt_free(&pr);
+    flx_kv_store_destroy(s);
+}
+
+/* Deadlines, leases, renewal and the expiry sweep; views keep memory across a lease expiry. */
+static void test_deadline_lease(void)
+{
+    flx_kv_store_h s = kv_make_store(2, 2, 2, 64, 64, 256, 64u << 20);
+    kv_prompt_t pr;
+    kv_prompt_random(&pr, 2, 2, 64, 700, &rng);
+    const uint64_t t0 = flx_now_ns(), ms = 1000000;
+    flx_kv_session_params_t sp = {.prompt_len = 700, .max_new_tokens = 4, .flags = FLX_KV_SESSION_NO_STATS,
+                                  .deadline_ns = t0 + 50 * ms, .lease_ns = 2000 * ms};
+    flx_kv_session_id_t a, b, c;
+    CHECK_OK(flx_kv_session_open(s, &sp, &a));   /* stalls half way */
+    CHECK_OK(flx_kv_session_open(s, &sp, &b));   /* READY, not claimed */
+    sp.deadline_ns = t0 + 60 * ms;
+    CHECK_OK(flx_kv_session_open(s, &sp, &c));   /* READY, claimed */
+    CHECK_OK(kv_push_chunk(s, a, &pr, 0, 0, 2, 0, 700));
+    kv_push_random(s, b, &pr, &rng);
+    kv_push_random(s, c, &pr, &rng);
+    CHECK(state_of(s, b) == FLX_KV_READY);
+    uint64_t next;
+    CHECK(flx_kv_store_expire(s, t0, &next) == 0);
+    flx_kv_session_info_t ib;
+    CHECK_OK(flx_kv_session_info(s, b, &ib));
+    CHECK(ib.lease_end_ns == ib.t_ready_ns + 2000 * ms);
+    CHECK(next == FLX_MIN(t0 + 50 * ms, ib.lease_end_ns));
+    /* c is claimed before its lease ends: never reclaimed. A view of b is held across its expiry. */
+    CHECK_OK(flx_kv_session_begin_decode(s, c));
+    flx_kv_session_h view;
+    CHECK_OK(flx_kv_session_acquire(s, b, &view));
+    /* Renewing b's lease moves its end. */
+    CHECK_OK(flx_kv_session_renew(s, b, 3000 * ms));
+    flx_kv_session_info_t ib2;
+    CHECK_OK(flx_kv_session_info(s, b, &ib2));
+    CHECK(ib2.lease_end_ns > ib.lease_end_ns && ib2.lease_ns == 3000 * ms);
+    CHECK_ST(flx_kv_session_renew(s, c, ms), FLX_ERR_STATE); /* DECODING */
+    /* At t0 + 55 ms: a's deadline passed; b's lease ends later. */
+    CHECK(flx_kv_store_expire(s, t0 + 55 * ms, &next) == 1);
+    flx_kv_session_info_t ia;
+    CHECK_OK(flx_kv_session_info(s, a, &ia));
+    CHECK(ia.state == FLX_KV_FAILED && strstr(ia.fail_reason, "deadline") && strstr(ia.fail_reason, "layers"));
+    CHECK(!ia.memory_held);
+    CHECK(next == ib2.lease_end_ns);
+    /* Past b's lease: reclaimed; the view keeps its memory readable until released. */
+    CHECK(flx_kv_store_expire(s, ib2.lease_end_ns, &next) == 1);
+    CHECK(next == UINT64_MAX);
+    CHECK_OK(flx_kv_session_info(s, b, &ib));
+    CHECK(ib.state == FLX_KV_FAILED && strstr(ib.fail_reason, "lease") && ib.memory_held);
+    CHECK_ST(flx_kv_session_begin_decode(s, b), FLX_ERR_STATE);
+    flx_kv_head_view_t v;
+    CHECK_OK(flx_kv_head_view(view, 1, 1, &v));
+    CHECK(memcmp(v.win_k, kv_row(&pr, pr.k, 1, 1, 0), 64 * sizeof(flx_bf16_t)) == 0);
+    size_t pending;
+    CHECK(used_bytes(s, &pending) == 2 * ib.reserved_bytes && pending == ib.reserved_bytes);
+    flx_kv_session_release(view);
+    CHECK(used_bytes(s, &pending) == ib.reserved_bytes && pending == 0); /* c's only */
+    CHECK(state_of(s, c) == FLX_KV_DECODING);
+    CHECK_OK(flx_kv_session_close(s, a));
+    CHECK_OK(flx_kv_session_close(s, b));
+    CHECK_OK(flx_kv_session_close(s, c));
+    CHECK(used_bytes(s, NULL) == 0);
+    kv_prompt_free(&pr);
+    flx_kv_store_destroy(s);
+}
+
+/* COMMIT: READY only after the prefill's totals and first token; disagreements fail it. */
+static void test_commit(void)
+{
+    const uint32_t H = 4, D = 64;
+    flx_kv_store_h s = kv_make_store(2, 2, H, D, 64, 256, 64u << 20);
+    kv_prompt_t pr;
+    kv_prompt_random(&pr, 2, 2, D, 500, &rng);
+    flx_head_stats_t st[4];
+    float mk[4 * 64], qa[4 * 64];
+    fill_stats(st, mk, qa, H, D);
+    const uint64_t kv_bytes = 2ull * 2 * 500 * 64 * 2 * 2;
+    flx_kv_commit_t good = {.first_token = 17, .n_stats_layers = 2, .kv_bytes = kv_bytes};
+    /* Commit first, then data: READY when the last piece lands. */
+    flx_kv_session_id_t a = open_session(s, 500, 4, FLX_KV_SESSION_COMMIT);
+    CHECK_OK(flx_kv_session_commit(s, a, &good));
+    CHECK(state_of(s, a) == FLX_KV_RESERVED);
+    kv_push_random(s, a, &pr, &rng);
+    CHECK_OK(flx_kv_stats_write(s, a, 0, st, mk, qa));
+    CHECK(state_of(s, a) == FLX_KV_RECEIVING);
+    CHECK_OK(flx_kv_stats_write(s, a, 1, st, mk, qa));
+    flx_kv_session_info_t info;
+    CHECK_OK(flx_kv_session_info(s, a, &info));
+    CHECK(info.state == FLX_KV_READY && info.first_token == 17);
+    CHECK(info.t_open_ns <= info.t_first_byte_ns && info.t_first_byte_ns <= info.t_last_byte_ns &&
+          info.t_last_byte_ns <= info.t_ready_ns);
+    CHECK_OK(flx_kv_session_close(s, a));
+    /* Data first: not READY until the commit. */
+    a = open_session(s, 500, 4, FLX_KV_SESSION_COMMIT | FLX_KV_SESSION_NO_STATS);
+    kv_push_random(s, a, &pr, &rng);
+    CHECK(state_of(s, a) == FLX_KV_RECEIVING);
+    flx_kv_commit_t nostats = good;
+    nostats.n_stats_layers = 0;
+    CHECK_OK(flx_kv_session_commit(s, a, &nostats));
+    CHECK(state_of(s, a) == FLX_KV_READY);
+    CHECK_ST(flx_kv_session_commit(s, a, &nostats), FLX_ERR_STATE); /* READY: refused, untouched */
+    CHECK(state_of(s, a) == FLX_KV_READY);
+    CHECK_OK(flx_kv_session_close(s, a));
+    /* Disagreements fail the session, naming the field. */
+    struct { flx_kv_commit_t c; const char *what; } bad[] = {
+        {{.first_token = -3, .n_stats_layers = 2, .kv_bytes = kv_bytes}, "first token"},
+        {{.first_token = 1, .n_stats_layers = 2, .kv_bytes = kv_bytes - 2}, "KV bytes"},
+        {{.first_token = 1, .n_stats_layers = 1, .kv_bytes = kv_bytes}, "statistics"},
+    };
+    for (size_t i = 0; i < FLX_ARRAY_SIZE(bad); i++) {
+        a = open_session(s, 500, 4, FLX_KV_SESSION_COMMIT);
+        CHECK_ST(flx_kv_session_commit(s, a, &bad[i].c), FLX_ERR_INVALID);
+        CHECK_OK(flx_kv_session_info(s, a, &info));
+        CHECK(info.state == FLX_KV_FAILED && strstr(info.fail_reason, bad[i].what));
+        CHECK_OK(flx_kv_session_close(s, a));
+    }
+    a = open_session(s, 500, 4, FLX_KV_SESSION_COMMIT);
+    CHECK_OK(flx_kv_session_commit(s, a, &good));
+    CHECK_ST(flx_kv_session_commit(s, a, &good), FLX_ERR_DUPLICATE);
+    CHECK(state_of(s, a) == FLX_KV_FAILED);
+    CHECK_OK(flx_kv_session_close(s, a));
+    /* Without COMMIT: refused, nothing changes; first_token stays -1. */
+    a = open_session(s, 500, 4, 0);
+    CHECK_ST(flx_kv_session_commit(s, a, &good), FLX_ERR_STATE);
+    CHECK_OK(flx_kv_session_info(s, a, &info));
+    CHECK(info.state == FLX_KV_RESERVED && info.first_token == -1);
+    CHECK_OK(flx_kv_session_close(s, a));
+    CHECK(used_bytes(s, NULL) == 0);
+    kv_prompt_free(&pr);
+    flx_kv_store_destroy(s);
+}
+
+typedef struct wait_arg {
+    flx_kv_store_h s;
+    flx_kv_session_id_t sid;
+    flx_status_t st;
+    flx_kv_state_t state;
+    uint64_t woke_ns;
+} wait_arg_t;
+
+static void *waiter(void *p)
+{
+    wait_arg_t *w = p;
+    w->st = flx_kv_session_wait(w->s, w->sid, 10ull * 1000000000, &w->state);
+    w->woke_ns = flx_now_ns();
+    return NULL;
+}
+
+/* flx_kv_session_wait wakes on READY, FAILED and close, and times out otherwise. */
+static void test_wait(void)
+{
+    flx_kv_store_h s = kv_make_store(1, 2, 2, 64, 64, 256, 64u << 20);
+    kv_prompt_t pr;
+    kv_prompt_random(&pr, 1, 2, 64, 300, &rng);
+    for (int how = 0; how < 3; how++) {
+        wait_arg_t w = {.s = s, .sid = open_session(s, 300, 4, FLX_KV_SESSION_NO_STATS)};
+        pthread_t t;
+        CHECK(pthread_create(&t, NULL, waiter, &w) == 0);
+        usleep(20000);
+        uint64_t t_act = flx_now_ns();
+        if (how == 0) kv_push_random(s, w.sid, &pr, &rng);
+        else if (how == 1) CHECK_OK(flx_kv_session_fail(s, w.sid, "test"));
+        else CHECK_OK(flx_kv_session_close(s, w.sid));
+        CHECK(pthread_join(t, NULL) == 0);
+        CHECK(w.woke_ns >= t_act && w.woke_ns - t_act < 2000000000ull);
+        if (how == 0) CHECK(w.st == FLX_OK && w.state == FLX_KV_READY);
+        if (how == 1) CHECK(w.st == FLX_OK && w.state == FLX_KV_FAILED);
+        if (how == 2) CHECK(w.st == FLX_ERR_NOT_FOUND);
+        if (how < 2) CHECK_OK(flx_kv_session_close(s, w.sid));
+    }
+    flx_kv_session_id_t a = open_session(s, 300, 4, FLX_KV_SESSION_NO_STATS);
+    flx_kv_state_t state;
+    uint64_t t = flx_now_ns();
+    CHECK_ST(flx_kv_session_wait(s, a, 30000000, &state), FLX_ERR_TIMEOUT);
+    CHECK(flx_now_ns() - t >= 30000000);
+    CHECK(strstr(flx_error_msg(), "RESERVED"));
+    CHECK_OK(flx_kv_session_close(s, a));
+    kv_prompt_free(&pr);
+    flx_kv_store_destroy(s);
+}
+
+/* GRANULE order: a fresh pool gives a session adjacent blocks, so the host part of a chunk is one
+ * contiguous destination; after fragmentation placement stays right with more destinations. */
+static void test_granule_contiguous(void)
+{
+    const uint32_t D = 64, L = 64 + 16 * 40 + 256;   /* 40 whole host blocks */
+    flx_kv_store_h s = kv_make_store(2, 2, 2, D, 64, 256, 64u << 20);
+    kv_prompt_t pr;
+    kv_prompt_random(&pr, 2, 2, D, L, &rng);
+    flx_kv_session_id_t a = open_session(s, L, 4, FLX_KV_SESSION_NO_STATS);
+    /* Every host token of layer 1, both heads: one destination. */
+    flx_kv_chunk_t c = {.layer = 1, .head_begin = 0, .head_end = 2, .tok_begin = 64, .tok_end = 64 + 16 * 40,
+                        .dtype = FLX_DT_BF16, .head_dim = D, .order = FLX_KV_ORDER_GRANULE};
+    flx_kv_claim_t *cl;
+    CHECK_OK(flx_kv_chunk_claim(s, a, &c, &cl));
+    CHECK(cl->n_iov == 1 && cl->iov[0].len == flx_kv_chunk_bytes(&c) && cl->bytes == cl->iov[0].len);
+    CHECK_OK(flx_kv_chunk_complete(s, cl, 0));
+    /* The same in SPLIT order cannot merge across K and V of a block. */
+    flx_kv_session_id_t b = open_session(s, L, 4, FLX_KV_SESSION_NO_STATS);
+    c.order = FLX_KV_ORDER_SPLIT;
+    CHECK_OK(flx_kv_chunk_claim(s, b, &c, &cl));
+    CHECK(cl->n_iov == 2 * 2 * 40);
+    CHECK_OK(flx_kv_chunk_complete(s, cl, 0));
+    CHECK_OK(flx_kv_session_close(s, a));
+    CHECK_OK(flx_kv_session_close(s, b));
+    /* Fragment the pool (keep every other session of a row), then a long session spans the holes:
+     * correct placement from scattered blocks, whatever the order. */
+    flx_kv_session_id_t ids[12];
+    for (int i = 0; i < 12; i++) ids[i] = open_session(s, 200 + 32 * (uint32_t)i, 4, FLX_KV_SESSION_NO_STATS);
+    for (int i = 0; i < 12; i += 2) CHECK_OK(flx_kv_session_close(s, ids[i]));
+    flx_kv_session_id_t big = open_session(s, L, 4, FLX_KV_SESSION_NO_STATS);
+    kv_push_random(s, big, &pr, &rng);
+    flx_kv_session_info_t info;
+    flx_kv_session_h sess;
+    CHECK_OK(flx_kv_session_info(s, big, &info));
+    CHECK(info.state == FLX_KV_READY);
+    CHECK_OK(flx_kv_session_acquire(s, big, &sess));
+    kv_check_placement(sess, &info, &pr);
+    flx_kv_session_release(sess);
+    CHECK_OK(flx_kv_session_close(s, big));
+    for (int i = 1; i < 12; i += 2) CHECK_OK(flx_kv_session_close(s, ids[i]));
+    CHECK(used_bytes(s, NULL) == 0);
+    kv_prompt_free(&pr);
+    flx_kv_store_destroy(s);
+}
+
 static void test_capacity(void)
 {
     flx_kv_store_h s = kv_make_store(2, 2, 2, 64, 64, 256, 8u << 20);
@@ -481,7 +761,7 @@ static void test_capacity(void)
     CHECK_OK(flx_kv_session_bytes(s, 4096, 16, &per));
     flx_kv_session_id_t ids[64];
     int n = 0;
-    flx_kv_session_params_t sp = {4096, 16, FLX_KV_SESSION_NO_STATS};
+    flx_kv_session_params_t sp = {.prompt_len = 4096, .max_new_tokens = 16, .flags = FLX_KV_SESSION_NO_STATS};
     while (n < 64 && flx_kv_session_open(s, &sp, &ids[n]) == FLX_OK) n++;
     CHECK(n >= 1 && n < 64);
     CHECK((size_t)(n + 1) * per > (8u << 20));
@@ -701,6 +981,11 @@ int main(void)
     test_bad_chunks();
     test_stats();
     test_claims();
+    test_lifetime();
+    test_deadline_lease();
+    test_commit();
+    test_wait();
+    test_granule_contiguous();
     test_capacity();
     test_window_device();
     test_numa();

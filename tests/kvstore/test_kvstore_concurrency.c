@@ -97,7 +97,7 @@ static void *churn(void *arg)
 {
     flx_rng_t *rng = arg;
     for (int i = 0; i < 300; i++) {
-        flx_kv_session_params_t sp = {100 + (uint32_t)flx_rng_below(rng, 900), 4, FLX_KV_SESSION_NO_STATS};
+        flx_kv_session_params_t sp = {.prompt_len = 100 + (uint32_t)flx_rng_below(rng, 900), .max_new_tokens = 4, .flags = FLX_KV_SESSION_NO_STATS};
         flx_kv_session_id_t sid;
         flx_status_t st = flx_kv_session_open(store, &sp, &sid);
         if (st == FLX_ERR_CAPACITY) continue;
@@ -119,7 +119,7 @@ int main(void)
     for (int s = 0; s < N_SESS; s++) {
         uint32_t L = 300 + (uint32_t)flx_rng_below(&rng, 1500);
         kv_prompt_random(&prompts[s], 2, 4, 64, L, &rng);
-        flx_kv_session_params_t sp = {L, 4, FLX_KV_SESSION_NO_STATS};
+        flx_kv_session_params_t sp = {.prompt_len = L, .max_new_tokens = 4, .flags = FLX_KV_SESSION_NO_STATS};
         CHECK_OK(flx_kv_session_open(store, &sp, &sids[s]));
         cap += 2 * 4 * (L / 16 + 1);
     }

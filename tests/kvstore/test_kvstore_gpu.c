@@ -66,7 +66,7 @@ static void test_pinned(void)
     flx_kv_store_info_t si;
     flx_kv_store_info(s, &si);
     CHECK(si.pinned == 1 && si.window_on_device == 0);
-    flx_kv_session_params_t sp = {1000, 8, FLX_KV_SESSION_NO_STATS};
+    flx_kv_session_params_t sp = {.prompt_len = 1000, .max_new_tokens = 8, .flags = FLX_KV_SESSION_NO_STATS};
     flx_kv_session_id_t sid;
     CHECK_OK(flx_kv_session_open(s, &sp, &sid));
     CHECK_OK(flx_kv_session_close(s, sid));
@@ -86,7 +86,7 @@ static void test_window(uint32_t L, uint32_t D, int pin)
     CHECK(si.window_on_device == 1 && si.cuda_device == 0 && si.device_capacity_bytes == (256u << 20));
     CHECK(si.pinned == pin);
     const size_t free0 = dev_free();
-    flx_kv_session_params_t sp = {L, max_new, FLX_KV_SESSION_NO_STATS};
+    flx_kv_session_params_t sp = {.prompt_len = L, .max_new_tokens = max_new, .flags = FLX_KV_SESSION_NO_STATS};
     flx_kv_session_id_t sid;
     CHECK_OK(flx_kv_session_open(s, &sp, &sid));
     flx_kv_session_info_t info;
@@ -164,7 +164,7 @@ static void test_budget(void)
     size_t one;
     CHECK_OK(flx_kv_session_device_bytes(s, L, max_new, &one));
     CHECK(one > 0 && one < (1u << 20) && 2 * one > (1u << 20));
-    flx_kv_session_params_t sp = {L, max_new, FLX_KV_SESSION_NO_STATS};
+    flx_kv_session_params_t sp = {.prompt_len = L, .max_new_tokens = max_new, .flags = FLX_KV_SESSION_NO_STATS};
     flx_kv_session_id_t a, b;
     CHECK_OK(flx_kv_session_open(s, &sp, &a));
     flx_kv_store_info_t si0, si;
@@ -209,7 +209,7 @@ static void test_faults(void)
 {
     const uint32_t layers = 3, n_kv = 2, D = 64, L = 700, max_new = 8;
     flx_kv_store_h s = make_store(FLX_KV_STORE_HUGEPAGES | FLX_KV_STORE_WINDOW_DEVICE, 64u << 20, D);
-    flx_kv_session_params_t sp = {L, max_new, FLX_KV_SESSION_NO_STATS};
+    flx_kv_session_params_t sp = {.prompt_len = L, .max_new_tokens = max_new, .flags = FLX_KV_SESSION_NO_STATS};
     flx_kv_session_id_t sid;
     flx_kv_store_info_t si;
     flx_cuda_inject_faults(1);

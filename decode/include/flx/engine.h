@@ -259,6 +259,31 @@ void flx_engine_last_stats(flx_engine_h engine, flx_engine_stats_t *stats_p);
 void flx_engine_total_stats(flx_engine_h engine, flx_engine_stats_t *stats_p);
 
 /*
+ * Prefill with a per-layer sink: the one prefill behind both the in-process path below and a
+ * prefill node (flx-prefill pushes each layer over UCX from its sink). Runs flx_model_prefill of
+ * tokens[0, n) (ws planned for at least n prompt tokens) and hands every layer to out->on_layer as
+ * soon as it is computed: K, V bf16 (n_kv_heads, n, head_dim) (flx/forward.h's layout) and, when
+ * out->tau >= 0, the layer's predictor statistics computed by flx_prefill_stats with Eq. 2
+ * threshold tau over the segments of a store with out->sink / out->local: stats (n_q_heads),
+ * mean_k and q_anchor (n_q_heads, head_dim); NULL without statistics. Pointers are valid during the
+ * call only; an error from the sink stops the prefill with it. first_logits (vocab) gets the last
+ * position's logits.
+ */
+typedef flx_status_t (*flx_prefill_sink_fn)(void *ctx, uint32_t layer, uint32_t n, const flx_bf16_t *k,
+                                            const flx_bf16_t *v, const flx_head_stats_t *stats, const float *mean_k,
+                                            const float *q_anchor);
+
+typedef struct flx_prefill_out {
+    flx_prefill_sink_fn on_layer;
+    void *ctx;
+    float tau;                /* < 0: no statistics; else in (0, 1) */
+    uint32_t sink, local;     /* the decode store's window (flx_kv_store_info_t), for the statistics */
+} flx_prefill_out_t;
+
+flx_status_t flx_engine_prefill_run(const flx_model_t *model, flx_fwd_ws_t *ws, const int32_t *tokens, uint32_t n,
+                                    const flx_prefill_out_t *out, float *first_logits);
+
+/*
  * In-process prefill (what a prefill node does, without the network): runs flx_model_prefill of
  * tokens[0, n) with ws (planned for at least n prompt tokens and by the caller), pushes each
  * layer's K/V into a freshly opened session of store (prompt_len n, window room max_new_tokens,

@@ -183,6 +183,13 @@ typedef struct flx_tok_msg {
 flx_status_t flx_tok_chat(flx_tok_h tok, const flx_tok_msg_t *msgs, size_t n_msgs, int add_generation_prompt,
                           char *buf, size_t cap, size_t *len_p);
 
+/* The token ids of a prompt as the tools feed the model: text (len bytes), wrapped as one user
+ * message with the chat template when chat, BOS added when the tokenizer adds one by default.
+ * *ids_p is malloc'd (the caller frees it), *n_p >= 1; an empty prompt is FLX_ERR_INVALID. One
+ * function for flx-generate and flx-prefill, so both prefill the same tokens. */
+flx_status_t flx_tok_encode_prompt(flx_tok_h tok, const char *text, size_t len, int chat, int32_t **ids_p,
+                                   size_t *n_p);
+
 #ifdef __cplusplus
 }
 #endif

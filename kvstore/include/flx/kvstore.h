@@ -48,6 +48,19 @@
  * for CUDA UVA. Per-session side memory (block tables, metadata, window, statistics, completion
  * bitmaps) is one allocation on the same node. Both count against capacity_bytes; a session that
  * does not fit is refused with FLX_ERR_CAPACITY at open, never later.
+ * A session's blocks are taken in ascending arena order, as one contiguous run when the pool has
+ * one (first fit), so consecutive blocks of a (layer, kv head), and of consecutive heads, are
+ * usually adjacent in memory: a chunk in GRANULE order whose tokens are all host-resident then
+ * lands in one contiguous range (one zero-copy receive instead of one per block).
+ *
+ * MEMORY LIFETIME
+ * A session's memory (blocks, side memory, device window) is held by its owner while the session
+ * lives (RESERVED .. DECODING), by every outstanding chunk claim (a receive in flight into it) and
+ * by every acquired view. FAILED and CLOSED drop the owner's hold; the memory returns to the pool
+ * when the last hold goes, never earlier: a transport's receive still writing into a failed
+ * session's blocks keeps them out of the pool until it completes or is cancelled (peers have
+ * corrupted other requests' KV by reusing pages under an in-flight write). flx_kv_store_info
+ * reports such memory as pending_free_bytes.
  *
  * DEVICE WINDOW (FLX_KV_STORE_WINDOW_DEVICE)
  * When the flag is set and a CUDA device exists at store create, every session gets one device
@@ -69,17 +82,33 @@
  * node.
  *
  * SESSION STATE MACHINE
- *   RESERVED --first chunk--> RECEIVING --last byte + pyramid + stats--> READY
+ *   RESERVED --first chunk or statistics--> RECEIVING
+ *   RECEIVING --last byte + pyramids + statistics (+ commit with COMMIT)--> READY
  *   READY --begin_decode--> DECODING
- *   RESERVED | RECEIVING --bad chunk or transport failure--> FAILED
- *   any --close--> CLOSED (memory returned once the last reference is released)
- * Anything else is refused with FLX_ERR_STATE. A failed session never becomes READY.
+ *   RESERVED | RECEIVING --bad chunk, bad commit, transport failure, deadline--> FAILED
+ *   READY --lease expired without begin_decode--> FAILED (reclaimed: memory back to the pool)
+ *   any --close--> CLOSED
+ * FAILED and CLOSED release the session's memory (MEMORY LIFETIME). Anything else is refused with
+ * FLX_ERR_STATE. A failed session never becomes READY.
+ *
+ * DEADLINE AND LEASE
+ * A session may carry a deadline (READY must come by then) and a lease (a READY session must be
+ * claimed by begin_decode within it, renewable). The store has no thread of its own: whoever owns
+ * the clock calls flx_kv_store_expire (the UCX receiver's progress thread does, flx/transport.h),
+ * which fails the sessions past their time with the reason and says when the next one is due.
+ *
+ * COMMIT
+ * A session opened with FLX_KV_SESSION_COMMIT becomes READY only after flx_kv_session_commit: the
+ * prefill's statement of what it sent (KV bytes, statistics layers) and the first token it
+ * sampled. Totals that disagree with the session fail it. The first token is then part of the
+ * session (flx_kv_session_info().first_token) for the decode side to start from.
  *
  * THREAD MODE
  * All functions are thread-safe. Chunks of one session may be written concurrently from several
  * threads (disjoint ranges). A view obtained through flx_kv_session_acquire stays valid until the
- * matching release, even if the session is closed meanwhile; its KV is immutable once READY. The
- * window is appended by one thread at a time per session (the decode loop).
+ * matching release, even if the session is closed or its lease expires meanwhile; its KV is
+ * immutable once READY. The window is appended by one thread at a time per session (the decode
+ * loop). flx_kv_session_wait blocks its caller only.
  */
 #ifndef FLX_KVSTORE_H
 #define FLX_KVSTORE_H
@@ -161,7 +190,10 @@ typedef struct flx_kv_store_info {
     int hugepages;            /* THP advice accepted */
     int pinned;               /* registered with CUDA */
     size_t capacity_bytes;
-    size_t used_bytes;        /* reserved by open sessions */
+    size_t used_bytes;        /* reserved by sessions whose memory is not yet back in the pool */
+    size_t pending_free_bytes;/* part of used_bytes: FAILED / CLOSED sessions whose memory is still
+                                 held by an in-flight claim or a view (MEMORY LIFETIME) */
+    uint32_t max_sessions;
     size_t block_bytes;
     uint32_t n_sessions;      /* not CLOSED */
     uint32_t n_layers, n_kv_heads, n_q_heads, head_dim, sink, local;
@@ -197,64 +229,132 @@ const char *flx_kv_state_name(flx_kv_state_t s);
 
 enum {
     FLX_KV_SESSION_NO_STATS = 1u << 0,  /* READY without predictor statistics (full / fixed modes) */
+    FLX_KV_SESSION_COMMIT = 1u << 1,    /* READY also needs flx_kv_session_commit (COMMIT above) */
 };
 
 typedef struct flx_kv_session_params {
     uint32_t prompt_len;       /* L >= 1 */
     uint32_t max_new_tokens;   /* window room for generated tokens */
     uint32_t flags;            /* FLX_KV_SESSION_* */
+    uint64_t deadline_ns;      /* flx_now_ns() time by which READY must come; 0 = none */
+    uint64_t lease_ns;         /* ns a READY session may wait for begin_decode; 0 = unlimited */
 } flx_kv_session_params_t;
 
 flx_status_t flx_kv_session_open(flx_kv_store_h store, const flx_kv_session_params_t *params,
                                  flx_kv_session_id_t *sid_p);
-/* Legal from any state but CLOSED; memory returns when the last view is released. */
+/* Legal from any state but CLOSED; the id is dead at once, the memory returns when the last hold
+ * goes (MEMORY LIFETIME). */
 flx_status_t flx_kv_session_close(flx_kv_store_h store, flx_kv_session_id_t sid);
-/* Marks RESERVED/RECEIVING sessions FAILED (transport error, deadline). */
+/* Marks RESERVED/RECEIVING sessions FAILED with the reason (transport error, deadline); the
+ * session stays known (info shows the reason) until closed. */
 flx_status_t flx_kv_session_fail(flx_kv_store_h store, flx_kv_session_id_t sid, const char *reason);
 /* READY -> DECODING. */
 flx_status_t flx_kv_session_begin_decode(flx_kv_store_h store, flx_kv_session_id_t sid);
 
+/* What the prefill says it sent, checked against the session: kv_bytes must equal bytes_expected
+ * and n_stats_layers the number of layers (0 for a NO_STATS session). */
+typedef struct flx_kv_commit {
+    int32_t first_token;       /* the token the prefill sampled from its last logits, >= 0 */
+    uint32_t n_stats_layers;
+    uint64_t kv_bytes;
+} flx_kv_commit_t;
+
+/* For a RESERVED/RECEIVING session opened with FLX_KV_SESSION_COMMIT; may come before the last
+ * chunk has landed (READY then waits for it). Totals that disagree, a negative first token or a
+ * second commit fail the session (FLX_ERR_INVALID / FLX_ERR_DUPLICATE); a session opened without
+ * COMMIT refuses it with FLX_ERR_STATE, unchanged. */
+flx_status_t flx_kv_session_commit(flx_kv_store_h store, flx_kv_session_id_t sid, const flx_kv_commit_t *commit);
+
+/* Sets the lease to lease_ns (0 = unlimited), counted from now for a READY session, from READY for
+ * a RESERVED/RECEIVING one. FLX_ERR_STATE for DECODING, FAILED. */
+flx_status_t flx_kv_session_renew(flx_kv_store_h store, flx_kv_session_id_t sid, uint64_t lease_ns);
+
+/* Fails every RESERVED/RECEIVING session whose deadline is at or before now_ns ("deadline ...")
+ * and every READY session whose lease ended ("lease ... expired"). Returns how many it failed;
+ * *next_ns_p (may be NULL) gets the earliest deadline or lease end still ahead, UINT64_MAX if
+ * none. */
+uint32_t flx_kv_store_expire(flx_kv_store_h store, uint64_t now_ns, uint64_t *next_ns_p);
+
 typedef struct flx_kv_session_info {
     flx_kv_state_t state;
     uint32_t prompt_len, n_sink, n_local, l_cpu, max_new_tokens;
+    uint32_t flags;            /* FLX_KV_SESSION_* it was opened with */
     uint64_t bytes_expected;   /* K+V payload bytes the prefill must push */
-    uint64_t bytes_received;
+    uint64_t bytes_received;   /* K+V payload bytes of completed chunks */
+    uint32_t claims_inflight;  /* chunk claims not yet completed (receives in flight) */
+    int memory_held;           /* the session's memory is still out of the pool */
     size_t reserved_bytes;
     char fail_reason[160];     /* why FAILED, else empty */
     size_t device_bytes;       /* device window bytes (0: host-only window) */
+    int32_t first_token;       /* from the commit; -1 before it or without COMMIT */
+    /* flx_now_ns() times; 0 = not yet */
+    uint64_t t_open_ns;        /* open */
+    uint64_t t_first_byte_ns;  /* first chunk claimed */
+    uint64_t t_last_byte_ns;   /* the chunk that completed the last K/V bytes */
+    uint64_t t_ready_ns;       /* READY */
+    uint64_t t_end_ns;         /* FAILED or CLOSED */
+    uint64_t deadline_ns;      /* 0 = none */
+    uint64_t lease_end_ns;     /* READY: when the lease ends; 0 = unlimited or not READY */
+    uint64_t lease_ns;
 } flx_kv_session_info_t;
 
 flx_status_t flx_kv_session_info(flx_kv_store_h store, flx_kv_session_id_t sid, flx_kv_session_info_t *info_p);
+
+/* Blocks until the session is neither RESERVED nor RECEIVING (READY, DECODING or FAILED: *state_p)
+ * or timeout_ns passed (FLX_ERR_TIMEOUT); FLX_ERR_NOT_FOUND once the session is closed or
+ * unknown. No busy waiting: woken by the store's state changes. */
+flx_status_t flx_kv_session_wait(flx_kv_store_h store, flx_kv_session_id_t sid, uint64_t timeout_ns,
+                                 flx_kv_state_t *state_p);
 
 /* ---- chunks (prefill -> store) ---- */
 
 /*
  * A chunk: K and V of kv heads [head_begin, head_end) of one layer for prompt positions
  * [tok_begin, tok_end). tok_begin is a multiple of 16; tok_end is a multiple of 16 or equals L.
- * Payload layout for K and for V: bf16 (head_end - head_begin, tok_end - tok_begin, head_dim).
- * Every (layer, head, 16-token granule) must arrive exactly once.
+ * Every (layer, head, 16-token granule) must arrive exactly once. Payload order, nh = head_end -
+ * head_begin, nt = tok_end - tok_begin, granule g holding n_g tokens (16, or fewer at L):
+ *   SPLIT    K bf16 (nh, nt, head_dim), then V bf16 (nh, nt, head_dim): a prefill's natural layout;
+ *   GRANULE  for each head, for each granule: K bf16 (n_g, head_dim), then V bf16 (n_g, head_dim):
+ *            a physical block's layout, so the host-resident part of a chunk maps onto adjacent
+ *            blocks as one run (the UCX wire format's order, docs/transfer.md).
  */
+typedef enum {
+    FLX_KV_ORDER_SPLIT = 0,
+    FLX_KV_ORDER_GRANULE = 1,
+} flx_kv_order_t;
+
 typedef struct flx_kv_chunk {
     uint32_t layer;
     uint32_t head_begin, head_end;
     uint32_t tok_begin, tok_end;
     flx_dtype_t dtype;        /* must be FLX_DT_BF16 */
     uint32_t head_dim;        /* must equal the store's */
+    flx_kv_order_t order;     /* payload order; SPLIT (0) by default */
 } flx_kv_chunk_t;
 
-/* Validates, copies and completes a chunk. A malformed, overlapping or duplicate chunk for a
- * RESERVED/RECEIVING session is refused and the session goes FAILED (its peer is broken); a chunk
- * for an unknown, closed, READY or DECODING session is refused and nothing changes. A chunk that
- * completes a layer whose device-window upload fails returns that error (FLX_ERR_DEVICE...) and
- * the session goes FAILED. */
+/* Payload bytes of a chunk (K and V); 0 for an empty or inverted range. */
+static inline uint64_t flx_kv_chunk_bytes(const flx_kv_chunk_t *c)
+{
+    if (c->head_end <= c->head_begin || c->tok_end <= c->tok_begin) return 0;
+    return 2ull * (c->head_end - c->head_begin) * (c->tok_end - c->tok_begin) * c->head_dim * sizeof(flx_bf16_t);
+}
+
+/* Validates, copies and completes a chunk. SPLIT order: k and v are the K and V halves of the
+ * payload; GRANULE order: k is the whole payload and v is unused (NULL). A malformed, overlapping or duplicate
+ * chunk for a RESERVED/RECEIVING session is refused and the session goes FAILED (its peer is
+ * broken); a chunk for an unknown, closed, FAILED, READY or DECODING session is refused and nothing
+ * changes. A chunk that completes a layer whose device-window upload fails returns that error
+ * (FLX_ERR_DEVICE...) and the session goes FAILED. */
 flx_status_t flx_kv_chunk_write(flx_kv_store_h store, flx_kv_session_id_t sid, const flx_kv_chunk_t *chunk,
                                 const flx_bf16_t *k, const flx_bf16_t *v);
 
 /*
  * Zero-copy path for transports: claim validates the chunk and reserves its range (a later
- * overlapping claim is refused), and lists where each (head, 16-token granule) row range of K and
- * of V must land. The caller fills them (for example with a UCX rendezvous receive) and calls
- * complete with ok = 1, or ok = 0 to fail the session.
+ * overlapping claim is refused), and lists where the payload must land, in payload order, with
+ * adjacent destinations merged (n_iov == 1: one contiguous range). The caller fills them (for
+ * example with a UCX rendezvous receive) and calls complete with ok = 1, or ok = 0 to fail the
+ * session. The claim holds the session's memory (MEMORY LIFETIME) until complete, whatever happens
+ * to the session meanwhile: complete must be called exactly once for every claim.
  */
 typedef struct flx_kv_iov {
     void *dst;
@@ -264,7 +364,8 @@ typedef struct flx_kv_iov {
 typedef struct flx_kv_claim {
     flx_kv_session_id_t sid;
     flx_kv_chunk_t chunk;
-    /* Destinations in payload order: for K then V, for each head, for each granule. */
+    /* Destinations in payload order, adjacent ones merged. */
+    uint64_t bytes;           /* payload bytes: the sum of iov[].len */
     uint32_t n_iov;
     flx_kv_iov_t *iov;        /* owned by the claim; valid until complete */
 } flx_kv_claim_t;
@@ -309,7 +410,8 @@ flx_status_t flx_kv_stats_write(flx_kv_store_h store, flx_kv_session_id_t sid, u
 
 typedef struct flx_kv_session *flx_kv_session_h;
 
-/* Takes a reference on a READY or DECODING session; FLX_ERR_STATE otherwise. */
+/* Takes a reference on a READY or DECODING session (it holds the session's memory until release);
+ * FLX_ERR_STATE otherwise. */
 flx_status_t flx_kv_session_acquire(flx_kv_store_h store, flx_kv_session_id_t sid, flx_kv_session_h *sess_p);
 void flx_kv_session_release(flx_kv_session_h sess);
 

@@ -1,0 +1,344 @@
+/*
+ * test_prefill_procs.c - the decode node (this process, through flx/transport.h) and real flx-prefill
+ * processes pushing the synthetic workload over real UCX on loopback: argv[1] is the flx-prefill
+ * binary, argv[2] a scratch directory, argv[3] shm or tcp.
+ *   - a pushed session is READY and bit for bit what a local push of the same workload gives (KV,
+ *     statistics, pyramid), with zero-copy receives for the host-resident parts;
+ *   - three stubs pushing at once into one node all land right;
+ *   - each fault ends as documented within its deadline, with a healthy session receiving at the
+ *     same time unaffected, and the failed session's memory back in the pool: the stub dies
+ *     (SIGKILL) mid-transfer, stalls (alive, heartbeating: the deadline ends it), is frozen (SIGSTOP:
+ *     the node's liveness check ends it), corrupts a chunk after hashing it, sends a wrong token, a
+ *     chunk outside the session, a chunk twice; a READY session nobody claims is reclaimed at its
+ *     lease;
+ *   - flx-prefill's usage errors exit 2 and name the flag.
+ */
+#include <stdio.h>
+
+#include "flx/features.h"
+#include "flx/synth.h"
+#include "proc_util.h"
+#include "tp_testutil.h"
+
+#define NL 3
+#define HQ 8
+#define HKV 2
+#define D 64
+
+static const char *tool, *dir, *tls;
+static flx_tp_err_mode_t em;
+
+static flx_kv_store_h new_store(void)
+{
+    return kv_make_store(NL, HKV, HQ, D, 64, 256, 192u << 20);
+}
+
+/* The same synthetic workload pushed locally (what flx-prefill computes, through the store's own
+ * chunk and statistics writes): the reference of the transferred session. */
+static flx_kv_session_id_t local_push(flx_kv_store_h s, uint32_t L, uint64_t seed)
+{
+    flx_synth_params_t sp;
+    flx_synth_defaults(&sp, NL, HQ, HKV, D, L, 0, seed);
+    flx_synth_t *syn;
+    CHECK_OK(flx_synth_create(&sp, &syn));
+    flx_bf16_t *k = malloc((size_t)HKV * L * D * 2), *v = malloc((size_t)HKV * L * D * 2);
+    float q[HQ * D], mk[HQ * D], qa[HQ * D];
+    flx_head_stats_t st[HQ];
+    flx_kv_session_params_t pp = {.prompt_len = L, .max_new_tokens = 8};
+    flx_kv_session_id_t sid;
+    CHECK_OK(flx_kv_session_open(s, &pp, &sid));
+    flx_kv_session_info_t info;
+    CHECK_OK(flx_kv_session_info(s, sid, &info));
+    for (uint32_t l = 0; l < NL; l++) {
+        CHECK_OK(flx_synth_layer(syn, l, k, v, q, NULL));
+        flx_kv_chunk_t c = {.layer = l, .head_begin = 0, .head_end = HKV, .tok_begin = 0, .tok_end = L,
+                            .dtype = FLX_DT_BF16, .head_dim = D, .order = FLX_KV_ORDER_SPLIT};
+        CHECK_OK(flx_kv_chunk_write(s, sid, &c, k, v));
+        flx_prefill_layer_t pl = {.n_q_heads = HQ, .n_kv_heads = HKV, .head_dim = D, .prompt_len = L,
+                                  .sink = info.n_sink, .local = info.n_local, .k = k, .v = v, .tok_stride = L,
+                                  .q_anchor = q, .tau = 0.1f};
+        CHECK_OK(flx_prefill_stats(&pl, st, mk, qa));
+        CHECK_OK(flx_kv_stats_write(s, sid, l, st, mk, qa));
+    }
+    CHECK(flx_kv_session_info(s, sid, &info) == FLX_OK && info.state == FLX_KV_READY);
+    free(k);
+    free(v);
+    flx_synth_destroy(syn);
+    return sid;
+}
+
+static proc_t push(const flx_tp_session_desc_t *d, const char *name, uint32_t L, uint64_t seed, const char *f1,
+                   const char *f2)
+{
+    char log[600], lens[16], seeds[24];
+    snprintf(log, sizeof log, "%s/%s-%s.log", dir, name, tls);
+    snprintf(lens, sizeof lens, "%u", L);
+    snprintf(seeds, sizeof seeds, "%llu", (unsigned long long)seed);
+    return prefill_start(tool, log, d, em, "--synthetic", "--prompt-len", lens, "--seed", seeds, "--max-chunk-mib", "1",
+                         "--progress-ms", "100000", f1, f2, (const char *)NULL);
+}
+
+static void test_bitwise(void)
+{
+    flx_kv_store_h store = new_store(), ref = new_store();
+    flx_tp_node_h node = tp_test_node(store, em, 20000, 500);
+    const uint32_t L = 64 + 16 * 50 + 256 + 7;
+    flx_tp_session_desc_t d = tp_test_open(node, store, L, 1, 30000, 30000);
+    proc_t p = push(&d, "bitwise", L, 7, NULL, NULL);
+    int rc = proc_wait(&p, 60000);
+    fprintf(stderr, "bitwise: flx-prefill -> %d\n%s", rc, proc_output(&p));
+    CHECK(rc == 0 && strstr(proc_output(&p), "READY"));
+    flx_tp_session_info_t info;
+    CHECK_OK(flx_tp_session_wait(node, d.sid, 10000, &info));
+    CHECK(info.kv.state == FLX_KV_READY && info.kv.first_token == 0 && info.receives_inflight == 0);
+    CHECK(info.kv.t_first_byte_ns && info.t_last_data_ns >= info.kv.t_first_byte_ns &&
+          info.kv.t_ready_ns >= info.kv.t_last_byte_ns);
+    flx_kv_session_id_t want = local_push(ref, L, 7);
+    uint32_t parts = tp_test_same_session(store, d.sid, ref, want);
+    flx_tp_node_info_t ni;
+    flx_tp_node_info(node, &ni);
+    fprintf(stderr, "bitwise: %u (layer, head) parts equal; receives contig %llu iov %llu eager %llu\n", parts,
+            (unsigned long long)ni.contig_receives, (unsigned long long)ni.iov_receives,
+            (unsigned long long)ni.eager_receives);
+    CHECK(ni.contig_receives >= NL && ni.iov_receives == 0);
+    CHECK_OK(flx_tp_session_close(node, d.sid));
+    flx_tp_node_destroy(node);
+    flx_kv_store_destroy(store);
+    flx_kv_store_destroy(ref);
+}
+
+static void test_concurrent(void)
+{
+    flx_kv_store_h store = new_store(), ref = new_store();
+    flx_tp_node_h node = tp_test_node(store, em, 20000, 500);
+    const uint32_t Ls[3] = {700, 1337, 2048};
+    flx_tp_session_desc_t d[3];
+    proc_t p[3];
+    for (int i = 0; i < 3; i++) d[i] = tp_test_open(node, store, Ls[i], 1, 60000, 60000);
+    for (int i = 0; i < 3; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "conc%d", i);
+        p[i] = push(&d[i], name, Ls[i], 100 + (uint64_t)i, NULL, NULL);
+    }
+    for (int i = 0; i < 3; i++) {
+        int rc = proc_wait(&p[i], 120000);
+        if (rc) fprintf(stderr, "concurrent %d: flx-prefill -> %d\n%s", i, rc, proc_output(&p[i]));
+        CHECK(rc == 0);
+    }
+    for (int i = 0; i < 3; i++) {
+        flx_tp_session_info_t info;
+        CHECK_OK(flx_tp_session_wait(node, d[i].sid, 10000, &info));
+        CHECK(info.kv.state == FLX_KV_READY);
+        flx_kv_session_id_t want = local_push(ref, Ls[i], 100 + (uint64_t)i);
+        tp_test_same_session(store, d[i].sid, ref, want);
+        CHECK_OK(flx_kv_session_close(ref, want));
+        CHECK_OK(flx_tp_session_close(node, d[i].sid));
+    }
+    fprintf(stderr, "concurrent: 3 stubs at once, all equal to their local pushes\n");
+    flx_tp_node_destroy(node);
+    flx_kv_store_destroy(store);
+    flx_kv_store_destroy(ref);
+}
+
+typedef struct fault {
+    const char *name, *flag, *value;
+    const char *reason;          /* a piece of the fail reason (alternatives separated by '|') */
+    uint32_t timeout_ms;         /* the session's deadline */
+} fault_t;
+
+static int reason_matches(const char *reason, const char *alts)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", alts);
+    for (char *save, *t = strtok_r(buf, "|", &save); t; t = strtok_r(NULL, "|", &save))
+        if (strstr(reason, t)) return 1;
+    return 0;
+}
+
+static void test_faults(void)
+{
+    const uint32_t L = 64 + 16 * 300 + 256; /* 300 host blocks per head: 20 chunks per layer at 1 MiB... */
+    const uint64_t session_bytes = 4ull * NL * HKV * L * D;
+    char half[32];
+    snprintf(half, sizeof half, "%llu", (unsigned long long)(session_bytes / 2));
+    const fault_t faults[] = {
+        {"die", "--die-after-bytes", half, "peer|receive of", 20000},
+        {"stall", "--stall-after-bytes", half, "deadline passed", 8000},
+        {"corrupt", "--corrupt-chunk", "1", "payload_xxh3", 20000},
+        {"wrongtoken", "--wrong-token", NULL, "refused", 20000},
+        {"outside", "--outside-chunk", NULL, "invalid (prompt_len", 20000},
+        {"duplicate", "--duplicate-chunk", "2", "overlaps data already sent", 20000},
+        /* stopped (SIGSTOP) once bytes land: alive for the OS and for UCX, silent for the node */
+        {"freeze", NULL, NULL, "silent", 20000},
+    };
+    for (size_t f = 0; f < FLX_ARRAY_SIZE(faults); f++) {
+        const fault_t *ft = &faults[f];
+        flx_kv_store_h store = new_store(), ref = new_store();
+        /* liveness 3 s where silence is the fault, else long enough that a loaded machine's scheduler
+         * never makes a healthy peer look silent */
+        flx_tp_node_h node = tp_test_node(store, em, !strcmp(ft->name, "freeze") ? 3000 : 20000, 500);
+        /* A healthy session receiving at the same time. */
+        flx_tp_session_desc_t good = tp_test_open(node, store, 1500, 1, 60000, 60000);
+        flx_tp_session_desc_t bad = tp_test_open(node, store, L, 1, ft->timeout_ms, 60000);
+        flx_tp_session_info_t info;
+        CHECK_OK(flx_tp_session_info(node, good.sid, &info));
+        const size_t good_bytes = info.kv.reserved_bytes;
+        proc_t pg = push(&good, "good", 1500, 5, NULL, NULL);
+        char name[32];
+        snprintf(name, sizeof name, "fault-%s", ft->name);
+        proc_t pb = push(&bad, name, L, 9, ft->flag, ft->value);
+        const uint64_t t0 = flx_now_ns();
+        if (!strcmp(ft->name, "freeze")) {
+            for (int i = 0; i < 2000; i++) {
+                CHECK_OK(flx_tp_session_info(node, bad.sid, &info));
+                if (info.kv.bytes_received) break;
+                usleep(1000);
+            }
+            CHECK(kill(pb.pid, SIGSTOP) == 0);
+        }
+        flx_status_t st = flx_tp_session_wait(node, bad.sid, ft->timeout_ms + 5000, &info);
+        const double ms = (double)(flx_now_ns() - t0) / 1e6;
+        if (!strcmp(ft->name, "freeze")) kill(pb.pid, SIGKILL);
+        int rc_bad = proc_wait(&pb, 30000);
+        fprintf(stderr, "fault %s (%s): %s after %.0f ms, reason '%s'; flx-prefill -> %d: %s", ft->name, tls,
+                st ? flx_error_msg() : flx_kv_state_name(info.kv.state), ms, info.kv.fail_reason, rc_bad,
+                proc_output(&pb));
+        CHECK(st == FLX_OK && info.kv.state == FLX_KV_FAILED);
+        CHECK(reason_matches(info.kv.fail_reason, ft->reason));
+        /* within its deadline (plus what a loaded machine's scheduler may add to the node's sweep) */
+        CHECK(info.kv.t_end_ns - info.kv.t_open_ns <= (uint64_t)ft->timeout_ms * 1000000 + 2000000000ull);
+        CHECK(rc_bad != 0);
+        if (!strcmp(ft->name, "wrongtoken")) CHECK(info.kv.bytes_received == 0); /* nothing touched memory */
+        /* Its memory back in the pool once nothing is in flight into it (the grace period cancels
+         * what UCX can cancel). */
+        for (int i = 0; i < 2000; i++) { /* up to 20 s: a loaded machine is slow, a stuck receive never ends */
+            CHECK_OK(flx_tp_session_info(node, bad.sid, &info));
+            if (!info.kv.memory_held) break;
+            usleep(10000);
+        }
+        if (info.kv.memory_held || info.receives_inflight) {
+            flx_tp_node_info_t ni;
+            flx_tp_node_info(node, &ni);
+            fprintf(stderr, "fault %s: memory still held: %u receives, %u claims in flight into the session, %llu "
+                            "receives in flight in the node, %u connections\n",
+                    ft->name, info.receives_inflight, info.kv.claims_inflight,
+                    (unsigned long long)ni.receives_inflight, ni.n_conns);
+        }
+        CHECK(!info.kv.memory_held && info.receives_inflight == 0);
+        /* The healthy one: unaffected. */
+        int rc_good = proc_wait(&pg, 60000);
+        if (rc_good) fprintf(stderr, "good session's flx-prefill -> %d\n%s", rc_good, proc_output(&pg));
+        CHECK(rc_good == 0);
+        CHECK_OK(flx_tp_session_wait(node, good.sid, 10000, &info));
+        CHECK(info.kv.state == FLX_KV_READY);
+        flx_kv_session_id_t want = local_push(ref, 1500, 5);
+        tp_test_same_session(store, good.sid, ref, want);
+        flx_kv_store_info_t si;
+        flx_kv_store_info(store, &si);
+        CHECK(si.used_bytes == good_bytes && si.pending_free_bytes == 0);
+        CHECK_OK(flx_tp_session_close(node, bad.sid));
+        CHECK_OK(flx_tp_session_close(node, good.sid));
+        flx_tp_node_destroy(node);
+        flx_kv_store_info(store, &si);
+        CHECK(si.used_bytes == 0);
+        flx_kv_store_destroy(store);
+        flx_kv_store_destroy(ref);
+    }
+}
+
+/* A READY session that no decode claims within its lease is reclaimed; one claimed in time is not. */
+static void test_lease(void)
+{
+    flx_kv_store_h store = new_store();
+    flx_tp_node_h node = tp_test_node(store, em, 20000, 500);
+    flx_tp_session_desc_t a = tp_test_open(node, store, 900, 0, 30000, 300);
+    flx_tp_session_desc_t b = tp_test_open(node, store, 900, 0, 30000, 300);
+    proc_t pa = push(&a, "lease-a", 900, 1, NULL, NULL), pb = push(&b, "lease-b", 900, 2, NULL, NULL);
+    CHECK(proc_wait(&pa, 60000) == 0 && proc_wait(&pb, 60000) == 0);
+    flx_tp_session_info_t info;
+    CHECK_OK(flx_tp_session_wait(node, b.sid, 10000, &info));
+    CHECK(info.kv.state == FLX_KV_READY && info.kv.flags & FLX_KV_SESSION_NO_STATS);
+    CHECK_OK(flx_kv_session_begin_decode(store, b.sid)); /* claimed: what flx_engine_add does */
+    for (int i = 0; i < 1000; i++) { /* the lease is 300 ms; the node's sweep runs at least every second */
+        CHECK_OK(flx_tp_session_info(node, a.sid, &info));
+        if (info.kv.state != FLX_KV_READY) break;
+        usleep(10000);
+    }
+    fprintf(stderr, "lease: %s '%s' %.0f ms after READY\n", flx_kv_state_name(info.kv.state), info.kv.fail_reason,
+            (double)(info.kv.t_end_ns - info.kv.t_ready_ns) / 1e6);
+    CHECK(info.kv.state == FLX_KV_FAILED && strstr(info.kv.fail_reason, "lease") && !info.kv.memory_held);
+    CHECK(info.kv.t_end_ns - info.kv.t_ready_ns >= 300000000ull); /* not before its lease */
+    CHECK_OK(flx_tp_session_info(node, b.sid, &info));
+    CHECK(info.kv.state == FLX_KV_DECODING);
+    CHECK_OK(flx_tp_session_close(node, a.sid));
+    CHECK_OK(flx_tp_session_close(node, b.sid));
+    flx_tp_node_destroy(node);
+    flx_kv_store_destroy(store);
+}
+
+static void test_usage(void)
+{
+    static const struct { const char *args, *needle; int rc; } cases[] = {
+        {"--help", "usage", 0},
+        {"--version", "wire format", 0},
+        {"--node 127.0.0.1:1 --session 1", "--token", 2},
+        {"--node nohost --session 1 --token 00000000000000000000000000000000 --synthetic --prompt-len 5", "--node", 2},
+        {"--node h:1 --session 0 --token 00000000000000000000000000000000 --synthetic --prompt-len 5", "--session", 2},
+        {"--node h:1 --session 1 --token 0000 --synthetic --prompt-len 5", "--token", 2},
+        {"--node h:1 --session 1 --token 00000000000000000000000000000000 --synthetic", "--prompt-len", 2},
+        {"--node h:1 --session 1 --token 00000000000000000000000000000000 --synthetic --prompt-len 5 --model m",
+         "either", 2},
+        {"--node h:1 --session 1 --token 00000000000000000000000000000000 --synthetic --prompt-len 5 --prompt",
+         "unknown option '--prompt'", 2},
+        {"--node h:1 --session 1 --token 00000000000000000000000000000000 --synthetic --prompt-len 5 --err-mode x",
+         "--err-mode", 2},
+        {"--node h:1 --session 1 --token 00000000000000000000000000000000 --synthetic --prompt-len 5 --max-chunk-mib",
+         "needs a value", 2},
+    };
+    for (size_t i = 0; i < FLX_ARRAY_SIZE(cases); i++) {
+        char cmd[4096], log[600];
+        snprintf(log, sizeof log, "%s/usage-%s.log", dir, tls); /* the shm and tcp runs share dir */
+        snprintf(cmd, sizeof cmd, "%s %s >%s 2>&1", tool, cases[i].args, log);
+        int r = system(cmd);
+        CHECK(r != -1 && WIFEXITED(r));
+        proc_t p = {0};
+        snprintf(p.log, sizeof p.log, "%s", log);
+        const char *out = proc_output(&p);
+        if (WEXITSTATUS(r) != cases[i].rc || !strstr(out, cases[i].needle))
+            fprintf(stderr, "flx-prefill %s -> %d (want %d, '%s'):\n%s", cases[i].args, WEXITSTATUS(r), cases[i].rc,
+                    cases[i].needle, out);
+        CHECK(WEXITSTATUS(r) == cases[i].rc && strstr(out, cases[i].needle));
+    }
+    /* a node that is not there: exit 1 with the reason, within the timeout */
+    char cmd[4096], log[600];
+    snprintf(log, sizeof log, "%s/usage-%s.log", dir, tls); /* the shm and tcp runs share dir */
+    snprintf(cmd, sizeof cmd,
+             "%s --node 127.0.0.1:9 --session 1 --token 00000000000000000000000000000000 --synthetic --prompt-len 5 "
+             "--timeout-ms 2000 --err-mode %s >%s 2>&1",
+             tool, em == FLX_TP_ERR_NONE ? "none" : "peer", log);
+    int r = system(cmd);
+    proc_t p = {0};
+    snprintf(p.log, sizeof p.log, "%s", log);
+    fprintf(stderr, "no node -> %d: %s", WEXITSTATUS(r), proc_output(&p));
+    CHECK(WIFEXITED(r) && WEXITSTATUS(r) == 1);
+}
+
+int main(int argc, char **argv)
+{
+    CHECK(argc >= 4);
+    tool = argv[1];
+    dir = argv[2];
+    tls = argv[3];
+    em = tp_test_transport(tls);
+    const char *only = argc > 4 ? argv[4] : NULL; /* run one part: usage, bitwise, concurrent, lease, faults */
+#define PART(name)                                    \
+    if (!only || !strcmp(only, #name)) test_##name()
+    PART(usage);
+    PART(bitwise);
+    PART(concurrent);
+    PART(lease);
+    PART(faults);
+#undef PART
+    printf("test_prefill_procs %s: ok\n", tls);
+    return 0;
+}

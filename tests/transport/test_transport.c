@@ -1,0 +1,303 @@
+/*
+ * test_transport.c - the KV transfer in one process, over real UCX (argv[1]: shm or tcp): a node
+ * and senders on their own UCX contexts. Wire format round trips and refusals, the chunk planner,
+ * a whole session landing bit for bit (KV, statistics, pyramid) with contiguous zero-copy
+ * receives, several senders at once, and every fault a peer can cause: wrong token, unknown
+ * session, malformed header, chunk outside the reservation, duplicate, corrupted payload, bad
+ * commit, deadline, lease; each ends as documented and the memory goes back to the pool.
+ */
+#include <pthread.h>
+#include <stdio.h>
+
+#include "tp_testutil.h"
+
+static flx_rng_t rng;
+static flx_tp_err_mode_t em;
+
+static void test_loop(void)
+{
+    const uint32_t NL = 3, HKV = 2, HQ = 4, D = 64, L = 64 + 16 * 37 + 256 + 9;
+    flx_kv_store_h store = kv_make_store(NL, HKV, HQ, D, 64, 256, 64u << 20);
+    flx_tp_node_h node = tp_test_node(store, em, 10000, 500);
+    kv_prompt_t pr;
+    kv_prompt_random(&pr, NL, HKV, D, L, &rng);
+    flx_head_stats_t st[3 * 4];
+    float mk[3 * 4 * 64], qa[3 * 4 * 64];
+    kv_fill_stats(st, mk, qa, NL * HQ, D, &rng);
+    flx_tp_session_desc_t d = tp_test_open(node, store, L, 1, 20000, 20000);
+    flx_tp_sender_h s = tp_test_sender(&d, em);
+    flx_tp_ref_t ref = tp_test_ref(&d);
+    flx_tp_welcome_t w;
+    CHECK_OK(flx_tp_sender_hello(s, &ref, &w));
+    CHECK(w.prompt_len == L && w.n_sink == 64 && w.n_local == 256 && w.n_layers == NL && w.n_q_heads == HQ);
+    tp_test_push(s, &ref, &w, &pr, 1u << 20, st, mk, qa, 42);
+    flx_tp_session_info_t info;
+    CHECK_OK(flx_tp_session_wait(node, d.sid, 20000, &info));
+    fprintf(stderr, "loop: state %s, %llu bytes, reason '%s'\n", flx_kv_state_name(info.kv.state),
+            (unsigned long long)info.kv.bytes_received, info.kv.fail_reason);
+    CHECK(info.kv.state == FLX_KV_READY && info.kv.first_token == 42);
+    flx_kv_session_h sess;
+    CHECK_OK(flx_kv_session_acquire(store, d.sid, &sess));
+    kv_check_placement(sess, &info.kv, &pr);
+    flx_kv_session_release(sess);
+    flx_kv_state_t state;
+    char why[200];
+    CHECK_OK(flx_tp_sender_status(s, d.sid, 5000, &state, why, sizeof why));
+    CHECK(state == FLX_KV_READY);
+    flx_tp_node_info_t ni;
+    flx_tp_node_info(node, &ni);
+    fprintf(stderr, "loop: contig %llu iov %llu eager %llu\n", (unsigned long long)ni.contig_receives,
+            (unsigned long long)ni.iov_receives, (unsigned long long)ni.eager_receives);
+    CHECK(ni.contig_receives >= NL * HKV && ni.iov_receives == 0); /* host parts zero-copy, window eager */
+    CHECK_OK(flx_tp_session_close(node, d.sid));
+    flx_tp_sender_destroy(s);
+    flx_tp_node_destroy(node);
+    flx_kv_store_info_t si;
+    flx_kv_store_info(store, &si);
+    CHECK(si.used_bytes == 0);
+    kv_prompt_free(&pr);
+    flx_kv_store_destroy(store);
+}
+
+/* Every header field is checked, and a refusal names it. */
+static void test_wire(void)
+{
+    flx_tp_hdr_t h = {.kind = FLX_TP_KV, .sid = 0x100000001ull, .layer = 2, .head_begin = 1, .head_end = 3,
+                      .tok_begin = 16, .tok_end = 40, .arg0 = 64};
+    for (uint32_t i = 0; i < FLX_TP_TOKEN_BYTES; i++) h.token[i] = (uint8_t)(i * 7);
+    uint8_t payload[2 * 2 * 24 * 64 * 2];
+    for (size_t i = 0; i < sizeof payload; i++) payload[i] = (uint8_t)i;
+    flx_tp_hdr_set_payload(&h, payload, sizeof payload, 1);
+    CHECK(h.payload_len == flx_tp_kv_bytes(&h));
+    uint8_t b[FLX_TP_HDR_BYTES];
+    flx_tp_hdr_encode(&h, b);
+    flx_tp_hdr_t got;
+    CHECK_OK(flx_tp_hdr_parse(b, sizeof b, sizeof payload, &got));
+    CHECK(memcmp(&got, &h, sizeof h) == 0);
+    /* one defect at a time: the field it names */
+    struct { int off; uint32_t val; int rehash; const char *needle; flx_status_t st; } bad[] = {
+        {0, 0x4b584c47, 0, "magic", FLX_ERR_FORMAT},
+        {4, 2, 0, "version 2", FLX_ERR_UNSUPPORTED},
+        {8, 96, 0, "header_len", FLX_ERR_FORMAT},
+        {40, 3, 0, "header_xxh3", FLX_ERR_FORMAT},        /* a field changed, the hash not */
+        {6, 9, 1, "kind 9", FLX_ERR_FORMAT},
+        {12, 0x80, 1, "unknown flags", FLX_ERR_FORMAT},
+        {68, 1, 1, "reserved", FLX_ERR_FORMAT},
+        {48, 1, 1, "heads [1, 1) empty", FLX_ERR_FORMAT},
+        {56, 16, 1, "tokens [16, 16) empty", FLX_ERR_FORMAT},
+        {60, 24, 1, "head_dim 24", FLX_ERR_FORMAT},
+        {64, 3, 1, "arg1 3", FLX_ERR_FORMAT},
+        {80, 7, 1, "payload 7 bytes", FLX_ERR_FORMAT},
+        {16, 0, 1, "session 0", FLX_ERR_FORMAT},
+    };
+    for (size_t i = 0; i < FLX_ARRAY_SIZE(bad); i++) {
+        uint8_t c[FLX_TP_HDR_BYTES];
+        memcpy(c, b, sizeof c);
+        if (bad[i].off == 4 || bad[i].off == 6) {
+            uint16_t v = (uint16_t)bad[i].val;
+            memcpy(c + bad[i].off, &v, 2);
+        } else if (bad[i].off == 80 || bad[i].off == 16) {
+            uint64_t v = bad[i].val;
+            memcpy(c + bad[i].off, &v, 8);
+        } else {
+            memcpy(c + bad[i].off, &bad[i].val, 4);
+        }
+        if (bad[i].rehash) {
+            uint64_t x = flx_tp_hash(c, 96);
+            memcpy(c + 96, &x, 8);
+        }
+        CHECK_ST(flx_tp_hdr_parse(c, sizeof c, bad[i].off == 80 ? 7 : sizeof payload, &got), bad[i].st);
+        if (!strstr(flx_error_msg(), bad[i].needle)) fprintf(stderr, "wire: '%s' lacks '%s'\n", flx_error_msg(), bad[i].needle);
+        CHECK(strstr(flx_error_msg(), bad[i].needle));
+    }
+    CHECK_ST(flx_tp_hdr_parse(b, sizeof b - 1, sizeof payload, &got), FLX_ERR_FORMAT);
+    CHECK_ST(flx_tp_hdr_parse(b, sizeof b, sizeof payload + 2, &got), FLX_ERR_FORMAT); /* AM data length */
+    CHECK(strstr(flx_error_msg(), "carries"));
+    /* control kinds carry no payload hash, the node sends no token */
+    flx_tp_hdr_t c = {.kind = FLX_TP_COMMIT, .sid = 5, .arg0 = 1, .payload_xxh3 = 9};
+    flx_tp_hdr_encode(&c, b);
+    CHECK_ST(flx_tp_hdr_parse(b, sizeof b, 0, &got), FLX_ERR_FORMAT);
+    flx_tp_hdr_t st = {.kind = FLX_TP_STATUS, .sid = 5, .arg0 = FLX_KV_FAILED, .payload_len = 4};
+    st.token[3] = 1;
+    flx_tp_hdr_encode(&st, b);
+    CHECK_ST(flx_tp_hdr_parse(b, sizeof b, 4, &got), FLX_ERR_FORMAT);
+    CHECK(strstr(flx_error_msg(), "token"));
+    /* WELCOME payload */
+    flx_tp_welcome_t w = {.n_layers = 32, .n_kv_heads = 8, .n_q_heads = 32, .head_dim = 128, .prompt_len = 1000,
+                          .n_sink = 64, .n_local = 256, .flags = FLX_TP_WELCOME_STATS, .heartbeat_ms = 500,
+                          .deadline_left_ns = 5};
+    uint8_t wb[FLX_TP_WELCOME_BYTES];
+    flx_tp_welcome_encode(&w, wb);
+    flx_tp_welcome_t w2;
+    CHECK_OK(flx_tp_welcome_parse(wb, sizeof wb, &w2));
+    CHECK(memcmp(&w, &w2, sizeof w) == 0);
+    w.n_q_heads = 33;
+    flx_tp_welcome_encode(&w, wb);
+    CHECK_ST(flx_tp_welcome_parse(wb, sizeof wb, &w2), FLX_ERR_FORMAT);
+    CHECK(strstr(flx_error_msg(), "n_q_heads 33"));
+    fprintf(stderr, "wire: %zu refusals, each naming its field\n", FLX_ARRAY_SIZE(bad) + 4);
+}
+
+/* The planner covers every (head, token) of a layer exactly once, on 16-token granules, and its
+ * rendezvous chunks are single contiguous destinations in a fresh store. */
+static void test_plan(void)
+{
+    const uint32_t Ls[] = {1, 15, 64, 100, 320, 321, 336, 999, 1024 + 320, 5000};
+    const uint64_t maxes[] = {1u << 10, 1u << 14, 1u << 30};
+    for (size_t i = 0; i < FLX_ARRAY_SIZE(Ls); i++)
+        for (size_t j = 0; j < FLX_ARRAY_SIZE(maxes); j++) {
+            const uint32_t L = Ls[i], H = 3;
+            flx_kv_store_h s = kv_make_store(1, H, H, 64, 64, 256, 64u << 20);
+            flx_kv_session_params_t sp = {.prompt_len = L, .max_new_tokens = 4, .flags = FLX_KV_SESSION_NO_STATS};
+            flx_kv_session_id_t sid;
+            CHECK_OK(flx_kv_session_open(s, &sp, &sid));
+            flx_kv_session_info_t ki;
+            CHECK_OK(flx_kv_session_info(s, sid, &ki));
+            flx_tp_welcome_t w = {.n_layers = 1, .n_kv_heads = H, .n_q_heads = H, .head_dim = 64, .prompt_len = L,
+                                  .n_sink = ki.n_sink, .n_local = ki.n_local, .heartbeat_ms = 1};
+            flx_tp_plan_chunk_t plan[4096];
+            uint32_t n = flx_tp_plan_layer(&w, 0, maxes[j], plan, 4096);
+            CHECK(n <= 4096 && n == flx_tp_plan_layer(&w, 0, maxes[j], NULL, 0));
+            for (uint32_t k = 0; k < n; k++) {
+                flx_kv_claim_t *cl;
+                CHECK_OK(flx_kv_chunk_claim(s, sid, &plan[k].chunk, &cl)); /* overlaps would be refused */
+                if (plan[k].send_flags & FLX_TP_SEND_RNDV) CHECK(cl->n_iov == 1);
+                CHECK(flx_kv_chunk_bytes(&plan[k].chunk) <= FLX_MAX(maxes[j], 4ull * 16 * 64 * H + 4ull * 320 * 64 * H));
+                CHECK_OK(flx_kv_chunk_complete(s, cl, 1));
+            }
+            CHECK_OK(flx_kv_session_info(s, sid, &ki));
+            CHECK(ki.state == FLX_KV_READY && ki.bytes_received == ki.bytes_expected); /* all of it, once */
+            CHECK_OK(flx_kv_session_close(s, sid));
+            flx_kv_store_destroy(s);
+        }
+    fprintf(stderr, "plan: every granule once, rendezvous chunks contiguous\n");
+}
+
+/* A peer without the token cannot touch a session another peer is feeding; a chunk without a hash
+ * fails its session when the node requires hashes; a node shutting down fails what it receives. */
+static void test_hostile(void)
+{
+    const uint32_t NL = 2, HKV = 2, HQ = 2, D = 64, L = 700;
+    flx_kv_store_h store = kv_make_store(NL, HKV, HQ, D, 64, 256, 64u << 20);
+    flx_tp_node_h node = tp_test_node(store, em, 10000, 500);
+    kv_prompt_t pr;
+    kv_prompt_random(&pr, NL, HKV, D, L, &rng);
+    flx_tp_session_desc_t d = tp_test_open(node, store, L, 0, 20000, 20000);
+    flx_tp_sender_h good = tp_test_sender(&d, em), evil = tp_test_sender(&d, em);
+    flx_tp_ref_t ref = tp_test_ref(&d), wrong = ref;
+    wrong.token[5] ^= 1;
+    flx_tp_welcome_t w;
+    CHECK_OK(flx_tp_sender_hello(good, &ref, &w));
+    CHECK_ST(flx_tp_sender_hello(evil, &wrong, &w), FLX_ERR_STATE); /* refused, named */
+    CHECK(strstr(flx_error_msg(), "wrong token"));
+    flx_kv_chunk_t c = {.layer = 0, .head_begin = 0, .head_end = 1, .tok_begin = 64, .tok_end = 128,
+                        .dtype = FLX_DT_BF16, .head_dim = D, .order = FLX_KV_ORDER_GRANULE};
+    flx_bf16_t *junk = calloc(1, flx_kv_chunk_bytes(&c));
+    flx_tp_send_kv(evil, &wrong, &c, junk, FLX_TP_SEND_RNDV, NULL, NULL);
+    flx_tp_sender_flush(evil, 5000);
+    flx_tp_session_info_t info;
+    CHECK_OK(flx_tp_session_info(node, d.sid, &info));
+    CHECK(info.kv.state == FLX_KV_RESERVED && info.kv.bytes_received == 0 && info.msgs_refused >= 1);
+    fprintf(stderr, "hostile: refused '%s'\n", info.last_refusal);
+    tp_test_push(good, &ref, &w, &pr, 1u << 20, NULL, NULL, NULL, 3);
+    CHECK_OK(flx_tp_session_wait(node, d.sid, 20000, &info));
+    CHECK(info.kv.state == FLX_KV_READY);
+    flx_kv_session_h sess;
+    CHECK_OK(flx_kv_session_acquire(store, d.sid, &sess));
+    kv_check_placement(sess, &info.kv, &pr);
+    flx_kv_session_release(sess);
+    CHECK_OK(flx_tp_session_close(node, d.sid));
+    /* no payload hash: the node requires them */
+    d = tp_test_open(node, store, L, 0, 20000, 20000);
+    ref = tp_test_ref(&d);
+    CHECK_OK(flx_tp_sender_hello(good, &ref, &w));
+    CHECK(w.flags & FLX_TP_WELCOME_CHECKSUM);
+    CHECK_OK(flx_tp_send_kv(good, &ref, &c, junk, FLX_TP_SEND_EAGER | FLX_TP_SEND_NO_HASH, NULL, NULL));
+    CHECK_OK(flx_tp_session_wait(node, d.sid, 20000, &info));
+    CHECK(info.kv.state == FLX_KV_FAILED && strstr(info.kv.fail_reason, "payload_xxh3"));
+    flx_kv_state_t state;
+    char why[200];
+    CHECK_OK(flx_tp_sender_status(good, d.sid, 5000, &state, why, sizeof why));
+    CHECK(state == FLX_KV_FAILED && strstr(why, "payload_xxh3"));
+    CHECK_OK(flx_tp_session_close(node, d.sid));
+    /* shutdown: a session half received fails with the reason, its memory back */
+    d = tp_test_open(node, store, L, 0, 20000, 20000);
+    ref = tp_test_ref(&d);
+    CHECK_OK(flx_tp_sender_hello(good, &ref, &w));
+    flx_bf16_t *p = kv_granule_payload(&pr, 0, 0, 1, 64, 128);
+    CHECK_OK(flx_tp_send_kv(good, &ref, &c, p, FLX_TP_SEND_RNDV, NULL, NULL));
+    CHECK_OK(flx_tp_sender_flush(good, 5000));
+    flx_tp_node_destroy(node);
+    flx_kv_session_info_t ki;
+    CHECK_OK(flx_kv_session_info(store, d.sid, &ki));
+    CHECK(ki.state == FLX_KV_FAILED && strstr(ki.fail_reason, "shutting down") && !ki.memory_held);
+    CHECK_OK(flx_kv_session_close(store, d.sid));
+    flx_tp_sender_destroy(good);
+    flx_tp_sender_destroy(evil);
+    free(p);
+    free(junk);
+    kv_prompt_free(&pr);
+    flx_kv_store_info_t si;
+    flx_kv_store_info(store, &si);
+    CHECK(si.used_bytes == 0);
+    flx_kv_store_destroy(store);
+}
+
+/* A rendezvous chunk whose destination is not one range (window and host rows of several heads)
+ * lands through an IOV receive, straight into its places. */
+static void test_iov(void)
+{
+    const uint32_t NL = 2, HKV = 2, HQ = 2, D = 64, L = 64 + 16 * 20 + 256 + 5;
+    flx_kv_store_h store = kv_make_store(NL, HKV, HQ, D, 64, 256, 64u << 20);
+    flx_tp_node_h node = tp_test_node(store, em, 10000, 500);
+    kv_prompt_t pr;
+    kv_prompt_random(&pr, NL, HKV, D, L, &rng);
+    flx_tp_session_desc_t d = tp_test_open(node, store, L, 0, 20000, 20000);
+    flx_tp_sender_h s = tp_test_sender(&d, em);
+    flx_tp_ref_t ref = tp_test_ref(&d);
+    flx_tp_welcome_t w;
+    CHECK_OK(flx_tp_sender_hello(s, &ref, &w));
+    void *bufs[2];
+    uint64_t bytes = 0;
+    for (uint32_t l = 0; l < NL; l++) {
+        flx_kv_chunk_t c = {.layer = l, .head_begin = 0, .head_end = HKV, .tok_begin = 0, .tok_end = L,
+                            .dtype = FLX_DT_BF16, .head_dim = D, .order = FLX_KV_ORDER_GRANULE};
+        bufs[l] = kv_granule_payload(&pr, l, 0, HKV, 0, L);
+        CHECK_OK(flx_tp_send_kv(s, &ref, &c, bufs[l], FLX_TP_SEND_RNDV, NULL, NULL));
+        bytes += flx_kv_chunk_bytes(&c);
+    }
+    flx_kv_commit_t cm = {.first_token = 1, .kv_bytes = bytes};
+    CHECK_OK(flx_tp_send_commit(s, &ref, &cm));
+    CHECK_OK(flx_tp_sender_flush(s, 20000));
+    flx_tp_session_info_t info;
+    CHECK_OK(flx_tp_session_wait(node, d.sid, 20000, &info));
+    CHECK(info.kv.state == FLX_KV_READY);
+    flx_kv_session_h sess;
+    CHECK_OK(flx_kv_session_acquire(store, d.sid, &sess));
+    kv_check_placement(sess, &info.kv, &pr);
+    flx_kv_session_release(sess);
+    flx_tp_node_info_t ni;
+    flx_tp_node_info(node, &ni);
+    fprintf(stderr, "iov: %llu IOV rendezvous receives, placement right\n", (unsigned long long)ni.iov_receives);
+    CHECK(ni.iov_receives == NL && ni.contig_receives == 0);
+    CHECK_OK(flx_tp_session_close(node, d.sid));
+    flx_tp_sender_destroy(s);
+    flx_tp_node_destroy(node);
+    for (uint32_t l = 0; l < NL; l++) free(bufs[l]);
+    kv_prompt_free(&pr);
+    flx_kv_store_destroy(store);
+}
+
+int main(int argc, char **argv)
+{
+    CHECK(argc >= 2);
+    em = tp_test_transport(argv[1]);
+    flx_rng_seed(&rng, flx_test_seed("test_transport"));
+    test_wire();
+    test_plan();
+    test_loop();
+    test_iov();
+    test_hostile();
+    printf("test_transport %s: ok\n", argv[1]);
+    return 0;
+}
