@@ -1,0 +1,172 @@
+/*
+ * sched_testutil.h - a batch for the scheduler tests: sessions of mixed prompt lengths in a real
+ * kvstore (pinned or not), queries, the tasks of a layer with a mix of FULL, FIXED and SPARSE
+ * configurations and Eq. 3 priorities, window partials, and a thread-per-lane parallel runner.
+ */
+#ifndef SCHED_TESTUTIL_H
+#define SCHED_TESTUTIL_H
+
+#include <pthread.h>
+#include <string.h>
+
+#include "flx/attn.h"
+#include "flx/sched.h"
+#include "flx_test.h"
+#include "kvstore/kv_testutil.h"
+
+#define ST_LAYERS 2
+#define ST_HKV 2
+
+typedef struct st_batch {
+    uint32_t B, G, D, Hq;
+    flx_kv_store_h store;
+    flx_kv_session_id_t *sid;
+    flx_kv_session_h *sess;
+    uint32_t *l_cpu;            /* (B) */
+    uint32_t max_l_cpu;
+    float *q;                   /* (B, Hq, D) */
+    float *o_win, *lse_win;     /* (B, Hq, D), (B, Hq) the CPU window partials of layer `layer` */
+    float *budgets;             /* (B * HKV, G) */
+    flx_sched_task_t *tasks;    /* (B * HKV) */
+    uint32_t n_tasks;
+    uint32_t layer;
+} st_batch_t;
+
+/* B sessions with prompt lengths lens[b] pushed into a store with flags; queries; tasks for every
+ * (sequence, group) with modes cycling FULL / FIXED / SPARSE (budgets 0 and 1 among them). */
+static inline void st_batch_make(st_batch_t *bt, flx_rng_t *rng, uint32_t G, uint32_t D, const uint32_t *lens,
+                                 uint32_t B, uint32_t store_flags)
+{
+    memset(bt, 0, sizeof *bt);
+    bt->B = B, bt->G = G, bt->D = D, bt->Hq = ST_HKV * G, bt->layer = 1;
+    bt->store = kv_make_store_flags(ST_LAYERS, ST_HKV, bt->Hq, D, 64, 256, 512u << 20, store_flags);
+    bt->sid = calloc(B, sizeof *bt->sid);
+    bt->sess = calloc(B, sizeof *bt->sess);
+    bt->l_cpu = calloc(B, sizeof *bt->l_cpu);
+    CHECK(bt->sid && bt->sess && bt->l_cpu);
+    for (uint32_t b = 0; b < B; b++) {
+        flx_kv_session_params_t sp = {lens[b], 8, FLX_KV_SESSION_NO_STATS};
+        CHECK_OK(flx_kv_session_open(bt->store, &sp, &bt->sid[b]));
+        kv_prompt_t pr;
+        kv_prompt_random(&pr, ST_LAYERS, ST_HKV, D, lens[b], rng);
+        kv_push_random(bt->store, bt->sid[b], &pr, rng);
+        kv_prompt_free(&pr);
+        CHECK_OK(flx_kv_session_acquire(bt->store, bt->sid[b], &bt->sess[b]));
+        flx_kv_session_info_t info;
+        CHECK_OK(flx_kv_session_info(bt->store, bt->sid[b], &info));
+        bt->l_cpu[b] = info.l_cpu;
+        bt->max_l_cpu = FLX_MAX(bt->max_l_cpu, info.l_cpu);
+    }
+    if (bt->max_l_cpu == 0) bt->max_l_cpu = 1;
+    const size_t rows = (size_t)B * bt->Hq;
+    bt->q = malloc(rows * D * sizeof(float));
+    bt->o_win = malloc(rows * D * sizeof(float));
+    bt->lse_win = malloc(rows * sizeof(float));
+    bt->budgets = malloc((size_t)B * ST_HKV * G * sizeof(float));
+    bt->tasks = calloc((size_t)B * ST_HKV, sizeof *bt->tasks);
+    CHECK(bt->q && bt->o_win && bt->lse_win && bt->budgets && bt->tasks);
+    for (size_t i = 0; i < rows * D; i++) bt->q[i] = (float)flx_rng_normal(rng);
+    for (uint32_t b = 0; b < B; b++)
+        for (uint32_t g = 0; g < ST_HKV; g++) {
+            flx_kv_head_view_t v;
+            CHECK_OK(flx_kv_head_view(bt->sess[b], bt->layer, g, &v));
+            const size_t r0 = (size_t)b * bt->Hq + (size_t)g * G;
+            CHECK_OK(flx_attn_window_ref(&v, G, bt->q + r0 * D, bt->o_win + r0 * D, bt->lse_win + r0));
+        }
+    const uint32_t blks[4] = {16, 32, 64, 128};
+    for (uint32_t b = 0; b < B; b++)
+        for (uint32_t g = 0; g < ST_HKV; g++) {
+            const uint32_t i = b * ST_HKV + g;
+            flx_sched_task_t *t = &bt->tasks[i];
+            t->seq = b, t->kv_group = g, t->l_cpu = bt->l_cpu[b];
+            float *bud = bt->budgets + (size_t)i * G;
+            const uint32_t kind = (uint32_t)flx_rng_below(rng, 5);
+            double rows_read = 0;
+            if (kind == 0) {
+                t->blk = 0;   /* FULL */
+                rows_read = 2.0 * t->l_cpu * G;
+            } else if (kind == 1) {
+                t->blk = 16, t->budget = 0.05f;
+                rows_read = 2.0 * t->l_cpu / 16 + 2.0 * t->l_cpu * G * 0.05;
+            } else {
+                t->blk = blks[flx_rng_below(rng, 4)];
+                t->budgets = bud;
+                for (uint32_t h = 0; h < G; h++) {
+                    const uint64_t r = flx_rng_below(rng, 6);
+                    bud[h] = r == 0 ? 0.0f : r == 1 ? 1.0f : (float)(flx_rng_uniform(rng) * 0.2);
+                    rows_read += 2.0 * t->l_cpu * bud[h];
+                }
+                rows_read += 2.0 * t->l_cpu / t->blk;
+            }
+            t->priority = (float)rows_read;
+        }
+    bt->n_tasks = B * ST_HKV;
+    bt->tasks[bt->n_tasks - 1].priority = bt->tasks[0].priority;   /* a tie: the earlier task first */
+}
+
+static inline void st_batch_free(st_batch_t *bt)
+{
+    for (uint32_t b = 0; b < bt->B; b++) flx_kv_session_release(bt->sess[b]);
+    flx_kv_store_destroy(bt->store);
+    free(bt->sid), free(bt->sess), free(bt->l_cpu), free(bt->q), free(bt->o_win), free(bt->lse_win);
+    free(bt->budgets), free(bt->tasks);
+}
+
+/* Output rows of the tasks only: o (B, Hq, D) starts as NaN, so a row no task wrote shows. */
+static inline void st_layer(const st_batch_t *bt, flx_sched_layer_t *L, flx_sched_window_t win, float *o, float *lse)
+{
+    const size_t rows = (size_t)bt->B * bt->Hq;
+    for (size_t i = 0; i < rows * bt->D; i++) o[i] = NAN;
+    for (size_t i = 0; i < rows; i++) lse[i] = NAN;
+    memset(L, 0, sizeof *L);
+    L->layer = bt->layer, L->batch = bt->B, L->sess = bt->sess, L->q = bt->q, L->o = o, L->lse = lse;
+    L->window = win, L->o_win = bt->o_win, L->lse_win = bt->lse_win;
+    L->tasks = bt->tasks, L->n_tasks = bt->n_tasks;
+}
+
+/* The parallel runner of the tests: one thread per lane, lane l as worker l. */
+typedef struct st_lane_arg {
+    flx_sched_lane_fn fn;
+    void *arg;
+    uint32_t lane;
+    flx_status_t st;
+} st_lane_arg_t;
+
+static inline void *st_lane_main(void *p)
+{
+    st_lane_arg_t *a = p;
+    a->st = a->fn(a->arg, a->lane, a->lane);
+    return NULL;
+}
+
+static inline flx_status_t st_threads(void *ctx, uint32_t n_lanes, flx_sched_lane_fn fn, void *arg)
+{
+    (void)ctx;
+    pthread_t th[64];
+    st_lane_arg_t a[64];
+    CHECK(n_lanes <= 64);
+    for (uint32_t l = 0; l < n_lanes; l++) {
+        a[l] = (st_lane_arg_t){fn, arg, l, FLX_OK};
+        CHECK(pthread_create(&th[l], NULL, st_lane_main, &a[l]) == 0);
+    }
+    flx_status_t st = FLX_OK;
+    for (uint32_t l = 0; l < n_lanes; l++) {
+        pthread_join(th[l], NULL);
+        if (a[l].st && !st) st = a[l].st;
+    }
+    return st;
+}
+
+static inline flx_sched_h st_sched(const st_batch_t *bt, uint32_t workers, flx_sched_policy_t pol,
+                                   flx_sched_placement_t place, int gpu)
+{
+    flx_sched_params_t p = {.field_mask = FLX_SCHED_FIELD_POLICY | FLX_SCHED_FIELD_PLACEMENT | FLX_SCHED_FIELD_GPU,
+                            .n_cpu_workers = workers, .n_q_heads = bt->Hq, .n_kv_heads = ST_HKV, .head_dim = bt->D,
+                            .max_l_cpu = bt->max_l_cpu, .max_tasks = bt->n_tasks, .policy = pol, .placement = place,
+                            .use_gpu = gpu, .cuda_device = 0, .gpu_streams = 2};
+    flx_sched_h s;
+    CHECK_OK(flx_sched_create(&p, &s));
+    return s;
+}
+
+#endif
