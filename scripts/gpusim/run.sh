@@ -17,7 +17,7 @@ root=$(cd "$here/../.." && pwd)
 build=${1:-build-gpusim}
 shift || true
 tests=("$@")
-if [ ${#tests[@]} -eq 0 ]; then tests=(test_kvstore_gpu test_attn_gpu test_attn_gpu_host test_forward_gpu test_engine_gpu); fi
+if [ ${#tests[@]} -eq 0 ]; then tests=(test_kvstore_gpu test_attn_gpu test_attn_gpu_host test_sched_gpu test_forward_gpu test_engine_gpu); fi
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLX_SANITIZE=address,undefined -DFLX_BENCH=OFF \
   > "$build.configure.log" 2>&1 || { cat "$build.configure.log"; exit 1; }
 grep -q "fluxion: CUDA ON" "$build.configure.log" || { echo "gpusim: needs a CUDA toolkit (nvcc)"; exit 1; }

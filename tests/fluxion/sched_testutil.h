@@ -33,7 +33,10 @@ typedef struct st_batch {
 } st_batch_t;
 
 /* B sessions with prompt lengths lens[b] pushed into a store with flags; queries; tasks for every
- * (sequence, group) with modes cycling FULL / FIXED / SPARSE (budgets 0 and 1 among them). */
+ * (sequence, group) with a random mode, FULL / FIXED / SPARSE (budgets 0 and 1 among them). K and q
+ * take the values -1, 0, 1: every Quest score is an integer, exact in fp32 whatever the summation
+ * order, so CPU and GPU select the same blocks (ties as one rule orders them) and their outputs
+ * can be compared element by element; scores tie often, which the top-k rule must settle. */
 static inline void st_batch_make(st_batch_t *bt, flx_rng_t *rng, uint32_t G, uint32_t D, const uint32_t *lens,
                                  uint32_t B, uint32_t store_flags)
 {
@@ -49,6 +52,8 @@ static inline void st_batch_make(st_batch_t *bt, flx_rng_t *rng, uint32_t G, uin
         CHECK_OK(flx_kv_session_open(bt->store, &sp, &bt->sid[b]));
         kv_prompt_t pr;
         kv_prompt_random(&pr, ST_LAYERS, ST_HKV, D, lens[b], rng);
+        for (size_t i = 0; i < (size_t)ST_LAYERS * ST_HKV * lens[b] * D; i++)
+            pr.k[i] = flx_f32_to_bf16((float)flx_rng_below(rng, 3) - 1.0f);
         kv_push_random(bt->store, bt->sid[b], &pr, rng);
         kv_prompt_free(&pr);
         CHECK_OK(flx_kv_session_acquire(bt->store, bt->sid[b], &bt->sess[b]));
@@ -65,7 +70,7 @@ static inline void st_batch_make(st_batch_t *bt, flx_rng_t *rng, uint32_t G, uin
     bt->budgets = malloc((size_t)B * ST_HKV * G * sizeof(float));
     bt->tasks = calloc((size_t)B * ST_HKV, sizeof *bt->tasks);
     CHECK(bt->q && bt->o_win && bt->lse_win && bt->budgets && bt->tasks);
-    for (size_t i = 0; i < rows * D; i++) bt->q[i] = (float)flx_rng_normal(rng);
+    for (size_t i = 0; i < rows * D; i++) bt->q[i] = (float)flx_rng_below(rng, 3) - 1.0f;
     for (uint32_t b = 0; b < B; b++)
         for (uint32_t g = 0; g < ST_HKV; g++) {
             flx_kv_head_view_t v;
@@ -122,6 +127,37 @@ static inline void st_layer(const st_batch_t *bt, flx_sched_layer_t *L, flx_sche
     L->layer = bt->layer, L->batch = bt->B, L->sess = bt->sess, L->q = bt->q, L->o = o, L->lse = lse;
     L->window = win, L->o_win = bt->o_win, L->lse_win = bt->lse_win;
     L->tasks = bt->tasks, L->n_tasks = bt->n_tasks;
+}
+
+/* The expected output: each task run directly on one workspace. */
+static inline void st_expected(const st_batch_t *bt, flx_sched_window_t win, float *o, float *lse)
+{
+    const uint32_t G = bt->G, D = bt->D;
+    flx_attn_shape_t sh = {.group = G, .head_dim = D, .max_l_cpu = bt->max_l_cpu, .n_threads = 1};
+    size_t bytes;
+    CHECK_OK(flx_attn_plan(&sh, &bytes));
+    void *mem = malloc(bytes);
+    flx_attn_ws_t ws;
+    CHECK_OK(flx_attn_ws_init(&ws, &sh, mem, bytes));
+    const size_t rows = (size_t)bt->B * bt->Hq;
+    for (size_t i = 0; i < rows * D; i++) o[i] = NAN;
+    for (size_t i = 0; i < rows; i++) lse[i] = NAN;
+    for (uint32_t i = 0; i < bt->n_tasks; i++) {
+        const flx_sched_task_t *t = &bt->tasks[i];
+        flx_attn_cfg_t cfg = {.mode = t->blk == 0 ? FLX_ATTN_FULL : t->budgets ? FLX_ATTN_SPARSE : FLX_ATTN_FIXED,
+                              .blk = t->blk, .budgets = t->budgets, .budget = t->budget};
+        flx_kv_head_view_t v;
+        CHECK_OK(flx_kv_head_view(bt->sess[t->seq], bt->layer, t->kv_group, &v));
+        const size_t r0 = (size_t)t->seq * bt->Hq + (size_t)t->kv_group * G;
+        if (win == FLX_SCHED_WIN_COMPUTE) {
+            CHECK_OK(flx_attn_group_run(&ws, &v, bt->q + r0 * D, &cfg, o + r0 * D, lse + r0, NULL));
+        } else {
+            CHECK_OK(flx_attn_host_run(&ws, &v, bt->q + r0 * D, &cfg, o + r0 * D, lse + r0, NULL));
+            if (win == FLX_SCHED_WIN_GIVEN)
+                flx_attn_merge(G, D, bt->o_win + r0 * D, bt->lse_win + r0, o + r0 * D, lse + r0, o + r0 * D, lse + r0);
+        }
+    }
+    free(mem);
 }
 
 /* The parallel runner of the tests: one thread per lane, lane l as worker l. */

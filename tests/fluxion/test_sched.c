@@ -20,37 +20,6 @@
 
 static flx_rng_t rng;
 
-/* The expected output: each task run directly on one workspace. */
-static void expected(const st_batch_t *bt, flx_sched_window_t win, float *o, float *lse)
-{
-    const uint32_t G = bt->G, D = bt->D;
-    flx_attn_shape_t sh = {.group = G, .head_dim = D, .max_l_cpu = bt->max_l_cpu, .n_threads = 1};
-    size_t bytes;
-    CHECK_OK(flx_attn_plan(&sh, &bytes));
-    void *mem = malloc(bytes);
-    flx_attn_ws_t ws;
-    CHECK_OK(flx_attn_ws_init(&ws, &sh, mem, bytes));
-    const size_t rows = (size_t)bt->B * bt->Hq;
-    for (size_t i = 0; i < rows * D; i++) o[i] = NAN;
-    for (size_t i = 0; i < rows; i++) lse[i] = NAN;
-    for (uint32_t i = 0; i < bt->n_tasks; i++) {
-        const flx_sched_task_t *t = &bt->tasks[i];
-        flx_attn_cfg_t cfg = {.mode = t->blk == 0 ? FLX_ATTN_FULL : t->budgets ? FLX_ATTN_SPARSE : FLX_ATTN_FIXED,
-                              .blk = t->blk, .budgets = t->budgets, .budget = t->budget};
-        flx_kv_head_view_t v;
-        CHECK_OK(flx_kv_head_view(bt->sess[t->seq], bt->layer, t->kv_group, &v));
-        const size_t r0 = (size_t)t->seq * bt->Hq + (size_t)t->kv_group * G;
-        if (win == FLX_SCHED_WIN_COMPUTE) {
-            CHECK_OK(flx_attn_group_run(&ws, &v, bt->q + r0 * D, &cfg, o + r0 * D, lse + r0, NULL));
-        } else {
-            CHECK_OK(flx_attn_host_run(&ws, &v, bt->q + r0 * D, &cfg, o + r0 * D, lse + r0, NULL));
-            if (win == FLX_SCHED_WIN_GIVEN)
-                flx_attn_merge(G, D, bt->o_win + r0 * D, bt->lse_win + r0, o + r0 * D, lse + r0, o + r0 * D, lse + r0);
-        }
-    }
-    free(mem);
-}
-
 /* Bitwise, NaN rows included (the rows no task owns stay NaN). */
 static void check_same_bits(const char *lab, const float *a, const float *b, size_t n)
 {
@@ -117,7 +86,7 @@ static void test_schedules(uint32_t G, uint32_t D, const uint32_t *lens, uint32_
     const flx_sched_window_t wins[3] = {FLX_SCHED_WIN_GIVEN, FLX_SCHED_WIN_COMPUTE, FLX_SCHED_WIN_NONE};
     const uint32_t workers[4] = {1, 2, 3, 7};
     for (int wi = 0; wi < 3; wi++) {
-        expected(&bt, wins[wi], o_want, lse_want);
+        st_expected(&bt, wins[wi], o_want, lse_want);
         for (int pol = 0; pol < 4; pol++)
             for (int k = 0; k < 4; k++) {
                 flx_sched_h s = st_sched(&bt, workers[k], (flx_sched_policy_t)pol, FLX_SCHED_HYBRID, 0);
