@@ -22,6 +22,8 @@
 
 #include <stdint.h>
 
+#include "flx/cuda_rt.h"
+
 #define FLX_AG_RW 8        /* query rows per warp */
 #define FLX_AG_WARPS 4     /* warps per block */
 #define FLX_AG_BK 32       /* keys per tile: one per lane */
@@ -216,6 +218,16 @@ __device__ __forceinline__ void warps_merge_store(const rows_t<ND> &st, float *s
         }
         if (lane == 0) lse[r] = m + logf(l);
     }
+}
+
+/* Lets kernel use smem bytes of dynamic shared memory: above the 48 KiB every device gives without
+ * asking, the kernel must opt in (once per kernel would do; the call is cheap and keeps launchers
+ * stateless). */
+template <class K>
+inline flx_status_t smem_opt_in(K *kernel, size_t smem)
+{
+    if (smem <= 48u * 1024u) return FLX_OK;
+    return FLX_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 }
 
 /* Dispatches a kernel template on ND = ceil(D / 32) (D <= 256). */

@@ -349,10 +349,7 @@ extern "C" flx_status_t flx_attn_sparse_gpu_launch(const flx_attn_host_gpu_ws_t 
     const float scale = 1.0f / sqrtf((float)D);
 #define FLX_SPARSE_LAUNCH(ND)                                                                                      \
     do {                                                                                                         \
-        if (smem > 48u * 1024u &&                                                                                \
-            (st = FLX_CUDA_CALL(cudaFuncSetAttribute(sparse_kernel<ND>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                                     (int)smem))) != FLX_OK)                                     \
-            return st;                                                                                           \
+        if ((st = smem_opt_in(sparse_kernel<ND>, smem)) != FLX_OK) return st; \
         sparse_kernel<ND><<<grid, block, smem, stream>>>(*gv, level, G, q, ws->mask, ws->list, ws->count, S,       \
                                                          row_groups, scale, ws->part_o, ws->part_lse);           \
     } while (0)

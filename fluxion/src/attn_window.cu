@@ -74,10 +74,7 @@ extern "C" flx_status_t flx_attn_window_gpu_launch(const flx_attn_gpu_ws_t *ws, 
     const float scale = 1.0f / sqrtf((float)D);
 #define FLX_WINDOW_LAUNCH(ND)                                                                                    \
     do {                                                                                                       \
-        if (smem > 48u * 1024u &&                                                                              \
-            (st = FLX_CUDA_CALL(cudaFuncSetAttribute(window_kernel<ND>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                                     (int)smem))) != FLX_OK)                                   \
-            return st;                                                                                         \
+        if ((st = smem_opt_in(window_kernel<ND>, smem)) != FLX_OK) return st; \
         window_kernel<ND><<<grid, block, smem, stream>>>(ws->items_dev, G, D, row_groups, scale);             \
     } while (0)
     FLX_AG_DISPATCH_ND(D, FLX_WINDOW_LAUNCH)
