@@ -160,35 +160,48 @@ static inline void st_expected(const st_batch_t *bt, flx_sched_window_t win, flo
     free(mem);
 }
 
-/* The parallel runner of the tests: one thread per lane, lane l as worker l. */
-typedef struct st_lane_arg {
+/* The parallel runner of the tests: ctx NULL runs one thread per lane, lane l as worker l; ctx
+ * pointing to a worker count W runs min(W, n_lanes) threads, thread i as worker i, each taking the
+ * next lane from a shared counter (as a worker pool does). */
+typedef struct st_run {
     flx_sched_lane_fn fn;
     void *arg;
-    uint32_t lane;
+    uint32_t n_lanes, worker;
+    uint32_t *next;            /* shared lane counter, or NULL: lane = worker */
     flx_status_t st;
-} st_lane_arg_t;
+} st_run_t;
 
-static inline void *st_lane_main(void *p)
+static inline void *st_thread_main(void *p)
 {
-    st_lane_arg_t *a = p;
-    a->st = a->fn(a->arg, a->lane, a->lane);
+    st_run_t *r = p;
+    if (!r->next) {
+        r->st = r->fn(r->arg, r->worker, r->worker);
+        return NULL;
+    }
+    for (;;) {
+        const uint32_t l = __atomic_fetch_add(r->next, 1, __ATOMIC_RELAXED);
+        if (l >= r->n_lanes) break;
+        flx_status_t st = r->fn(r->arg, l, r->worker);
+        if (st && !r->st) r->st = st;
+    }
     return NULL;
 }
 
 static inline flx_status_t st_threads(void *ctx, uint32_t n_lanes, flx_sched_lane_fn fn, void *arg)
 {
-    (void)ctx;
+    const uint32_t W = ctx ? *(const uint32_t *)ctx : n_lanes, n = W < n_lanes ? W : n_lanes;
     pthread_t th[64];
-    st_lane_arg_t a[64];
-    CHECK(n_lanes <= 64);
-    for (uint32_t l = 0; l < n_lanes; l++) {
-        a[l] = (st_lane_arg_t){fn, arg, l, FLX_OK};
-        CHECK(pthread_create(&th[l], NULL, st_lane_main, &a[l]) == 0);
+    st_run_t r[64];
+    uint32_t next = 0;
+    CHECK(n <= 64);
+    for (uint32_t i = 0; i < n; i++) {
+        r[i] = (st_run_t){fn, arg, n_lanes, i, ctx ? &next : NULL, FLX_OK};
+        CHECK(pthread_create(&th[i], NULL, st_thread_main, &r[i]) == 0);
     }
     flx_status_t st = FLX_OK;
-    for (uint32_t l = 0; l < n_lanes; l++) {
-        pthread_join(th[l], NULL);
-        if (a[l].st && !st) st = a[l].st;
+    for (uint32_t i = 0; i < n; i++) {
+        pthread_join(th[i], NULL);
+        if (r[i].st && !st) st = r[i].st;
     }
     return st;
 }
