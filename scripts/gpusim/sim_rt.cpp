@@ -655,20 +655,37 @@ struct Warp {
     double d[2][32];
     unsigned u[2][32];
 };
+// A block's threads. Between blocks (and while another block size's pool runs) they sleep on a
+// condition variable: std::barrier spins and yields before it sleeps, and hundreds of idle
+// simulated threads yielding would starve the ones doing the work.
 struct Pool {
     unsigned nt;
-    std::barrier<> start, done, block_bar;
+    std::barrier<> block_bar;
     std::vector<std::unique_ptr<Warp>> warps;
     std::vector<std::thread> th;
     std::function<void()> body;
     uint3 bidx;
     char *smem;
-    explicit Pool(unsigned n) : nt(n), start(n + 1), done(n + 1), block_bar(n)
+    std::mutex m;
+    std::condition_variable cv;
+    uint64_t gen = 0;        // blocks started
+    unsigned running = 0;    // threads still in the current block
+    explicit Pool(unsigned n) : nt(n), block_bar(n)
     {
         for (unsigned w = 0; w < n / 32; w++) warps.emplace_back(new Warp());
         for (unsigned t = 0; t < n; t++) th.emplace_back([this, t] { run(t); });
     }
     void run(unsigned t);
+    void block(uint3 b, char *sm)   // runs one block on the pool's threads and waits for it
+    {
+        std::unique_lock<std::mutex> l(m);
+        bidx = b;
+        smem = sm;
+        running = nt;
+        gen++;
+        cv.notify_all();
+        cv.wait(l, [this] { return running == 0; });
+    }
 };
 static thread_local Pool *t_pool;
 static thread_local Warp *t_warp;
@@ -679,14 +696,20 @@ void Pool::run(unsigned t)
     t_pool = this;
     t_warp = warps[t / 32].get();
     t_lane = t % 32;
+    uint64_t seen = 0;
     for (;;) {
-        start.arrive_and_wait();
-        threadIdx = {t, 0, 0};
-        blockIdx = bidx;
-        sim_dyn_smem = smem;
+        {
+            std::unique_lock<std::mutex> l(m);
+            cv.wait(l, [&] { return gen != seen; });
+            seen = gen;
+            threadIdx = {t, 0, 0};
+            blockIdx = bidx;
+            sim_dyn_smem = smem;
+        }
         t_phase = 0;
         body();
-        done.arrive_and_wait();
+        std::lock_guard<std::mutex> l(m);
+        if (--running == 0) cv.notify_all();
     }
 }
 
@@ -756,10 +779,7 @@ void sim_launch(const void *fn, dim3 grid, dim3 block, size_t smem, cudaStream_t
             for (unsigned bx = 0; bx < grid.x; bx++) {
                 char *sm = smem ? (char *)malloc(smem) : nullptr;   // exact size: ASan catches overruns
                 if (sm) memset(sm, 0xCD, smem);
-                p->smem = sm;
-                p->bidx = {bx, by, 0};
-                p->start.arrive_and_wait();
-                p->done.arrive_and_wait();
+                p->block({bx, by, 0}, sm);
                 free(sm);
             }
     });
