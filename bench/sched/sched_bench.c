@@ -21,8 +21,6 @@
  * Output: a table on stdout, one CSV row per (point, configuration), and a SUMMARY line.
  */
 #include <math.h>
-#include <omp.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,33 +40,6 @@ static void die(const char *what)
 {
     fprintf(stderr, "sched_bench: %s: %s\n", what, flx_error_msg());
     exit(1);
-}
-
-/* ---- CPU workers: OpenMP threads pulling lanes (flx/sched.h WORKERS) ---- */
-
-typedef struct par {
-    int workers;
-} par_t;
-
-static flx_status_t omp_parallel(void *ctx, uint32_t n, flx_sched_lane_fn fn, void *arg)
-{
-    const par_t *p = ctx;
-    atomic_uint next = 0;
-    flx_status_t first = FLX_OK;
-#pragma omp parallel num_threads(p->workers)
-    {
-        const uint32_t w = (uint32_t)omp_get_thread_num();
-        for (;;) {
-            const uint32_t l = atomic_fetch_add(&next, 1);
-            if (l >= n) break;
-            flx_status_t st = fn(arg, l, w);
-            if (st) {
-#pragma omp critical
-                if (!first) first = st;
-            }
-        }
-    }
-    return first;
 }
 
 /* ---- configurations ---- */
@@ -172,7 +143,7 @@ static double median(double *v, int n)
 
 typedef struct ctx {
     flx_predictor_h pred;
-    par_t par;
+    flx_pool_h pool;
     uint32_t reps;
     float tau;
     const uint32_t *layers;
@@ -195,7 +166,7 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
         p.mode = cf[c].mode, p.blk = cf[c].blk, p.bgt = cf[c].bgt, p.predictor = cx->pred;
         p.field_mask = FLX_ATTN_LAYER_FIELD_OPTS, p.opts = cf[c].opts;
         p.sched.field_mask = FLX_SCHED_FIELD_POLICY, p.sched.policy = cf[c].policy;
-        p.sched.n_cpu_workers = (uint32_t)cx->par.workers;
+        p.sched.pool = cx->pool;
         if (flx_attn_layer_create(&p, &L[c])) die("attention layer");
     }
     const size_t rows = (size_t)B * HQ;
@@ -213,8 +184,7 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
             sess[b] = set->rp[row_of[b]]->sess;
             memcpy(q + (size_t)b * HQ * D, set->rp[row_of[b]]->q_step, (size_t)HQ * D * sizeof(float));
         }
-        flx_attn_layer_args_t a = {.layer = 0, .batch = B, .sess = sess, .q = q, .window = FLX_LAYER_WIN_COMPUTE,
-                                   .parallel = omp_parallel, .parallel_ctx = (void *)&cx->par};
+        flx_attn_layer_args_t a = {.layer = 0, .batch = B, .sess = sess, .q = q, .window = FLX_LAYER_WIN_COMPUTE};
         for (uint32_t rep = 0; rep < cx->reps; rep++, r++)
             for (uint32_t k = 0; k < nc; k++) {
                 const uint32_t c = (k + rep) % nc;   /* rotated order */
@@ -277,7 +247,7 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
             fprintf(cx->csv, "%s,%s,%u,%u,%.4f,%.4f,%.4f,%.5f,%.0f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.2f,%.0f,%.5f,%d,%s\n",
                     point, cf[c].name, B, max_l, x->ms_med, x->ms_min, x->ms_max, x->within, x->bytes, x->sp16_med,
                     x->sp16_min, x->sp16_max, x->spfull_med, x->spfull_min, x->spfull_max, x->tasks, x->groups,
-                    x->predict_share, cx->par.workers, base_ix >= 0 ? cf[base_ix].name : "");
+                    x->predict_share, flx_pool_size(cx->pool), base_ix >= 0 ? cf[base_ix].name : "");
         free(v), free(rat), free(ratf);
     }
     fflush(stdout);
@@ -345,7 +315,8 @@ int main(int argc, char **argv)
         return 2;
     }
     ctx_t cx = {.reps = (uint32_t)reps, .tau = 0.1f, .layers = layers, .n_layers = n_layers};
-    cx.par.workers = workers ? (int)workers : omp_get_max_threads();
+    flx_pool_params_t pp = {.field_mask = workers ? FLX_POOL_FIELD_N_WORKERS : 0, .n_workers = (uint32_t)workers};
+    if (flx_pool_create(&pp, &cx.pool)) die("worker pool");
     if (flx_predictor_load(weights, &cx.pred)) die(weights);
     cx.csv = csv_path ? fopen(csv_path, "w") : NULL;
     if (cx.csv)
@@ -355,9 +326,9 @@ int main(int argc, char **argv)
     /* memory: a session of L tokens takes 2 x (store + replay source) x L x 8 heads x 128 x 2 bytes */
     const long avail = mem_available_mib();
     const uint64_t budget_tokens = max_tokens ? max_tokens : avail > 0 ? (uint64_t)avail * 1048576 / 2 / 8192 : 1u << 20;
-    printf("sched_bench: Llama-3.1-8B layer shape (32 q heads, 8 kv heads, D 128), synthetic KV, %d CPU workers, "
+    printf("sched_bench: Llama-3.1-8B layer shape (32 q heads, 8 kv heads, D 128), synthetic KV, %s, "
            "%u layer(s), %llu reps; MemAvailable %ld MiB -> at most %llu tokens of sessions at once\n",
-           cx.par.workers, n_layers, (unsigned long long)reps, avail, (unsigned long long)budget_tokens);
+           flx_pool_describe(cx.pool), n_layers, (unsigned long long)reps, avail, (unsigned long long)budget_tokens);
     printf("columns: ms/layer median [min, max] over layers x reps; in-tau share vs full; host MiB read per layer;\n"
            "  base/this: per-rep time ratio, base fixed_16_005 (mix/size points) or fluxion (abl points), median\n"
            "  [min, max]; full/this likewise; tasks per layer / groups; pred: features+predictor+selector share\n");
@@ -423,6 +394,7 @@ int main(int argc, char **argv)
     }
     if (cx.csv) fclose(cx.csv);
     flx_predictor_destroy(cx.pred);
+    flx_pool_destroy(cx.pool);
     printf("SUMMARY speedup_vs_16_005_32k_b4=%.3f speedup_vs_16_005_128k_b8=%.3f speedup_vs_full_32k_b4=%.3f "
            "within_tau_fluxion_32k=%.4f within_tau_16_005_32k=%.4f\n",
            sp16_32k_b4, sp16_128k_b8, spfull_32k_b4, wt_fl_32k, wt_16_32k);

@@ -6,12 +6,12 @@
  * (sequence, group), FLUXION asks the features, the predictor and the selector; from there every
  * mode is the same tasks on the same scheduler, merged by the same function. Everything is sized at
  * create for max_batch sequences: the task array, budgets, the features' rows and window partials,
- * one features workspace and one predictor scratch per CPU worker, the host parts' LSE for deferred
- * merges, per-worker error slots. A run allocates nothing.
+ * one features workspace per worker, the predictor's scratch, the host parts' LSE for deferred
+ * merges. A run allocates nothing.
  *
- * Work handed to the caller's parallel function (features per sequence, predictor row slices)
- * reports errors through per-worker slots: the message is thread-local, so the lane copies it and
- * the driving thread raises the lowest lane's after the run, whatever the timing.
+ * Everything runs on the caller's worker pool: the features per (sequence, KV group) item (each
+ * worker its own workspace for the window kernel), the predictor in its row chunks, the tasks on
+ * the scheduler; the pool reports the lowest failing item's error on the driving thread.
  */
 #include "flx/attn_layer.h"
 
@@ -23,36 +23,28 @@
 #include "flx/features.h"
 #include "flx/util.h"
 
-#define PRED_ROWS_PER_LANE 64u   /* the predictor's rows per slice: big enough for its SIMD blocks */
-
-typedef struct lslot {
-    flx_status_t st;
-    uint32_t lane;
-    char msg[FLX_ERROR_MSG_MAX];
-} __attribute__((aligned(FLX_CACHELINE))) lslot_t;
-
 struct flx_attn_layer {
     flx_attn_layer_params_t p;
-    uint32_t Hq, Hkv, G, D, W;   /* W: CPU workers */
+    uint32_t Hq, Hkv, G, D, W;   /* W: the pool's workers */
+    flx_pool_h pool;             /* borrowed */
     flx_sched_h sched;
     flx_sched_task_t *tasks;     /* (max_batch * Hkv) */
     uint32_t n_tasks;
     float *lse;                  /* (max_batch, Hq) the host parts' LSE of a deferred merge */
-    lslot_t *slots;              /* (W) */
     /* FLUXION */
     float *feat;                 /* (max_batch, Hq, 41) */
     flx_head_pred_t *pred;       /* (max_batch, Hq) */
     float *budgets;              /* (max_batch, Hq) */
     float *o_win, *lse_win;      /* (max_batch, Hq, D), (max_batch, Hq) */
     const flx_bf16_t **win_ptr;  /* (max_batch, 2, Hkv) */
+    flx_feat_layer_t *feat_in;   /* (max_batch) */
     void *fmem;                  /* W features workspaces of fws_bytes */
     size_t fws_bytes;
     flx_attn_ws_t *fws;          /* (W) */
-    void *pscratch;              /* W predictor scratches of ps_bytes */
+    void *pscratch;              /* the predictor's scratch for max_batch * Hq rows */
     size_t ps_bytes;
     /* the run in progress */
     const flx_attn_layer_args_t *a;
-    uint32_t pred_rows, pred_lanes;
 };
 
 static flx_status_t check_params(const flx_attn_layer_params_t *p)
@@ -105,22 +97,23 @@ flx_status_t flx_attn_layer_create(const flx_attn_layer_params_t *params, flx_at
     sp.n_q_heads = L->Hq, sp.n_kv_heads = L->Hkv, sp.head_dim = L->D, sp.max_l_cpu = params->max_l_cpu;
     sp.max_tasks = params->max_batch * L->Hkv;
     if ((st = flx_sched_create(&sp, &L->sched))) goto fail;
-    L->W = sp.n_cpu_workers;
+    L->pool = sp.pool;
+    L->W = flx_pool_size(sp.pool);
     const uint32_t B = params->max_batch;
     const size_t rows = (size_t)B * L->Hq;
     L->tasks = calloc((size_t)B * L->Hkv, sizeof *L->tasks);
     L->lse = malloc(rows * sizeof *L->lse);
-    L->slots = flx_aligned_alloc(FLX_CACHELINE, L->W * sizeof *L->slots);
-    if (!L->tasks || !L->lse || !L->slots) {
+    if (!L->tasks || !L->lse) {
         st = flx_error_set(FLX_ERR_NOMEM, "attention layer: tasks of %u sequences", B);
         goto fail;
     }
     if (L->p.mode == FLX_LAYER_FLUXION) {
-        flx_attn_shape_t fs = {.group = L->G, .head_dim = L->D, .max_l_cpu = 1, .n_threads = 1};
+        flx_attn_shape_t fs = {.group = L->G, .head_dim = L->D, .max_l_cpu = 1, .pool = NULL};
         if ((st = flx_attn_plan(&fs, &L->fws_bytes))) goto fail;
         L->fws_bytes = FLX_ALIGN_UP(L->fws_bytes, FLX_CACHELINE);
         L->ps_bytes = FLX_ALIGN_UP(flx_predictor_scratch_bytes((uint32_t)FLX_MIN(rows, (size_t)UINT32_MAX)) + 1,
                                    FLX_CACHELINE);
+        L->feat_in = calloc(B, sizeof *L->feat_in);
         L->feat = malloc(rows * FLX_FEAT_COUNT * sizeof(float));
         L->pred = malloc(rows * sizeof *L->pred);
         L->budgets = malloc(rows * sizeof(float));
@@ -129,9 +122,9 @@ flx_status_t flx_attn_layer_create(const flx_attn_layer_params_t *params, flx_at
         L->win_ptr = malloc((size_t)B * 2 * L->Hkv * sizeof *L->win_ptr);
         L->fmem = flx_aligned_alloc(FLX_CACHELINE, L->fws_bytes * L->W);
         L->fws = calloc(L->W, sizeof *L->fws);
-        L->pscratch = flx_aligned_alloc(FLX_CACHELINE, L->ps_bytes * L->W);
-        if (!L->feat || !L->pred || !L->budgets || !L->o_win || !L->lse_win || !L->win_ptr || !L->fmem || !L->fws ||
-            !L->pscratch) {
+        L->pscratch = flx_aligned_alloc(FLX_CACHELINE, L->ps_bytes);
+        if (!L->feat || !L->pred || !L->budgets || !L->o_win || !L->lse_win || !L->win_ptr || !L->feat_in || !L->fmem ||
+            !L->fws || !L->pscratch) {
             st = flx_error_set(FLX_ERR_NOMEM, "attention layer: fluxion buffers for %u sequences", B);
             goto fail;
         }
@@ -152,7 +145,7 @@ void flx_attn_layer_destroy(flx_attn_layer_h L)
     flx_sched_destroy(L->sched);
     free(L->tasks);
     free(L->lse);
-    flx_aligned_free(L->slots);
+    free(L->feat_in);
     free(L->feat);
     free(L->pred);
     free(L->budgets);
@@ -165,86 +158,22 @@ void flx_attn_layer_destroy(flx_attn_layer_h L)
     free(L);
 }
 
-/* ---- lanes on the caller's workers ---- */
-
-static void slots_reset(struct flx_attn_layer *L)
-{
-    for (uint32_t w = 0; w < L->W; w++) L->slots[w].st = FLX_OK, L->slots[w].lane = UINT32_MAX;
-}
-
-/* Records lane's failure in worker w's slot (the lowest lane kept). */
-static flx_status_t lane_fail(struct flx_attn_layer *L, uint32_t w, uint32_t lane, flx_status_t st)
-{
-    lslot_t *s = &L->slots[w];
-    if (!s->st || lane < s->lane) {
-        s->st = st;
-        s->lane = lane;
-        snprintf(s->msg, sizeof s->msg, "%s", flx_error_msg());
-    }
-    return st;
-}
-
-/* The lowest lane's failure, raised on the driving thread; else pst (the runner's own). */
-static flx_status_t slots_raise(struct flx_attn_layer *L, flx_status_t pst)
-{
-    uint32_t best = UINT32_MAX, bw = 0;
-    for (uint32_t w = 0; w < L->W; w++)
-        if (L->slots[w].st && L->slots[w].lane < best) best = L->slots[w].lane, bw = w;
-    if (best != UINT32_MAX) return flx_error_set(L->slots[bw].st, "%s", L->slots[bw].msg);
-    return pst;
-}
-
-static flx_status_t run_lanes(struct flx_attn_layer *L, uint32_t n, flx_sched_lane_fn fn)
-{
-    slots_reset(L);
-    const flx_attn_layer_args_t *a = L->a;
-    flx_status_t pst = FLX_OK, st;
-    flx_error_clear();
-    if (a->parallel) {
-        pst = a->parallel(a->parallel_ctx, n, fn, L);
-    } else {
-        for (uint32_t l = 0; l < n && !pst; l++) pst = fn(L, l, 0);
-    }
-    st = slots_raise(L, pst);
-    if (st && st == pst && !flx_error_msg()[0])
-        return flx_error_set(st, "attention layer: the parallel function failed (%s)", flx_status_name(st));
-    return st;
-}
-
-/* Lane b: the features (and window partials) of sequence b. */
-static flx_status_t feat_lane(void *arg, uint32_t b, uint32_t w)
+/* Items b * Hkv + g: the features (and window partials) of KV group g of sequence b. */
+static flx_status_t feat_items(void *arg, const flx_pool_worker_t *w, uint64_t i0, uint64_t i1)
 {
     struct flx_attn_layer *L = arg;
-    const flx_attn_layer_args_t *a = L->a;
-    if (FLX_NEVER(w >= L->W)) return flx_error_set(FLX_ERR_INTERNAL, "attention layer: worker %u of %u", w, L->W);
-    const size_t r0 = (size_t)b * L->Hq;
-    const flx_bf16_t **wk = L->win_ptr + (size_t)b * 2 * L->Hkv, **wv = wk + L->Hkv;
-    flx_feat_layer_t in;
-    flx_status_t st = flx_features_layer_from_session(a->sess[b], a->layer, a->q + r0 * L->D, wk, wv, &in);
-    if (!st) {
-        in.ws = &L->fws[w];
-        st = flx_features_decode(&in, L->feat + r0 * FLX_FEAT_COUNT, L->o_win + r0 * L->D, L->lse_win + r0);
-    }
-    if (st) {
-        (void)flx_error_set(st, "layer %u batch row %u: features: %s", a->layer, b, flx_error_msg());
-        return lane_fail(L, w, b, st);
-    }
-    return FLX_OK;
-}
-
-/* Lane i: predictor rows of slice i. */
-static flx_status_t pred_lane(void *arg, uint32_t i, uint32_t w)
-{
-    struct flx_attn_layer *L = arg;
-    if (FLX_NEVER(w >= L->W)) return flx_error_set(FLX_ERR_INTERNAL, "attention layer: worker %u of %u", w, L->W);
-    const uint32_t r0 = (uint32_t)((uint64_t)L->pred_rows * i / L->pred_lanes);
-    const uint32_t r1 = (uint32_t)((uint64_t)L->pred_rows * (i + 1) / L->pred_lanes);
-    if (r1 == r0) return FLX_OK;
-    flx_status_t st = flx_predictor_run(L->p.predictor, L->feat + (size_t)r0 * FLX_FEAT_COUNT, r1 - r0, L->pred + r0,
-                                        (uint8_t *)L->pscratch + (size_t)w * L->ps_bytes, L->ps_bytes, 1);
-    if (st) {
-        (void)flx_error_set(st, "layer %u: predictor rows %u..%u: %s", L->a->layer, r0, r1, flx_error_msg());
-        return lane_fail(L, w, i, st);
+    const uint32_t wi = w ? w->index : 0;
+    if (FLX_NEVER(wi >= L->W)) return flx_error_set(FLX_ERR_INTERNAL, "attention layer: worker %u of %u", wi, L->W);
+    for (uint64_t id = i0; id < i1; id++) {
+        const uint32_t b = (uint32_t)(id / L->Hkv), g = (uint32_t)(id % L->Hkv);
+        flx_feat_layer_t in = L->feat_in[b];
+        in.ws = &L->fws[wi];
+        const size_t r0 = (size_t)b * L->Hq;
+        flx_status_t st = flx_features_decode_groups(&in, g, g + 1, L->feat + r0 * FLX_FEAT_COUNT,
+                                                     L->o_win + r0 * L->D, L->lse_win + r0);
+        if (st)
+            return flx_error_set(st, "layer %u batch row %u kv group %u: features: %s", L->a->layer, b, g,
+                                 flx_error_msg());
     }
     return FLX_OK;
 }
@@ -293,10 +222,21 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
     uint32_t n = 0;
     flx_sched_layer_t sl = {.layer = a->layer, .batch = B, .sess = a->sess, .q = a->q, .o = a->o};
     if (L->p.mode == FLX_LAYER_FLUXION) {
-        if ((st = run_lanes(L, B, feat_lane))) goto out;
-        L->pred_rows = B * Hq;
-        L->pred_lanes = FLX_MIN(L->W, FLX_DIV_UP(L->pred_rows, PRED_ROWS_PER_LANE));
-        if ((st = run_lanes(L, L->pred_lanes, pred_lane))) goto out;
+        for (uint32_t b = 0; b < B; b++) {
+            const flx_bf16_t **wk = L->win_ptr + (size_t)b * 2 * Hkv, **wv = wk + Hkv;
+            if ((st = flx_features_layer_from_session(a->sess[b], a->layer, a->q + (size_t)b * Hq * D, wk, wv,
+                                                      &L->feat_in[b]))) {
+                st = flx_error_set(st, "layer %u batch row %u: features: %s", a->layer, b, flx_error_msg());
+                goto out;
+            }
+        }
+        if ((st = flx_pool_for(L->pool, (uint64_t)B * Hkv, 1, feat_items, L))) goto out;
+        for (uint32_t b = 0; b < B; b++)
+            flx_features_decode_finish(&L->feat_in[b], L->feat + (size_t)b * Hq * FLX_FEAT_COUNT);
+        if ((st = flx_predictor_run(L->p.predictor, L->feat, B * Hq, L->pred, L->pscratch, L->ps_bytes, L->pool))) {
+            st = flx_error_set(st, "layer %u: predictor: %s", a->layer, flx_error_msg());
+            goto out;
+        }
         for (uint32_t b = 0; b < B; b++) {
             flx_kv_session_shape_t sh;
             if ((st = flx_kv_session_shape(a->sess[b], &sh))) goto out;
@@ -347,7 +287,7 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
     L->n_tasks = n;
     sl.tasks = L->tasks, sl.n_tasks = n;
     flx_sched_layer_stats_t ss;
-    st = flx_sched_run(L->sched, &sl, a->parallel, a->parallel_ctx, &ss);
+    st = flx_sched_run(L->sched, &sl, &ss);
     if (a->window == FLX_LAYER_WIN_DEFERRED) {
         /* waited for even when a task failed: the caller's copies into o_win may still be in flight */
         flx_status_t wst = a->win_wait(a->win_ctx);

@@ -2,11 +2,19 @@
  * sched.c - the heterogeneous scheduler (flx/sched.h).
  *
  * DESIGN
- * Everything a layer needs is made at create: one CPU attention workspace per worker (planned with
- * one thread: the parallelism is across tasks, which are many and independent) plus one for the GPU
- * worker's thread, per-worker slots on their own cache lines (busy time, timing sums, the first
- * error), the order and lane arrays, and with a GPU the streams, events, device workspaces and the
- * GPU worker's thread. A run allocates nothing.
+ * Everything a layer needs is made at create: one CPU attention workspace per task (max_tasks of
+ * them, planned without a pool: their chunks are handed out here) and one for the GPU worker's
+ * thread, per-task chunk counters and per-worker slots on their own cache lines (busy time, timing
+ * sums, the first error), the order, lane and active-task arrays, and with a GPU the streams,
+ * events, device workspaces and the GPU worker's thread. A run allocates nothing.
+ *
+ * CPU work is two-level. The queue hands out tasks; the worker that pops one begins it (scoring,
+ * top-k and the chunk plan need the whole selection, so they stay on one worker) and appends it to
+ * the active list; chunks of active tasks are handed out by a per-task atomic counter, and a free
+ * worker takes a chunk of the earliest active task that has one before it pops a new task. The
+ * worker whose chunk completes a task (an atomic count of chunks left) ends it: the merge in chunk
+ * order, so the bits never depend on who ran which chunk. The static shares (UNIFORM, LENGTH) skip
+ * the helping: their point is that a share is one worker's.
  *
  * Queues are index ranges of one `order` array: the shared queue is order[0, n) popped with one
  * atomic add on `next`; a static share is order[lane_begin, lane_end) popped with its own cursor
@@ -35,6 +43,7 @@
 
 #include "flx/attn_gpu.h"
 #include "flx/log.h"
+#include "flx/pool.h"
 #include "flx/util.h"
 
 #define MOD "sched"
@@ -44,12 +53,22 @@
 
 typedef struct slot {
     uint64_t busy_ns;
-    uint32_t n_tasks;
+    uint32_t n_tasks, n_chunks;
     flx_attn_timing_t tim;
     flx_status_t st;          /* the first error of this worker in the run */
     uint32_t err_pos;         /* its task's position in order */
     char msg[FLX_ERROR_MSG_MAX];
 } __attribute__((aligned(FLX_CACHELINE))) slot_t;
+
+/* A task's chunks (CPU): handed out by next, counted down by left; ready once begun. */
+typedef struct tstate {
+    atomic_uint next;
+    atomic_uint left;
+    uint32_t n_chunks;
+    uint32_t pos;             /* position in order */
+    uint32_t worker;          /* who began it */
+    uint64_t t_begin;
+} __attribute__((aligned(FLX_CACHELINE))) tstate_t;
 
 typedef struct gslot {
     flx_attn_host_gpu_ws_t ws;
@@ -65,12 +84,16 @@ struct flx_sched {
     flx_sched_params_t p;     /* resolved */
     uint32_t Hq, Hkv, G, D, n_cpu;
 
-    /* CPU: n_cpu + 1 workspaces and slots (the last: the GPU worker's thread) */
+    flx_pool_h pool;          /* borrowed; NULL: the caller alone */
+    /* CPU: a workspace per task and one for the GPU worker's thread (the last); n_cpu + 1 slots */
     void *cmem;
     size_t cws_bytes;
-    flx_attn_ws_t *cws;
+    flx_attn_ws_t *cws;       /* (max_tasks + 1) */
+    tstate_t *ts;             /* (max_tasks) */
     slot_t *slots;
-    float *lse_tmp;           /* (n_cpu + 1, G) a task's lse when the layer has none */
+    float *lse_tmp;           /* (max_tasks + 1, G) a task's lse when the layer has none */
+    uint32_t *active;         /* (max_tasks) begun tasks, in the order they were begun */
+    atomic_uint n_active, first_open;
 
     /* the run in progress */
     flx_sched_layer_t *L;
@@ -195,8 +218,6 @@ flx_status_t flx_sched_create(const flx_sched_params_t *params, flx_sched_h *sch
     if (!(p.field_mask & FLX_SCHED_FIELD_POLICY)) p.policy = FLX_SCHED_PRIORITY;
     if (!(p.field_mask & FLX_SCHED_FIELD_PLACEMENT)) p.placement = FLX_SCHED_HYBRID;
     if (!(p.field_mask & FLX_SCHED_FIELD_GPU)) p.use_gpu = 0, p.cuda_device = 0, p.gpu_streams = 2;
-    if (p.n_cpu_workers == 0 || p.n_cpu_workers > MAX_WORKERS)
-        return flx_error_set(FLX_ERR_INVALID, "scheduler: n_cpu_workers %u not in 1..%u", p.n_cpu_workers, MAX_WORKERS);
     if (p.n_kv_heads == 0 || p.n_q_heads % p.n_kv_heads || p.n_q_heads / p.n_kv_heads > FLX_ATTN_MAX_GROUP ||
         p.n_q_heads == 0)
         return flx_error_set(FLX_ERR_INVALID, "scheduler: %u query heads over %u kv heads (group at most %d)",
@@ -231,29 +252,34 @@ flx_status_t flx_sched_create(const flx_sched_params_t *params, flx_sched_h *sch
     s->Hkv = p.n_kv_heads;
     s->G = p.n_q_heads / p.n_kv_heads;
     s->D = p.head_dim;
-    s->n_cpu = p.n_cpu_workers;
-    const uint32_t W = s->n_cpu + 1;
-    flx_attn_shape_t as = {.group = s->G, .head_dim = s->D, .max_l_cpu = p.max_l_cpu, .n_threads = 1};
+    s->pool = p.pool;
+    s->n_cpu = flx_pool_size(p.pool);
+    const uint32_t W = s->n_cpu + 1, NT = p.max_tasks + 1;
+    /* without a pool: their chunks are handed out by the scheduler, not by the kernels */
+    flx_attn_shape_t as = {.group = s->G, .head_dim = s->D, .max_l_cpu = p.max_l_cpu, .pool = NULL};
     if ((st = flx_attn_plan(&as, &s->cws_bytes))) goto fail;
     s->cws_bytes = FLX_ALIGN_UP(s->cws_bytes, FLX_CACHELINE);
-    s->cmem = flx_aligned_alloc(FLX_CACHELINE, s->cws_bytes * W);
-    s->cws = calloc(W, sizeof *s->cws);
+    s->cmem = flx_aligned_alloc(FLX_CACHELINE, s->cws_bytes * NT);
+    s->cws = calloc(NT, sizeof *s->cws);
+    s->ts = flx_aligned_alloc(FLX_CACHELINE, p.max_tasks * sizeof *s->ts);
+    s->active = calloc(p.max_tasks, sizeof *s->active);
     s->slots = flx_aligned_alloc(FLX_CACHELINE, W * sizeof *s->slots);
-    s->lse_tmp = calloc((size_t)W * s->G, sizeof *s->lse_tmp);
+    s->lse_tmp = calloc((size_t)NT * s->G, sizeof *s->lse_tmp);
     s->order = calloc(p.max_tasks, sizeof *s->order);
     s->tmp = calloc(p.max_tasks, sizeof *s->tmp);
     s->load = calloc(W, sizeof *s->load);
     s->lane_end = calloc(W + 1, sizeof *s->lane_end);
     s->cursor = calloc(W, sizeof *s->cursor);
     s->iv = calloc(2 * ((size_t)p.max_tasks + MAX_SPANS), sizeof *s->iv);
-    if (!s->cmem || !s->cws || !s->slots || !s->lse_tmp || !s->order || !s->tmp || !s->load || !s->lane_end ||
-        !s->cursor || !s->iv) {
+    if (!s->cmem || !s->cws || !s->ts || !s->active || !s->slots || !s->lse_tmp || !s->order || !s->tmp || !s->load ||
+        !s->lane_end || !s->cursor || !s->iv) {
         st = flx_error_set(FLX_ERR_NOMEM, "scheduler: workspaces for %u workers and %u tasks", W, p.max_tasks);
         goto fail;
     }
     memset(s->slots, 0, W * sizeof *s->slots);
-    for (uint32_t w = 0; w < W; w++)
-        if ((st = flx_attn_ws_init(&s->cws[w], &as, (uint8_t *)s->cmem + (size_t)w * s->cws_bytes, s->cws_bytes)))
+    memset(s->ts, 0, p.max_tasks * sizeof *s->ts);
+    for (uint32_t i = 0; i < NT; i++)
+        if ((st = flx_attn_ws_init(&s->cws[i], &as, (uint8_t *)s->cmem + (size_t)i * s->cws_bytes, s->cws_bytes)))
             goto fail;
     if (p.use_gpu) {
         s->gpu = 1;
@@ -296,6 +322,8 @@ void flx_sched_destroy(flx_sched_h s)
     }
     flx_aligned_free(s->cmem);
     free(s->cws);
+    flx_aligned_free(s->ts);
+    free(s->active);
     flx_aligned_free(s->slots);
     free(s->lse_tmp);
     free(s->order);
@@ -443,55 +471,158 @@ static void timing_add(flx_attn_timing_t *a, const flx_attn_timing_t *b)
     a->attn_bytes += b->attn_bytes;
 }
 
-/* Task i (at position pos of order) on the CPU, on worker slot w's workspace. */
-static flx_status_t run_cpu(struct flx_sched *s, uint32_t w, uint32_t i, uint32_t pos)
+/* The rows of task i: o, and lse (the layer's, or the task's scratch row). */
+static void task_rows(const struct flx_sched *s, uint32_t i, float **o_p, float **lse_p, size_t *r0_p)
+{
+    const flx_sched_layer_t *L = s->L;
+    const flx_sched_task_t *t = &L->tasks[i];
+    const size_t r0 = (size_t)t->seq * s->Hq + (size_t)t->kv_group * s->G;
+    *o_p = L->o + r0 * s->D;
+    *lse_p = L->lse ? L->lse + r0 : s->lse_tmp + (size_t)i * s->G;
+    *r0_p = r0;
+}
+
+/* Begins task i (position pos) on worker w: scoring, top-k, chunk plan on the task's workspace.
+ * Returns its chunk count; 0 means the task is complete (nothing to read: ended here). */
+static flx_status_t cpu_begin(struct flx_sched *s, uint32_t w, uint32_t i, uint32_t pos, uint32_t *n_p)
 {
     const flx_sched_layer_t *L = s->L;
     flx_sched_task_t *t = &L->tasks[i];
-    const uint32_t G = s->G, D = s->D;
-    const size_t r0 = (size_t)t->seq * s->Hq + (size_t)t->kv_group * G;
+    tstate_t *ts = &s->ts[i];
     const uint64_t a = flx_now_ns();
     t->start_ns = a - s->t0;
+    t->worker = (int32_t)w;
+    ts->pos = pos, ts->worker = w, ts->t_begin = a;
+    float *o, *lse;
+    size_t r0;
+    task_rows(s, i, &o, &lse, &r0);
     flx_kv_head_view_t view;
     flx_attn_cfg_t cfg;
     task_cfg(s, t, &cfg);
-    flx_attn_timing_t tim = {0};
-    float *o = L->o + r0 * D, *lse = L->lse ? L->lse + r0 : s->lse_tmp + (size_t)w * G;
+    uint32_t n = 0;
     flx_status_t st = flx_kv_head_view(L->sess[t->seq], L->layer, t->kv_group, &view);
-    if (!st) {
-        if (L->window == FLX_SCHED_WIN_COMPUTE) {
-            st = flx_attn_group_run(&s->cws[w], &view, L->q + r0 * D, &cfg, o, lse, &tim);
-        } else {
-            st = flx_attn_host_run(&s->cws[w], &view, L->q + r0 * D, &cfg, o, lse, &tim);
-            if (!st && L->window == FLX_SCHED_WIN_GIVEN) {
-                const uint64_t m0 = flx_now_ns();
-                flx_attn_merge(G, D, L->o_win + r0 * D, L->lse_win + r0, o, lse, o, lse);
-                tim.merge_ns = flx_now_ns() - m0;
-            }
-        }
-    }
-    const uint64_t b = flx_now_ns();
+    if (!st)
+        st = flx_attn_task_begin(&s->cws[i], &view, L->q + r0 * s->D, &cfg, L->window == FLX_SCHED_WIN_COMPUTE, &n);
+    s->slots[w].busy_ns += flx_now_ns() - a;
     if (st) {
         fail(s, w, i, pos, st);
         return st;
     }
+    *n_p = n;
+    return FLX_OK;
+}
+
+/* The merge of task i, once its last chunk is done, by worker w. */
+static void cpu_end(struct flx_sched *s, uint32_t w, uint32_t i)
+{
+    const flx_sched_layer_t *L = s->L;
+    flx_sched_task_t *t = &L->tasks[i];
+    const uint64_t a = flx_now_ns();
+    float *o, *lse;
+    size_t r0;
+    task_rows(s, i, &o, &lse, &r0);
+    flx_attn_timing_t tim = {0};
+    flx_status_t st = flx_attn_task_end(&s->cws[i], o, lse, &tim);
+    if (st) {
+        fail(s, w, i, s->ts[i].pos, st);
+        return;
+    }
+    if (L->window == FLX_SCHED_WIN_GIVEN) {
+        const uint64_t m0 = flx_now_ns();
+        flx_attn_merge(s->G, s->D, L->o_win + r0 * s->D, L->lse_win + r0, o, lse, o, lse);
+        tim.merge_ns += flx_now_ns() - m0;
+    }
+    const uint64_t b = flx_now_ns();
     t->end_ns = b - s->t0;
-    t->worker = (int32_t)w;
     slot_t *sl = &s->slots[w];
     sl->busy_ns += b - a;
     sl->n_tasks++;
     timing_add(&sl->tim, &tim);
-    return FLX_OK;
 }
 
-static flx_status_t cpu_lane(void *arg, uint32_t lane, uint32_t worker)
+/* Chunk c of task i on worker w; the worker that completes the task ends it. */
+static void cpu_chunk(struct flx_sched *s, uint32_t w, uint32_t i, uint32_t c)
+{
+    const uint64_t a = flx_now_ns();
+    flx_status_t st = flx_attn_task_chunk(&s->cws[i], c);
+    slot_t *sl = &s->slots[w];
+    sl->busy_ns += flx_now_ns() - a;
+    sl->n_chunks++;
+    if (st) {
+        fail(s, w, i, s->ts[i].pos, st);
+        return;
+    }
+    if (atomic_fetch_sub(&s->ts[i].left, 1) == 1) cpu_end(s, w, i);
+}
+
+/* A whole task on worker w, every chunk here (static shares, the GPU worker's fallback). */
+static void cpu_whole(struct flx_sched *s, uint32_t w, uint32_t i, uint32_t pos)
+{
+    uint32_t n;
+    if (cpu_begin(s, w, i, pos, &n)) return;
+    atomic_store(&s->ts[i].left, n);
+    if (n == 0) {
+        cpu_end(s, w, i);
+        return;
+    }
+    for (uint32_t c = 0; c < n && !atomic_load_explicit(&s->stop, memory_order_relaxed); c++) cpu_chunk(s, w, i, c);
+}
+
+/* One chunk of the earliest begun task that still has one, on worker w; 0 when there is none. */
+static int help(struct flx_sched *s, uint32_t w)
+{
+    const uint32_t na = atomic_load(&s->n_active);
+    for (uint32_t a = atomic_load(&s->first_open); a < na; a++) {
+        const uint32_t i = atomic_load_explicit((_Atomic uint32_t *)&s->active[a], memory_order_acquire);
+        if (i == UINT32_MAX) continue;   /* being published */
+        tstate_t *ts = &s->ts[i];
+        if (atomic_load(&ts->next) >= ts->n_chunks) {
+            uint32_t f = a;   /* every earlier one is handed out too: move the scan's start */
+            if (f == atomic_load(&s->first_open)) atomic_compare_exchange_strong(&s->first_open, &f, a + 1);
+            continue;
+        }
+        const uint32_t c = atomic_fetch_add(&ts->next, 1);
+        if (c >= ts->n_chunks) continue;
+        cpu_chunk(s, w, i, c);
+        return 1;
+    }
+    return 0;
+}
+
+/* A CPU worker's lane: the static share `lane`, or the shared queue with helping. */
+static flx_status_t cpu_lane(void *arg, const flx_pool_worker_t *pw, uint64_t l0, uint64_t l1)
 {
     struct flx_sched *s = arg;
-    if (FLX_NEVER(worker >= s->n_cpu))
-        return flx_error_set(FLX_ERR_INTERNAL, "scheduler: lane %u run by worker %u of %u", lane, worker, s->n_cpu);
-    uint32_t i, pos;
-    while (pop(s, lane, &i, &pos))
-        if (run_cpu(s, worker, i, pos)) break;   /* the run is stopped; the error is in the slot */
+    const uint32_t w = pw ? pw->index : 0;
+    if (FLX_NEVER(w >= s->n_cpu))
+        return flx_error_set(FLX_ERR_INTERNAL, "scheduler: pool worker %u of %u", w, s->n_cpu);
+    for (uint64_t lane = l0; lane < l1; lane++) {
+        uint32_t i, pos;
+        if (!s->shared) {
+            while (pop(s, (uint32_t)lane, &i, &pos)) cpu_whole(s, w, i, pos);
+            continue;
+        }
+        for (;;) {
+            if (atomic_load_explicit(&s->stop, memory_order_relaxed)) break;
+            if (help(s, w)) continue;
+            if (!pop(s, 0, &i, &pos)) {
+                if (help(s, w)) continue;
+                break;
+            }
+            uint32_t n;
+            if (cpu_begin(s, w, i, pos, &n)) break;
+            tstate_t *ts = &s->ts[i];
+            ts->n_chunks = n;
+            atomic_store(&ts->next, 0);
+            atomic_store(&ts->left, n);
+            if (n == 0) {
+                cpu_end(s, w, i);
+                continue;
+            }
+            const uint32_t a = atomic_fetch_add(&s->n_active, 1);   /* publish: helpers take its chunks */
+            atomic_store_explicit((_Atomic uint32_t *)&s->active[a], i, memory_order_release);
+        }
+    }
     return FLX_OK;
 }
 
@@ -533,7 +664,7 @@ static int gpu_launch(struct flx_sched *s, uint32_t k, uint32_t i, uint32_t pos)
         return 0;
     }
     if (view.host_device != s->dev || !view.block_table_dev) {   /* not pinned: the CPU kernels, here */
-        (void)run_cpu(s, w, i, pos);   /* a failure is in the slot */
+        cpu_whole(s, w, i, pos);   /* a failure is in the slot */
         return 0;
     }
     gslot_t *g = &s->gs[k];
@@ -545,7 +676,7 @@ static int gpu_launch(struct flx_sched *s, uint32_t k, uint32_t i, uint32_t pos)
     if (L->window == FLX_SCHED_WIN_GIVEN) {
         ow = L->o_win + r0 * D, lw = L->lse_win + r0;
     } else if (L->window == FLX_SCHED_WIN_COMPUTE) {   /* the host window, on this thread */
-        flx_attn_ws_t *cw = &s->cws[w];
+        flx_attn_ws_t *cw = &s->cws[s->p.max_tasks];
         if ((st = flx_attn_window(cw, &view, L->q + r0 * D, cw->o_win, cw->lse_win))) {
             fail(s, w, i, pos, st);
             return 0;
@@ -637,6 +768,10 @@ static void *gpu_main(void *arg)
 {
     struct flx_sched *s = arg;
     uint64_t seen = 0;
+    int cpu;
+    /* the core the pool keeps for a dedicated thread, when it keeps one */
+    if (s->pool && flx_pool_reserved_cpus(s->pool, &cpu, 1) > 0 && flx_pool_bind_reserved(s->pool) != FLX_OK)
+        flx_log_warn(MOD, "the GPU worker's thread could not move to the pool's reserved CPU: %s", flx_error_msg());
     for (;;) {
         pthread_mutex_lock(&s->mu);
         while (s->gen == seen && !s->quit) pthread_cond_wait(&s->cv, &s->mu);
@@ -717,17 +852,6 @@ static flx_status_t check_layer(const struct flx_sched *s, const flx_sched_layer
     return FLX_OK;
 }
 
-/* Lanes one after another on the calling thread as worker 0. */
-static flx_status_t serial(void *ctx, uint32_t n_lanes, flx_sched_lane_fn fn, void *arg)
-{
-    (void)ctx;
-    for (uint32_t l = 0; l < n_lanes; l++) {
-        flx_status_t st = fn(arg, l, 0);
-        if (st) return st;
-    }
-    return FLX_OK;
-}
-
 /* Busy time: the union of the intervals, sorted by start (insertion into place: few per layer). */
 static uint64_t union_ns(uint64_t *iv, uint32_t n)
 {
@@ -749,8 +873,7 @@ static uint64_t union_ns(uint64_t *iv, uint32_t n)
     return n ? tot + (ce - cs) : 0;
 }
 
-flx_status_t flx_sched_run(flx_sched_h s, flx_sched_layer_t *L, flx_sched_parallel_fn parallel, void *parallel_ctx,
-                           flx_sched_layer_stats_t *stats)
+flx_status_t flx_sched_run(flx_sched_h s, flx_sched_layer_t *L, flx_sched_layer_stats_t *stats)
 {
     if (!s) return flx_error_set(FLX_ERR_INVALID, "scheduler run: NULL scheduler");
     flx_status_t st = check_layer(s, L);
@@ -763,7 +886,7 @@ flx_status_t flx_sched_run(flx_sched_h s, flx_sched_layer_t *L, flx_sched_parall
     const uint32_t W = s->n_cpu + 1;
     for (uint32_t w = 0; w < W; w++) {
         slot_t *sl = &s->slots[w];
-        sl->busy_ns = 0, sl->n_tasks = 0, sl->st = FLX_OK, sl->err_pos = UINT32_MAX;
+        sl->busy_ns = 0, sl->n_tasks = 0, sl->n_chunks = 0, sl->st = FLX_OK, sl->err_pos = UINT32_MAX;
         memset(&sl->tim, 0, sizeof sl->tim);
     }
     for (uint32_t i = 0; i < L->n_tasks; i++) {
@@ -771,6 +894,9 @@ flx_status_t flx_sched_run(flx_sched_h s, flx_sched_layer_t *L, flx_sched_parall
         L->tasks[i].start_ns = L->tasks[i].end_ns = 0;
     }
     plan_order(s, L);
+    atomic_store(&s->n_active, 0);
+    atomic_store(&s->first_open, 0);
+    for (uint32_t i = 0; i < L->n_tasks; i++) s->active[i] = UINT32_MAX;
     s->n_iv = 0;
     int woke = 0;
     if (s->gpu) {
@@ -784,7 +910,7 @@ flx_status_t flx_sched_run(flx_sched_h s, flx_sched_layer_t *L, flx_sched_parall
         }
     }
     const uint32_t cpu_lanes = s->p.placement == FLX_SCHED_GPU_ONLY || !L->n_tasks ? 0 : s->n_cpu;
-    flx_status_t pst = cpu_lanes ? (parallel ? parallel : serial)(parallel_ctx, cpu_lanes, cpu_lane, s) : FLX_OK;
+    flx_status_t pst = cpu_lanes ? flx_pool_for(s->pool, cpu_lanes, 1, cpu_lane, s) : FLX_OK;
     if (pst) atomic_store(&s->stop, 1);
     if (woke) {
         pthread_mutex_lock(&s->mu);
@@ -815,13 +941,14 @@ flx_status_t flx_sched_run(flx_sched_h s, flx_sched_layer_t *L, flx_sched_parall
         for (uint32_t w = 0; w < W; w++) {
             const slot_t *sl = &s->slots[w];
             timing_add(&x.attn, &sl->tim);
+            x.n_chunks += sl->n_chunks;
             if (w < s->n_cpu) {
-                x.n_cpu_tasks += sl->n_tasks;
                 x.cpu_busy_ns += sl->busy_ns;
                 x.cpu_busy_max_ns = FLX_MAX(x.cpu_busy_max_ns, sl->busy_ns);
             }
         }
         for (uint32_t i = 0; i < L->n_tasks; i++) {
+            x.n_cpu_tasks += L->tasks[i].worker >= 0 && L->tasks[i].worker < (int32_t)s->n_cpu;
             x.n_gpu_tasks += L->tasks[i].worker == FLX_SCHED_GPU;
             x.n_gpu_fallback += L->tasks[i].worker == (int32_t)s->n_cpu;
         }

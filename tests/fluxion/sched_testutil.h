@@ -1,12 +1,11 @@
 /*
  * sched_testutil.h - a batch for the scheduler tests: sessions of mixed prompt lengths in a real
  * kvstore (pinned or not), queries, the tasks of a layer with a mix of FULL, FIXED and SPARSE
- * configurations and Eq. 3 priorities, window partials, and a thread-per-lane parallel runner.
+ * configurations and Eq. 3 priorities, window partials, and worker pools of given sizes.
  */
 #ifndef SCHED_TESTUTIL_H
 #define SCHED_TESTUTIL_H
 
-#include <pthread.h>
 #include <string.h>
 
 #include "flx/attn.h"
@@ -133,7 +132,7 @@ static inline void st_layer(const st_batch_t *bt, flx_sched_layer_t *L, flx_sche
 static inline void st_expected(const st_batch_t *bt, flx_sched_window_t win, float *o, float *lse)
 {
     const uint32_t G = bt->G, D = bt->D;
-    flx_attn_shape_t sh = {.group = G, .head_dim = D, .max_l_cpu = bt->max_l_cpu, .n_threads = 1};
+    flx_attn_shape_t sh = {.group = G, .head_dim = D, .max_l_cpu = bt->max_l_cpu, .pool = NULL};
     size_t bytes;
     CHECK_OK(flx_attn_plan(&sh, &bytes));
     void *mem = malloc(bytes);
@@ -160,57 +159,21 @@ static inline void st_expected(const st_batch_t *bt, flx_sched_window_t win, flo
     free(mem);
 }
 
-/* The parallel runner of the tests: ctx NULL runs one thread per lane, lane l as worker l; ctx
- * pointing to a worker count W runs min(W, n_lanes) threads, thread i as worker i, each taking the
- * next lane from a shared counter (as a worker pool does). */
-typedef struct st_run {
-    flx_sched_lane_fn fn;
-    void *arg;
-    uint32_t n_lanes, worker;
-    uint32_t *next;            /* shared lane counter, or NULL: lane = worker */
-    flx_status_t st;
-} st_run_t;
-
-static inline void *st_thread_main(void *p)
+/* A pool of n workers (the calling thread included); NULL for n = 1 (the caller alone). */
+static inline flx_pool_h st_pool(uint32_t n)
 {
-    st_run_t *r = p;
-    if (!r->next) {
-        r->st = r->fn(r->arg, r->worker, r->worker);
-        return NULL;
-    }
-    for (;;) {
-        const uint32_t l = __atomic_fetch_add(r->next, 1, __ATOMIC_RELAXED);
-        if (l >= r->n_lanes) break;
-        flx_status_t st = r->fn(r->arg, l, r->worker);
-        if (st && !r->st) r->st = st;
-    }
-    return NULL;
+    if (n <= 1) return NULL;
+    flx_pool_params_t pp = {.field_mask = FLX_POOL_FIELD_N_WORKERS, .n_workers = n};
+    flx_pool_h pool;
+    CHECK_OK(flx_pool_create(&pp, &pool));
+    return pool;
 }
 
-static inline flx_status_t st_threads(void *ctx, uint32_t n_lanes, flx_sched_lane_fn fn, void *arg)
-{
-    const uint32_t W = ctx ? *(const uint32_t *)ctx : n_lanes, n = W < n_lanes ? W : n_lanes;
-    pthread_t th[64];
-    st_run_t r[64];
-    uint32_t next = 0;
-    CHECK(n <= 64);
-    for (uint32_t i = 0; i < n; i++) {
-        r[i] = (st_run_t){fn, arg, n_lanes, i, ctx ? &next : NULL, FLX_OK};
-        CHECK(pthread_create(&th[i], NULL, st_thread_main, &r[i]) == 0);
-    }
-    flx_status_t st = FLX_OK;
-    for (uint32_t i = 0; i < n; i++) {
-        pthread_join(th[i], NULL);
-        if (r[i].st && !st) st = r[i].st;
-    }
-    return st;
-}
-
-static inline flx_sched_h st_sched(const st_batch_t *bt, uint32_t workers, flx_sched_policy_t pol,
+static inline flx_sched_h st_sched(const st_batch_t *bt, flx_pool_h pool, flx_sched_policy_t pol,
                                    flx_sched_placement_t place, int gpu)
 {
     flx_sched_params_t p = {.field_mask = FLX_SCHED_FIELD_POLICY | FLX_SCHED_FIELD_PLACEMENT | FLX_SCHED_FIELD_GPU,
-                            .n_cpu_workers = workers, .n_q_heads = bt->Hq, .n_kv_heads = ST_HKV, .head_dim = bt->D,
+                            .pool = pool, .n_q_heads = bt->Hq, .n_kv_heads = ST_HKV, .head_dim = bt->D,
                             .max_l_cpu = bt->max_l_cpu, .max_tasks = bt->n_tasks, .policy = pol, .placement = place,
                             .use_gpu = gpu, .cuda_device = 0, .gpu_streams = 2};
     flx_sched_h s;

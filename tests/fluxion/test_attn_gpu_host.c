@@ -417,7 +417,7 @@ static void test_task_store(uint32_t D, uint32_t G, uint32_t L)
     gws_t w[2];
     gws_make(&w[0], G, D, info.l_cpu);
     gws_make(&w[1], G, D, info.l_cpu);
-    flx_attn_shape_t cs = {.group = G, .head_dim = D, .max_l_cpu = info.l_cpu, .n_threads = 1};
+    flx_attn_shape_t cs = {.group = G, .head_dim = D, .max_l_cpu = info.l_cpu, .pool = NULL};
     size_t cb;
     CHECK_OK(flx_attn_plan(&cs, &cb));
     void *cmem = malloc(cb);

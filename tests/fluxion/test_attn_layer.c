@@ -22,6 +22,7 @@
 enum { HQ = 8, HKV = 2, G = 4, D = 64, B = 4 };
 
 static const char *g_weights;
+static flx_pool_h g_pools[4];   /* [n]: a pool of n workers (NULL for 1) */
 
 typedef struct batch {
     flx_replay_t *rp[B];
@@ -66,19 +67,17 @@ static flx_attn_layer_h make_layer(const batch_t *bt, flx_layer_mode_t mode, flx
     p.mode = mode, p.blk = 32, p.bgt = 0.07f, p.predictor = pred;
     if (opts) p.field_mask |= FLX_ATTN_LAYER_FIELD_OPTS, p.opts = *opts;
     p.sched.field_mask = FLX_SCHED_FIELD_POLICY;
-    p.sched.n_cpu_workers = workers, p.sched.policy = pol;
+    p.sched.pool = g_pools[workers], p.sched.policy = pol;
     flx_attn_layer_h L;
     CHECK_OK(flx_attn_layer_create(&p, &L));
     return L;
 }
 
-static uint32_t g_workers[4] = {0, 1, 2, 3};   /* the parallel runner's worker counts */
-
 static void run_layer(flx_attn_layer_h L, const batch_t *bt, uint32_t workers, float *o, flx_attn_layer_stats_t *st)
 {
+    (void)workers;
     flx_attn_layer_args_t a = {.layer = 0, .batch = B, .sess = bt->sess, .q = bt->q, .o = o,
-                               .window = FLX_LAYER_WIN_COMPUTE, .parallel = workers > 1 ? st_threads : NULL,
-                               .parallel_ctx = &g_workers[workers]};
+                               .window = FLX_LAYER_WIN_COMPUTE};
     for (size_t i = 0; i < (size_t)B * HQ * D; i++) o[i] = NAN;
     CHECK_OK(flx_attn_layer_run(L, &a, st));
 }
@@ -88,7 +87,7 @@ static flx_attn_ws_t *ref_ws(const batch_t *bt)
 {
     static flx_attn_ws_t ws;
     static void *mem;
-    flx_attn_shape_t sh = {.group = G, .head_dim = D, .max_l_cpu = bt->max_l_cpu, .n_threads = 1};
+    flx_attn_shape_t sh = {.group = G, .head_dim = D, .max_l_cpu = bt->max_l_cpu, .pool = NULL};
     size_t bytes;
     CHECK_OK(flx_attn_plan(&sh, &bytes));
     free(mem);
@@ -158,8 +157,7 @@ static void test_deferred(const batch_t *bt)
         }
     g_waits = 0;
     flx_attn_layer_args_t a = {.layer = 0, .batch = B, .sess = bt->sess, .q = bt->q, .o = o,
-                               .window = FLX_LAYER_WIN_DEFERRED, .o_win = ow, .lse_win = lw, .win_wait = count_wait,
-                               .parallel = st_threads, .parallel_ctx = &g_workers[2]};
+                               .window = FLX_LAYER_WIN_DEFERRED, .o_win = ow, .lse_win = lw, .win_wait = count_wait};
     flx_attn_layer_stats_t st;
     CHECK_OK(flx_attn_layer_run(L, &a, &st));
     CHECK(g_waits == 1);
@@ -185,7 +183,7 @@ static uint32_t fluxion_want(const batch_t *bt, flx_predictor_h pred, const flx_
     }
     size_t sb = flx_predictor_scratch_bytes(B * HQ);
     void *scr = malloc(sb + 64);
-    CHECK_OK(flx_predictor_run(pred, feat, B * HQ, hp, scr, sb + 64, 1));
+    CHECK_OK(flx_predictor_run(pred, feat, B * HQ, hp, scr, sb + 64, NULL));
     free(scr);
     const flx_select_params_t sp = flx_predictor_select_params(pred);
     uint32_t n = 0;
@@ -266,7 +264,6 @@ static void test_refusals(const batch_t *bt)
     flx_attn_layer_params_t p;
     memset(&p, 0, sizeof p);
     p.n_q_heads = HQ, p.n_kv_heads = HKV, p.head_dim = D, p.max_batch = B, p.max_l_cpu = bt->max_l_cpu;
-    p.sched.n_cpu_workers = 1;
     flx_attn_layer_h L = NULL;
     p.mode = FLX_LAYER_FLUXION;
     CHECK_ST(flx_attn_layer_create(&p, &L), FLX_ERR_INVALID);   /* no predictor */
@@ -276,9 +273,9 @@ static void test_refusals(const batch_t *bt)
     CHECK_ST(flx_attn_layer_create(&p, &L), FLX_ERR_INVALID);
     p.bgt = 0.1f, p.max_batch = 0;
     CHECK_ST(flx_attn_layer_create(&p, &L), FLX_ERR_INVALID);
-    p.max_batch = B, p.sched.n_cpu_workers = 0;
+    p.max_batch = B, p.sched.field_mask = FLX_SCHED_FIELD_POLICY, p.sched.policy = (flx_sched_policy_t)7;
     CHECK_ST(flx_attn_layer_create(&p, &L), FLX_ERR_INVALID);   /* the scheduler's own refusal */
-    p.sched.n_cpu_workers = 1, p.max_l_cpu = 100;
+    p.sched.field_mask = 0, p.max_l_cpu = 100;
     CHECK_OK(flx_attn_layer_create(&p, &L));
     float o[B * HQ * D];
     flx_attn_layer_args_t a = {.layer = 0, .batch = B, .sess = bt->sess, .q = bt->q, .o = o};
@@ -302,6 +299,7 @@ int main(int argc, char **argv)
     g_weights = argv[1];
     flx_rng_t rng;
     flx_rng_seed(&rng, flx_test_seed("test_attn_layer"));
+    for (uint32_t n = 2; n <= 3; n++) g_pools[n] = st_pool(n);
     batch_t bt;
     batch_make(&bt, &rng);
     test_refusals(&bt);
@@ -309,6 +307,7 @@ int main(int argc, char **argv)
     test_deferred(&bt);
     test_fluxion(&bt);
     batch_free(&bt);
+    for (uint32_t n = 2; n <= 3; n++) flx_pool_destroy(g_pools[n]);
     fprintf(stderr, "test_attn_layer: ok\n");
     return 0;
 }

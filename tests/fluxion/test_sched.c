@@ -3,12 +3,13 @@
  * TSan runs it with up to 7 threads on the 2-core machine):
  *  - one layer of a batch of sessions with skewed, mixed prompt lengths (a few hundred to several
  *    thousand host tokens in one batch), tasks mixing FULL, FIXED and SPARSE (budgets 0 and 1);
- *  - every policy (priority, no-parallel, uniform, length) with 1, 2, 3 and 7 workers and every
- *    window mode gives the same output bits as running each task directly (flx_attn_group_run /
- *    flx_attn_host_run + flx_attn_merge on one workspace), and writes no row outside the tasks';
+ *  - every policy (priority, no-parallel, uniform, length) on pools of 1, 2, 3 and 7 workers and
+ *    every window mode gives the same output bits as running each task directly
+ *    (flx_attn_group_run / flx_attn_host_run + flx_attn_merge on one workspace), and writes no row
+ *    outside the tasks' (chunks of one task spread over workers, merged in chunk order);
  *  - the orders: priority = V descending with ties in the given order (and a lone worker takes
  *    them in that order), no-parallel = the given order, uniform = equal contiguous shares run by
- *    their worker, length = balanced shares of host tokens (longest-first greedy bound);
+ *    one worker each, length = balanced shares of host tokens (longest-first greedy bound);
  *  - the statistics: every task ran once, on a worker in range, start <= end <= wall, busy times;
  *  - refusals: bad parameters, bad tasks and layers, a GPU asked for where none exists; a failing
  *    task reports the lowest failing task's error.
@@ -62,7 +63,7 @@ static void check_order(const st_batch_t *bt, flx_sched_h s, flx_sched_policy_t 
             CHECK(hi >= lo && hi <= n);
             uint64_t load = 0;
             for (uint32_t i = lo; i < hi; i++) {
-                CHECK(t[order[i]].worker == (int32_t)l);   /* a static share runs on its own worker */
+                CHECK(t[order[i]].worker == t[order[lo]].worker);   /* a static share runs on one worker */
                 load += t[order[i]].l_cpu ? t[order[i]].l_cpu : 1;
                 longest = FLX_MAX(longest, (uint64_t)t[order[i]].l_cpu);
                 if (pol == FLX_SCHED_UNIFORM) CHECK(order[i] == i);
@@ -89,12 +90,13 @@ static void test_schedules(uint32_t G, uint32_t D, const uint32_t *lens, uint32_
         st_expected(&bt, wins[wi], o_want, lse_want);
         for (int pol = 0; pol < 4; pol++)
             for (int k = 0; k < 4; k++) {
-                flx_sched_h s = st_sched(&bt, workers[k], (flx_sched_policy_t)pol, FLX_SCHED_HYBRID, 0);
+                flx_pool_h pool = st_pool(workers[k]);
+                flx_sched_h s = st_sched(&bt, pool, (flx_sched_policy_t)pol, FLX_SCHED_HYBRID, 0);
                 flx_sched_layer_t L;
                 st_layer(&bt, &L, wins[wi], o, lse);
                 flx_sched_layer_stats_t stx;
                 const uint64_t t0 = flx_now_ns();
-                CHECK_OK(flx_sched_run(s, &L, workers[k] > 1 ? st_threads : NULL, NULL, &stx));
+                CHECK_OK(flx_sched_run(s, &L, &stx));
                 const uint64_t wall = flx_now_ns() - t0;
                 char lab[128];
                 snprintf(lab, sizeof lab, "G %u D %u B %u window %d %s %u workers", G, D, B, wi,
@@ -104,7 +106,7 @@ static void test_schedules(uint32_t G, uint32_t D, const uint32_t *lens, uint32_
                 CHECK(stx.n_tasks == bt.n_tasks && stx.n_cpu_tasks == bt.n_tasks && stx.n_gpu_tasks == 0);
                 CHECK(!stx.has_gpu && stx.gpu_idle_ratio == 0.0);
                 CHECK(stx.wall_ns <= wall && stx.cpu_busy_ns <= (uint64_t)workers[k] * stx.wall_ns);
-                CHECK(stx.cpu_busy_max_ns <= stx.cpu_busy_ns && stx.cpu_busy_max_ns > 0);
+                CHECK(stx.cpu_busy_max_ns <= stx.cpu_busy_ns && stx.cpu_busy_max_ns > 0 && stx.n_chunks > 0);
                 CHECK(stx.attn.attn_bytes > 0);
                 for (uint32_t i = 0; i < bt.n_tasks; i++) {
                     const flx_sched_task_t *t = &bt.tasks[i];
@@ -112,13 +114,14 @@ static void test_schedules(uint32_t G, uint32_t D, const uint32_t *lens, uint32_
                     CHECK(t->start_ns <= t->end_ns && t->end_ns <= stx.wall_ns);
                 }
                 check_order(&bt, s, (flx_sched_policy_t)pol, workers[k]);
-                if (workers[k] == 1 && pol == FLX_SCHED_PRIORITY) {   /* a lone worker takes them in order */
+                if (workers[k] == 1 && pol == FLX_SCHED_PRIORITY) {   /* a lone worker does them in order */
                     const uint32_t *order;
                     flx_sched_last_order(s, &order, NULL, NULL);
                     for (uint32_t i = 1; i < bt.n_tasks; i++)
                         CHECK(bt.tasks[order[i - 1]].end_ns <= bt.tasks[order[i]].start_ns);
                 }
                 flx_sched_destroy(s);
+                flx_pool_destroy(pool);
             }
     }
     fprintf(stderr, "schedules G %u D %u B %u (%u tasks, l_cpu up to %u): 3 windows x 4 policies x {1,2,3,7} workers "
@@ -132,13 +135,12 @@ static void test_refusals(void)
     const uint32_t lens[2] = {600, 1500};
     st_batch_t bt;
     st_batch_make(&bt, &rng, 4, 32, lens, 2, FLX_KV_STORE_HUGEPAGES);
-    flx_sched_params_t p = {.n_cpu_workers = 2, .n_q_heads = bt.Hq, .n_kv_heads = ST_HKV, .head_dim = 32,
+    flx_pool_h pool = st_pool(2);
+    flx_sched_params_t p = {.pool = pool, .n_q_heads = bt.Hq, .n_kv_heads = ST_HKV, .head_dim = 32,
                             .max_l_cpu = bt.max_l_cpu, .max_tasks = bt.n_tasks};
     flx_sched_h s = NULL;
     flx_sched_params_t x = p;
-    x.n_cpu_workers = 0;
-    CHECK_ST(flx_sched_create(&x, &s), FLX_ERR_INVALID);
-    x = p, x.head_dim = 40;
+    x.head_dim = 40;
     CHECK_ST(flx_sched_create(&x, &s), FLX_ERR_INVALID);
     x = p, x.n_q_heads = 7;
     CHECK_ST(flx_sched_create(&x, &s), FLX_ERR_INVALID);
@@ -172,35 +174,36 @@ static void test_refusals(void)
     st_layer(&bt, &L, FLX_SCHED_WIN_GIVEN, o, lse);
     flx_sched_task_t keep = bt.tasks[1];
     bt.tasks[1].blk = 24;
-    CHECK_ST(flx_sched_run(s, &L, NULL, NULL, NULL), FLX_ERR_INVALID);
+    CHECK_ST(flx_sched_run(s, &L, NULL), FLX_ERR_INVALID);
     CHECK(strstr(flx_error_msg(), "task 1 blk 24"));
     bt.tasks[1] = keep;
     bt.tasks[1].blk = 32, bt.tasks[1].budgets = NULL, bt.tasks[1].budget = 1.5f;
-    CHECK_ST(flx_sched_run(s, &L, NULL, NULL, NULL), FLX_ERR_INVALID);
+    CHECK_ST(flx_sched_run(s, &L, NULL), FLX_ERR_INVALID);
     bt.tasks[1] = keep;
     bt.tasks[2].seq = 5;
-    CHECK_ST(flx_sched_run(s, &L, NULL, NULL, NULL), FLX_ERR_INVALID);
+    CHECK_ST(flx_sched_run(s, &L, NULL), FLX_ERR_INVALID);
     bt.tasks[2].seq = 1;
     L.o_win = NULL;
-    CHECK_ST(flx_sched_run(s, &L, NULL, NULL, NULL), FLX_ERR_INVALID);
+    CHECK_ST(flx_sched_run(s, &L, NULL), FLX_ERR_INVALID);
     L.o_win = bt.o_win, L.window = FLX_SCHED_WIN_NONE, L.lse = NULL;
-    CHECK_ST(flx_sched_run(s, &L, NULL, NULL, NULL), FLX_ERR_INVALID);
+    CHECK_ST(flx_sched_run(s, &L, NULL), FLX_ERR_INVALID);
     L.lse = lse, L.n_tasks = bt.n_tasks + 1;
-    CHECK_ST(flx_sched_run(s, &L, NULL, NULL, NULL), FLX_ERR_INVALID);
+    CHECK_ST(flx_sched_run(s, &L, NULL), FLX_ERR_INVALID);
     L.n_tasks = bt.n_tasks;
     CHECK_ST(flx_sched_gpu_span(s, NULL, 1), FLX_ERR_INVALID);   /* no GPU worker */
     /* failing tasks (their layer has no such view): the queue's first one is reported, others stop */
     L.layer = ST_LAYERS;
-    CHECK_ST(flx_sched_run(s, &L, st_threads, NULL, NULL), FLX_ERR_INVALID);
+    CHECK_ST(flx_sched_run(s, &L, NULL), FLX_ERR_INVALID);
     const uint32_t *order;
     flx_sched_last_order(s, &order, NULL, NULL);
     char want[64];
     snprintf(want, sizeof want, "task %u (batch row", order[0]);
     CHECK(strstr(flx_error_msg(), want));
     L.layer = bt.layer;
-    CHECK_OK(flx_sched_run(s, &L, st_threads, NULL, NULL));   /* still usable */
+    CHECK_OK(flx_sched_run(s, &L, NULL));   /* still usable */
     flx_sched_destroy(s);
     flx_sched_destroy(NULL);
+    flx_pool_destroy(pool);
     free(o), free(lse);
     st_batch_free(&bt);
     fprintf(stderr, "refusals: ok\n");

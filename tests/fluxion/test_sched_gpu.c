@@ -59,11 +59,12 @@ static void test_gpu_schedules(uint32_t G, uint32_t D, const uint32_t *lens, uin
     for (int wi = 0; wi < 3; wi++) {
         st_expected(&bt, wins[wi], o_want, lse_want);
         for (int c = 0; c < 5; c++) {
-            flx_sched_h s = st_sched(&bt, cf[c].workers, cf[c].pol, cf[c].place, 1);
+            flx_pool_h pool = st_pool(cf[c].workers);
+            flx_sched_h s = st_sched(&bt, pool, cf[c].pol, cf[c].place, 1);
             flx_sched_layer_t L;
             st_layer(&bt, &L, wins[wi], o, lse);
             flx_sched_layer_stats_t x;
-            CHECK_OK(flx_sched_run(s, &L, st_threads, NULL, &x));
+            CHECK_OK(flx_sched_run(s, &L, &x));
             char lab[128];
             snprintf(lab, sizeof lab, "window %d %s %s %u cpu workers", wi, flx_sched_policy_name(cf[c].pol),
                      flx_sched_placement_name(cf[c].place), cf[c].workers);
@@ -85,6 +86,7 @@ static void test_gpu_schedules(uint32_t G, uint32_t D, const uint32_t *lens, uin
             fprintf(stderr, "%s: %u on the GPU, %u on the CPU; gpu busy %.3f ms idle ratio %.3f (simulated clock)\n",
                     lab, x.n_gpu_tasks, x.n_cpu_tasks, (double)x.gpu_busy_ns * 1e-6, x.gpu_idle_ratio);
             flx_sched_destroy(s);
+            flx_pool_destroy(pool);
         }
     }
     free(o), free(lse), free(o_want), free(lse_want);
@@ -92,7 +94,7 @@ static void test_gpu_schedules(uint32_t G, uint32_t D, const uint32_t *lens, uin
 }
 
 /* A span the caller marks counts as device busy time; an unpinned session's task runs on the GPU
- * worker's thread on the CPU (worker index n_cpu_workers). */
+ * worker's thread on the CPU (worker index: the pool's size, here 1). */
 static void test_span_and_fallback(void)
 {
     const uint32_t lens_p[2] = {900, 400}, lens_u[1] = {1300};
@@ -116,7 +118,7 @@ static void test_span_and_fallback(void)
     float *o = malloc(rows * D * 4), *lse = malloc(rows * 4), *o_want = malloc(rows * D * 4), *l_want = malloc(rows * 4);
     st_expected(&bt, FLX_SCHED_WIN_GIVEN, o_want, l_want);
 
-    flx_sched_h s = st_sched(&bt, 1, FLX_SCHED_PRIORITY, FLX_SCHED_GPU_ONLY, 1);
+    flx_sched_h s = st_sched(&bt, NULL, FLX_SCHED_PRIORITY, FLX_SCHED_GPU_ONLY, 1);
     flx_cuda_stream_t us;
     CHECK_OK(flx_cuda_stream_create(0, &us));
     void *dbuf;
@@ -128,7 +130,7 @@ static void test_span_and_fallback(void)
     flx_sched_layer_t L;
     st_layer(&bt, &L, FLX_SCHED_WIN_GIVEN, o, lse);
     flx_sched_layer_stats_t x;
-    CHECK_OK(flx_sched_run(s, &L, NULL, NULL, &x));
+    CHECK_OK(flx_sched_run(s, &L, &x));
     check_close("pinned + unpinned sessions, gpu-only", &bt, o, lse, o_want, l_want);
     CHECK(x.n_gpu_tasks == 4 && x.n_gpu_fallback == 2);
     CHECK(tasks[4].worker == 1 && tasks[5].worker == 1);

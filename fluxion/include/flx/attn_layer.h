@@ -11,8 +11,8 @@
  *            all of them at once (flx/predictor.h), the selector per group (flx/selector.h: blk,
  *            budgets, priority V, with the ablations of flx_select_opts_t); streaming-only groups
  *            take their window partial as output, the others become tasks;
- * then the tasks run on the heterogeneous scheduler (flx/sched.h: its policy and placement, CPU
- * workers through the caller's parallel function, the GPU worker when there is one), each merged
+ * then the tasks run on the heterogeneous scheduler (flx/sched.h: its policy and placement, the
+ * worker pool's CPU workers, the GPU worker when there is one), each merged
  * with its group's window partial by the one LSE merge (flx_attn_merge; on the device its twin).
  * FULL and FIXED tasks carry priority V (Eq. 3) too, so every mode is scheduled alike.
  *
@@ -24,14 +24,14 @@
  *             host work overlaps the device's window.
  *
  * COST OF FLUXION'S DECISIONS (stats.predict_ns, the features + predictor + selector time)
- * Features run per sequence on the CPU workers (they are the window attention too), the predictor
- * once over all rows of the batch cut into row slices on the workers (SIMD, the scratch planned at
- * create), the selector per group on the calling thread; nothing allocates.
+ * Features run per (sequence, KV group) on the pool's workers (they are the window attention too),
+ * the predictor once over all rows of the batch in row chunks on the workers (SIMD, the scratch
+ * planned at create), the selector per group on the calling thread; nothing allocates.
  *
  * THREAD MODE
- * One thread drives a layer object (create, run, destroy); the parallel function runs lanes on its
- * threads. Results do not depend on the parallel function or the number of workers (bitwise on
- * the CPU; within the kernels' tolerance for tasks the GPU ran).
+ * One thread drives a layer object (create, run, destroy); runs use the pool's workers. Results do
+ * not depend on the number of workers or the policy (bitwise on the CPU; within the kernels'
+ * tolerance for tasks the GPU ran).
  */
 #ifndef FLX_ATTN_LAYER_H
 #define FLX_ATTN_LAYER_H
@@ -73,8 +73,9 @@ typedef struct flx_attn_layer_params {
     flx_predictor_h predictor;                  /* FLUXION: borrowed, outlives the object */
     flx_select_params_t select;                 /* FLUXION, SELECT: the operating point */
     flx_select_opts_t opts;                     /* FLUXION, OPTS: streaming skipping, fixed granularity */
-    flx_sched_params_t sched;                   /* n_cpu_workers, policy, placement, GPU; its shape
-                                                 * and max_tasks are set from the fields above */
+    flx_sched_params_t sched;                   /* pool (the workers, borrowed), policy, placement,
+                                                 * GPU; its shape and max_tasks are set from the
+                                                 * fields above */
 } flx_attn_layer_params_t;
 
 flx_status_t flx_attn_layer_create(const flx_attn_layer_params_t *params, flx_attn_layer_h *layer_p);
@@ -94,8 +95,6 @@ typedef struct flx_attn_layer_args {
     float *o_win, *lse_win;           /* DEFERRED: (batch, Hq, D), (batch, Hq), valid after win_wait */
     flx_status_t (*win_wait)(void *ctx);   /* DEFERRED: returns once o_win / lse_win are in place */
     void *win_ctx;
-    flx_sched_parallel_fn parallel;   /* the CPU workers (flx/sched.h WORKERS); NULL: the caller */
-    void *parallel_ctx;
 } flx_attn_layer_args_t;
 
 typedef struct flx_attn_layer_stats {

@@ -9,29 +9,31 @@
  * all host tokens for FULL), merged with the group's window partial. Its priority is V(blk)
  * (Eq. 3, flx/selector.h), the host rows it will read. Streaming-only groups are not tasks (their
  * output is the window partial). A layer is run by
- *     flx_sched_run(sched, &layer, parallel, parallel_ctx, &stats)
- * which orders or assigns the tasks (POLICIES), wakes the GPU worker, runs the CPU lanes through
- * the caller's `parallel` function (the decode step's worker pool, or threads of a test), waits
- * for both, and fills the layer's statistics. Every task writes only its own rows of the layer's
- * outputs, so the result does not depend on who ran what: CPU schedules give the same bits (each
- * task runs single-threaded on one worker's workspace), and a task the GPU ran agrees with its CPU
- * run within the kernels' tolerance (flx/attn_gpu.h).
+ *     flx_sched_run(sched, &layer, &stats)
+ * which orders or assigns the tasks (POLICIES), wakes the GPU worker, runs the CPU workers on the
+ * worker pool (flx/pool.h), waits for both, and fills the layer's statistics. Every task writes only
+ * its own rows of the layer's outputs, so the result does not depend on who ran what: CPU schedules
+ * give the same bits (a task's chunks are fixed by its data and merged in chunk order, flx/attn.h
+ * CHUNKS), and a task the GPU ran agrees with its CPU run within the kernels' tolerance
+ * (flx/attn_gpu.h).
  *
  * WORKERS
- *   CPU workers  n_cpu_workers, each with its own attention workspace (flx/attn.h, planned for
- *                max_l_cpu). `parallel(parallel_ctx, n_lanes, fn, arg)` must call fn(arg, lane,
- *                worker) once for every lane in [0, n_lanes), concurrently or not, with `worker`
- *                the index (< n_cpu_workers) of the thread that runs it; no two concurrent calls
- *                may share a worker index. A NULL parallel runs the lanes one after another on
- *                the calling thread as worker 0.
+ *   CPU workers  the workers of the pool (params.pool, borrowed; NULL: the calling thread alone).
+ *                A CPU worker takes a task from the queue (the pop is the claim), begins it
+ *                (scoring, top-k, its chunk plan: flx_attn_task_begin on the task's own workspace)
+ *                and publishes its chunks; a free CPU worker first helps with the chunks of the
+ *                tasks already begun (in queue order), then takes the next task. The worker that
+ *                finishes a task's last chunk merges it. So a long task is shared by every free
+ *                worker, a descheduled worker holds up at most one chunk, and the queue's order is
+ *                the order in which work starts.
  *   GPU worker   with use_gpu, a thread of the scheduler's own (made at create, asleep between
  *                layers: the one core that drives the GPU). It keeps up to gpu_streams tasks in
  *                flight, one per stream with its own device workspace (flx_attn_host_gpu: metadata
  *                and selected KV read in place from the pinned store through UVA), and takes the
  *                next task whenever a stream is free. A task whose session has no device addresses
  *                (memory that could not be pinned) runs on that thread with the CPU kernels
- *                instead (task.worker is then n_cpu_workers). Its device busy time comes from CUDA
- *                events around each task.
+ *                instead (task.worker is then the pool's worker count). Its device busy time comes
+ *                from CUDA events around each task.
  *
  * POLICIES (scheduling: paper §8's ablation; the same tasks, the same results, only who runs what
  * and when differs)
@@ -41,7 +43,8 @@
  *                tasks in their given (sequence, group) order.
  *   UNIFORM      static split by heads: the tasks in their given order cut into equal contiguous
  *                shares (every task has G heads), one per worker (the GPU worker is one more);
- *                a worker runs its share and nothing else.
+ *                a share's tasks run one after another, all their chunks on the worker that took
+ *                the share (no helping).
  *   LENGTH       static split by input length: longest l_cpu first, each task to the worker whose
  *                share has the fewest host tokens so far (ties: lowest worker, the GPU last).
  * PLACEMENTS (where the host part runs; the paper's comparisons)
@@ -53,8 +56,9 @@
  * THE WINDOW PARTIAL (flx_sched_layer_t.window)
  *   GIVEN     the caller computed every group's window partial (o_win, lse_win): each task merges
  *             its host part with it (flx_attn_merge on the CPU, the merge kernel on the GPU).
- *   COMPUTE   each task computes its group's window partial on the CPU thread that takes it
- *             (the host window), then as GIVEN.
+ *   COMPUTE   each task computes its group's window partial on the CPU (the host window): the
+ *             window's chunks are the task's first ones, merged with the host part at its end; a
+ *             GPU task gets its window partial computed on the GPU worker's thread, then as GIVEN.
  *   NONE      tasks write the host part alone (o, lse): the caller merges (the window is being
  *             computed elsewhere meanwhile, for example on the device).
  *
@@ -66,13 +70,13 @@
  * device's clock; idle = wall - busy, and the idle ratio idle / wall is the paper's Table 5 figure.
  *
  * THREAD MODE
- * One thread drives a scheduler (create, run, span, destroy); `parallel` calls fn from its
- * threads. Distinct schedulers are independent. No allocation after create: a layer runs in the
- * memory planned for max_tasks tasks.
+ * One thread drives a scheduler (create, run, span, destroy); runs use the pool's workers.
+ * Distinct schedulers are independent (sharing a pool, they take turns on it). No allocation after
+ * create: a layer runs in the memory planned for max_tasks tasks (one attention workspace each).
  *
  * ERRORS
  * flx_sched_create and flx_sched_run refuse bad arguments with FLX_ERR_INVALID naming the field
- * (n_cpu_workers 0, an unknown policy or placement, GPU_ONLY without use_gpu, a task with a batch
+ * (an unknown policy or placement, GPU_ONLY without use_gpu, a task with a batch
  * row, layer or group out of range, a blk that is not 16..128 or a budget outside [0, 1], more
  * tasks than max_tasks, window GIVEN without o_win); use_gpu without a device is FLX_ERR_NO_DEVICE.
  * A task that fails stops the others from taking new tasks; the run returns the failure that comes
@@ -88,6 +92,7 @@
 #include "flx/attn.h"
 #include "flx/cuda_rt.h"
 #include "flx/kvstore.h"
+#include "flx/pool.h"
 #include "flx/status.h"
 
 #ifdef __cplusplus
@@ -127,7 +132,8 @@ typedef struct flx_sched_task {
     float budget;           /* every head's budget when budgets is NULL */
     float priority;         /* V(blk), Eq. 3 (host rows); PRIORITY pops larger first */
     uint32_t l_cpu;         /* host tokens of the sequence (LENGTH's key) */
-    int32_t worker;         /* out: CPU worker index, FLX_SCHED_GPU, or FLX_SCHED_NOT_RUN */
+    int32_t worker;         /* out: the CPU worker (pool index) that took it, n_workers for the GPU
+                               worker's thread, FLX_SCHED_GPU, or FLX_SCHED_NOT_RUN */
     uint64_t start_ns;      /* out: host time the worker took it (from the run's start) */
     uint64_t end_ns;        /* out: host time its result was in place */
 } flx_sched_task_t;
@@ -159,7 +165,9 @@ typedef struct flx_sched_layer_stats {
     uint64_t wall_ns;               /* flx_sched_run from start to end */
     uint32_t n_tasks, n_cpu_tasks, n_gpu_tasks;
     uint32_t n_gpu_fallback;        /* tasks the GPU worker's thread ran on the CPU (no UVA) */
-    uint64_t cpu_busy_ns;           /* sum over CPU workers of their time inside tasks */
+    uint32_t n_chunks;              /* CPU chunks run (window and host slices) */
+    uint64_t cpu_busy_ns;           /* sum over CPU workers of their time inside tasks (begins, chunks,
+                                       ends) */
     uint64_t cpu_busy_max_ns;       /* the busiest CPU worker's */
     int has_gpu;                    /* a GPU worker ran (use_gpu) */
     uint64_t gpu_busy_ns;           /* union of the device intervals (CUDA events) */
@@ -177,7 +185,9 @@ enum {
 
 typedef struct flx_sched_params {
     uint64_t field_mask;            /* FLX_SCHED_FIELD_*: which optional fields below are set */
-    uint32_t n_cpu_workers;         /* required: 1..1024 (the lanes' worker indices are below it) */
+    flx_pool_h pool;                /* the CPU workers (borrowed, outlives the scheduler); NULL: the
+                                       calling thread alone. With a GPU worker, a pool made with
+                                       reserve_cpus >= 1 lends it its dedicated core */
     uint32_t n_q_heads, n_kv_heads; /* required: the model's (G = n_q_heads / n_kv_heads <= 64) */
     uint32_t head_dim;              /* required: D, a multiple of 16 in 16..256 */
     uint32_t max_l_cpu;             /* required: the most host tokens of a task's session, >= 1 */
@@ -193,15 +203,9 @@ flx_status_t flx_sched_create(const flx_sched_params_t *params, flx_sched_h *sch
 /* Stops the GPU worker's thread, frees everything. Accepts NULL. */
 void flx_sched_destroy(flx_sched_h sched);
 
-/* fn(arg, lane, worker): runs lane `lane` on the thread whose worker index is `worker`. */
-typedef flx_status_t (*flx_sched_lane_fn)(void *arg, uint32_t lane, uint32_t worker);
-/* Calls fn for every lane in [0, n_lanes) (see WORKERS); returns the first error fn returned. */
-typedef flx_status_t (*flx_sched_parallel_fn)(void *ctx, uint32_t n_lanes, flx_sched_lane_fn fn, void *arg);
-
 /* Runs one layer's tasks (see OVERVIEW). stats may be NULL. On return every task has run (or, on
  * an error, every task some worker had taken); task.worker says who. */
-flx_status_t flx_sched_run(flx_sched_h sched, flx_sched_layer_t *layer, flx_sched_parallel_fn parallel,
-                           void *parallel_ctx, flx_sched_layer_stats_t *stats);
+flx_status_t flx_sched_run(flx_sched_h sched, flx_sched_layer_t *layer, flx_sched_layer_stats_t *stats);
 
 /* Device work the caller queues on stream for the next flx_sched_run (the layer's window kernel)
  * counted as GPU busy time of that layer: call with begin 1 right before queuing it and with begin
