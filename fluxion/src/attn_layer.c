@@ -323,3 +323,8 @@ const flx_sched_task_t *flx_attn_layer_tasks(flx_attn_layer_h L, uint32_t *n_p)
     if (n_p) *n_p = L->n_tasks;
     return L->tasks;
 }
+
+flx_sched_h flx_attn_layer_sched(flx_attn_layer_h L)
+{
+    return L ? L->sched : NULL;
+}

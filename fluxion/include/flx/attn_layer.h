@@ -115,6 +115,9 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h layer, const flx_attn_layer_arg
 /* The tasks of the last run (who ran each, when): valid until the next run. */
 const flx_sched_task_t *flx_attn_layer_tasks(flx_attn_layer_h layer, uint32_t *n_p);
 
+/* Its scheduler: the caller marks its device window launch with flx_sched_gpu_span on it. */
+flx_sched_h flx_attn_layer_sched(flx_attn_layer_h layer);
+
 #ifdef __cplusplus
 }
 #endif
