@@ -9,7 +9,7 @@
 
 /* A predictor whose every head predicts (bgt0, k) and the streaming logit stream_logit: zero
  * weights, the targets' means and the s output's bias set. */
-static flx_predictor_h constant_predictor(float bgt0, float k, float stream_logit)
+static inline flx_predictor_h constant_predictor(float bgt0, float k, float stream_logit)
 {
     flx_mlp_t m;
     CHECK_OK(flx_mlp_alloc(&m));

@@ -296,6 +296,12 @@ static void test_refusals(const flx_model_t *m)
         check_msg("FLX_KV_STORE_WINDOW_DEVICE");
         CHECK(e == (flx_engine_h)(uintptr_t)0x7777);
         flx_kv_store_destroy(st);
+        /* device windows, but the arena not pinned: the GPU worker could not read KV through UVA */
+        st = make_store(&m->cfg, FLX_KV_STORE_HUGEPAGES | FLX_KV_STORE_WINDOW_DEVICE);
+        CHECK_ST(flx_engine_create(m, st, &ep, &e), FLX_ERR_INVALID);
+        check_msg("FLX_KV_STORE_PIN_CUDA");
+        CHECK(e == (flx_engine_h)(uintptr_t)0x7777);
+        flx_kv_store_destroy(st);
         flx_gpu_model_destroy(gm);
     }
     /* (d) */
