@@ -41,7 +41,8 @@ static void usage(FILE *f)
             "                    [--predictor WEIGHTS] [--tau 0.1] [--stream-threshold P] [--budget-scale A]\n"
             "                    [--min-blocks M]\n"
             "                    [--max-new 64] [--temp 0] [--top-k 0] [--top-p 1] [--seed S] [--threads N]\n"
-            "                    [--gpu [DEVICE]]\n"
+            "                    [--gpu [DEVICE]] [--policy priority|no-parallel|uniform|length]\n"
+            "                    [--placement hybrid|gpu-only] [--no-skip-streaming] [--fixed-blk B] [--gpu-streams N]\n"
             "  --model        a .gguf file or a Hugging Face folder (config.json, *.safetensors, tokenizer.json)\n"
             "  --prompt-file  the prompt text (UTF-8); '-' reads stdin\n"
             "  --chat         wrap the prompt as one user message with the model's chat template\n"
@@ -65,7 +66,16 @@ static void usage(FILE *f)
             "                 its affinity mask, capped by its cgroup CPU quota); the choice and its reason\n"
             "                 are printed on stderr (\"workers N: ...\")\n"
             "  --gpu          prefill and the dense part of decoding on CUDA device DEVICE (default 0), window\n"
-            "                 attention on its device windows; host-resident attention stays on the CPU threads\n");
+            "                 attention on its device windows; the scheduler's GPU worker takes attention tasks\n"
+            "                 over the pinned host KV (UVA) beside the CPU workers\n"
+            "  --policy       the scheduler: priority (Fluxion's: one queue by Eq. 3 volume, every worker\n"
+            "                 takes the next task when free), no-parallel (the GPU takes none), uniform or\n"
+            "                 length (static shares); default priority\n"
+            "  --placement    hybrid (default) or gpu-only (--gpu: every task on the GPU worker)\n"
+            "  --no-skip-streaming, --fixed-blk B\n"
+            "                 fluxion's ablations: streaming-only groups read like the others; one block size\n"
+            "                 16, 32, 64 or 128 for every group instead of the selector's choice\n"
+            "  --gpu-streams  --gpu: attention tasks the GPU worker keeps in flight, 1..8 (default 2)\n");
 }
 
 static int parse_u64(const char *flag, const char *s, unsigned long long lo, unsigned long long hi,
@@ -193,7 +203,8 @@ static int cmp_u64(const void *a, const void *b)
 int main(int argc, char **argv)
 {
     enum { O_MODEL = 1, O_PROMPT, O_CHAT, O_MODE, O_BLK, O_BGT, O_MAXNEW, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_THREADS,
-           O_PREDICTOR, O_TAU, O_GPU, O_THR, O_SCALE, O_MINB, O_HELP };
+           O_PREDICTOR, O_TAU, O_GPU, O_THR, O_SCALE, O_MINB, O_POLICY, O_PLACEMENT, O_NOSKIP, O_FIXBLK, O_GSTREAMS,
+           O_HELP };
     static const struct option opts[] = {
         {"model", required_argument, 0, O_MODEL},   {"prompt-file", required_argument, 0, O_PROMPT},
         {"chat", no_argument, 0, O_CHAT},           {"mode", required_argument, 0, O_MODE},
@@ -205,6 +216,9 @@ int main(int argc, char **argv)
         {"gpu", optional_argument, 0, O_GPU},
         {"stream-threshold", required_argument, 0, O_THR}, {"budget-scale", required_argument, 0, O_SCALE},
         {"min-blocks", required_argument, 0, O_MINB},
+        {"policy", required_argument, 0, O_POLICY}, {"placement", required_argument, 0, O_PLACEMENT},
+        {"no-skip-streaming", no_argument, 0, O_NOSKIP}, {"fixed-blk", required_argument, 0, O_FIXBLK},
+        {"gpu-streams", required_argument, 0, O_GSTREAMS},
         {"help", no_argument, 0, O_HELP},           {0, 0, 0, 0},
     };
     const char *model_path = NULL, *prompt_path = NULL, *pred_path = getenv("FLX_PREDICTOR");
@@ -260,6 +274,28 @@ int main(int argc, char **argv)
         case O_THR: if (parse_f("stream-threshold", a, 0.5, 0, 1.0, &sel_thr)) return 2; break;
         case O_SCALE: if (parse_f("budget-scale", a, 0.0, 1, 64.0, &sel_scale)) return 2; break;
         case O_MINB: if (parse_u64("min-blocks", a, 0, 64, &v)) return 2; sel_minb = (long long)v; break;
+        case O_POLICY:
+            if (flx_sched_policy_parse(a, &ep.sched_policy)) {
+                fprintf(stderr, PROG ": --policy: %s\n", flx_error_msg());
+                return 2;
+            }
+            break;
+        case O_PLACEMENT:
+            if (flx_sched_placement_parse(a, &ep.placement)) {
+                fprintf(stderr, PROG ": --placement: %s\n", flx_error_msg());
+                return 2;
+            }
+            break;
+        case O_NOSKIP: ep.skip_streaming = 0; break;
+        case O_FIXBLK:
+            if (parse_u64("fixed-blk", a, 16, 128, &v)) return 2;
+            if (v != 16 && v != 32 && v != 64 && v != 128) {
+                fprintf(stderr, PROG ": --fixed-blk %llu is not 16, 32, 64 or 128\n", v);
+                return 2;
+            }
+            ep.fixed_blk = (uint32_t)v;
+            break;
+        case O_GSTREAMS: if (parse_u64("gpu-streams", a, 1, 8, &v)) return 2; ep.gpu_streams = (uint32_t)v; break;
         case O_HELP: usage(stdout); return 0;
         default:
             fprintf(stderr, PROG ": unknown option or missing value: %s\n", argv[optind - 1]);
@@ -387,9 +423,9 @@ int main(int argc, char **argv)
                                     .capacity_bytes = cap, .n_layers = cfg->n_layers,
                                     .n_kv_heads = cfg->n_kv_heads, .n_q_heads = cfg->n_heads,
                                     .head_dim = cfg->head_dim};
-        if (use_gpu) {   /* windows mirrored on the device, where window attention reads them */
+        if (use_gpu) {   /* windows mirrored on the device; the arena pinned for the GPU worker's UVA reads */
             kp.field_mask |= FLX_KV_STORE_FIELD_FLAGS | FLX_KV_STORE_FIELD_CUDA_DEVICE;
-            kp.flags = FLX_KV_STORE_HUGEPAGES | FLX_KV_STORE_WINDOW_DEVICE;
+            kp.flags = FLX_KV_STORE_HUGEPAGES | FLX_KV_STORE_WINDOW_DEVICE | FLX_KV_STORE_PIN_CUDA;
             kp.cuda_device = gpu_dev;
         }
         if ((st = flx_kv_store_create(&kp, &store))) {
@@ -545,10 +581,21 @@ int main(int argc, char **argv)
                 (double)tot.host_attn_ns / tot.n_steps / 1e6, (double)tot.merge_ns / tot.n_steps / 1e6);
     }
     if (tot.n_steps && ep.mode == FLX_ENGINE_ATTN_FLUXION)
-        fprintf(stderr, "fluxion per step: features + predictor + selector %.3f ms, %.0f of %u groups streaming-only "
-                        "(no host read)\n",
-                (double)tot.predict_ns / tot.n_steps / 1e6, (double)tot.n_skipped / tot.n_steps,
-                cfg->n_layers * cfg->n_kv_heads);
+        fprintf(stderr, "fluxion per step: features + predictor + selector %.3f ms (%.1f%% of the step), %.0f of %u "
+                        "groups streaming-only (no host read)\n",
+                (double)tot.predict_ns / tot.n_steps / 1e6,
+                tot.step_ns ? 100.0 * (double)tot.predict_ns / (double)tot.step_ns : 0.0,
+                (double)tot.n_skipped / tot.n_steps, cfg->n_layers * cfg->n_kv_heads);
+    char ratio[48] = "n/a: no GPU";
+    if (use_gpu && tot.sched_wall_ns)
+        snprintf(ratio, sizeof ratio, "%.3f", (double)tot.gpu_idle_ns / (double)tot.sched_wall_ns);
+    if (tot.n_steps)
+        fprintf(stderr, "scheduler (%s, %s) per step: CPU workers busy %.3f ms in tasks; %.1f tasks on the GPU worker; "
+                        "GPU busy %.3f ms, idle %.3f ms of the attention layers' %.3f ms (idle ratio %s)\n",
+                flx_sched_policy_name(ep.sched_policy), flx_sched_placement_name(ep.placement),
+                (double)tot.cpu_busy_ns / tot.n_steps / 1e6, (double)tot.n_gpu_tasks / tot.n_steps,
+                (double)tot.gpu_busy_ns / tot.n_steps / 1e6, (double)tot.gpu_idle_ns / tot.n_steps / 1e6,
+                (double)tot.sched_wall_ns / tot.n_steps / 1e6, ratio);
     rc = 0;
 out:
     flx_engine_destroy(eng);

@@ -84,6 +84,10 @@ int main(int argc, char **argv)
             {"--model M --prompt-file P --gpu=x", "--gpu"},
             {"--model M --prompt-file P --gpu 1024", "--gpu"},
             {"--model M --prompt-file P --gpu=2 7", "'7'"},
+            {"--model M --prompt-file P --policy fastest", "fastest"},
+            {"--model M --prompt-file P --placement cpu-only", "cpu-only"},
+            {"--model M --prompt-file P --mode fluxion --fixed-blk 48", "--fixed-blk"},
+            {"--model M --prompt-file P --gpu-streams 9", "--gpu-streams"},
         };
         for (size_t i = 0; i < FLX_ARRAY_SIZE(bad); i++) {
             int rc = run(bad[i].args, out, err);
