@@ -1,7 +1,7 @@
 /*
  * sched_testutil.h - a batch for the scheduler tests: sessions of mixed prompt lengths in a real
  * kvstore (pinned or not), queries, the tasks of a layer with a mix of FULL, FIXED and SPARSE
- * configurations and Eq. 3 priorities, window partials, and worker pools of given sizes.
+ * configurations and Eq. 3 priorities, window partials.
  */
 #ifndef SCHED_TESTUTIL_H
 #define SCHED_TESTUTIL_H
@@ -157,16 +157,6 @@ static inline void st_expected(const st_batch_t *bt, flx_sched_window_t win, flo
         }
     }
     free(mem);
-}
-
-/* A pool of n workers (the calling thread included); NULL for n = 1 (the caller alone). */
-static inline flx_pool_h st_pool(uint32_t n)
-{
-    if (n <= 1) return NULL;
-    flx_pool_params_t pp = {.field_mask = FLX_POOL_FIELD_N_WORKERS, .n_workers = n};
-    flx_pool_h pool;
-    CHECK_OK(flx_pool_create(&pp, &pool));
-    return pool;
 }
 
 static inline flx_sched_h st_sched(const st_batch_t *bt, flx_pool_h pool, flx_sched_policy_t pol,

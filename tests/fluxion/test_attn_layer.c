@@ -96,15 +96,6 @@ static flx_attn_ws_t *ref_ws(const batch_t *bt)
     return &ws;
 }
 
-static void same_bits(const char *lab, const float *a, const float *b, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (memcmp(&a[i], &b[i], sizeof *a)) {
-            fprintf(stderr, "%s: element %zu: %.9g vs %.9g\n", lab, i, (double)a[i], (double)b[i]);
-            CHECK(0);
-        }
-}
-
 static void test_full_fixed(const batch_t *bt)
 {
     flx_attn_ws_t *ws = ref_ws(bt);
@@ -120,7 +111,7 @@ static void test_full_fixed(const batch_t *bt)
             flx_attn_layer_h L = make_layer(bt, m ? FLX_LAYER_FIXED : FLX_LAYER_FULL, NULL, w, FLX_SCHED_PRIORITY, NULL);
             flx_attn_layer_stats_t st;
             run_layer(L, bt, w, o, &st);
-            same_bits(m ? "fixed" : "full", o, want, (size_t)B * HQ * D);
+            CHECK_SAME(m ? "fixed" : "full", o, want, (size_t)B * HQ * D);
             CHECK(st.n_groups == B * HKV && st.n_tasks == B * HKV && st.predict_ns == 0);
             uint32_t n;
             const flx_sched_task_t *t = flx_attn_layer_tasks(L, &n);
@@ -161,7 +152,7 @@ static void test_deferred(const batch_t *bt)
     flx_attn_layer_stats_t st;
     CHECK_OK(flx_attn_layer_run(L, &a, &st));
     CHECK(g_waits == 1);
-    same_bits("deferred vs compute", o, want, (size_t)B * HQ * D);
+    CHECK_SAME("deferred vs compute", o, want, (size_t)B * HQ * D);
     flx_attn_layer_destroy(L);
     free(o), free(want), free(ow);
     fprintf(stderr, "deferred window partials: the same bits as computed ones -> ok\n");
@@ -225,7 +216,7 @@ static void test_fluxion(const batch_t *bt)
                 char lab[96];
                 snprintf(lab, sizeof lab, "fluxion opts {%d, %u} %u workers %s", optv[k]->keep_streaming,
                          optv[k]->fixed_blk, w, flx_sched_policy_name((flx_sched_policy_t)pol));
-                same_bits(lab, o, want, (size_t)B * HQ * D);
+                CHECK_SAME(lab, o, want, (size_t)B * HQ * D);
                 CHECK(st.n_tasks == n_want && st.n_groups == B * HKV && st.predict_ns > 0);
                 uint32_t n;
                 const flx_sched_task_t *t = flx_attn_layer_tasks(L, &n);
@@ -252,7 +243,7 @@ static void test_fluxion(const batch_t *bt)
     flx_attn_layer_h L = make_layer(bt, FLX_LAYER_FLUXION, pred, 2, FLX_SCHED_PRIORITY, NULL);
     flx_attn_layer_stats_t st;
     run_layer(L, bt, 2, o, &st);
-    same_bits("fluxion all streaming", o, want, (size_t)B * HQ * D);
+    CHECK_SAME("fluxion all streaming", o, want, (size_t)B * HQ * D);
     CHECK(st.n_tasks == 0 && st.sched.n_tasks == 0);
     flx_attn_layer_destroy(L);
     flx_predictor_destroy(pred);
@@ -299,7 +290,7 @@ int main(int argc, char **argv)
     g_weights = argv[1];
     flx_rng_t rng;
     flx_rng_seed(&rng, flx_test_seed("test_attn_layer"));
-    for (uint32_t n = 2; n <= 3; n++) g_pools[n] = st_pool(n);
+    for (uint32_t n = 2; n <= 3; n++) g_pools[n] = flx_test_pool(n);
     batch_t bt;
     batch_make(&bt, &rng);
     test_refusals(&bt);

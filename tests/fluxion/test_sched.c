@@ -21,19 +21,6 @@
 
 static flx_rng_t rng;
 
-/* Bitwise, NaN rows included (the rows no task owns stay NaN). */
-static void check_same_bits(const char *lab, const float *a, const float *b, size_t n)
-{
-    if (memcmp(a, b, n * sizeof *a) != 0) {
-        for (size_t i = 0; i < n; i++)
-            if (memcmp(&a[i], &b[i], sizeof *a)) {
-                fprintf(stderr, "%s: element %zu differs: %.9g vs %.9g\n", lab, i, (double)a[i], (double)b[i]);
-                break;
-            }
-        CHECK(0);
-    }
-}
-
 static void check_order(const st_batch_t *bt, flx_sched_h s, flx_sched_policy_t pol, uint32_t workers)
 {
     const uint32_t *order, *lane_end, n = bt->n_tasks;
@@ -90,7 +77,7 @@ static void test_schedules(uint32_t G, uint32_t D, const uint32_t *lens, uint32_
         st_expected(&bt, wins[wi], o_want, lse_want);
         for (int pol = 0; pol < 4; pol++)
             for (int k = 0; k < 4; k++) {
-                flx_pool_h pool = st_pool(workers[k]);
+                flx_pool_h pool = flx_test_pool(workers[k]);
                 flx_sched_h s = st_sched(&bt, pool, (flx_sched_policy_t)pol, FLX_SCHED_HYBRID, 0);
                 flx_sched_layer_t L;
                 st_layer(&bt, &L, wins[wi], o, lse);
@@ -101,8 +88,8 @@ static void test_schedules(uint32_t G, uint32_t D, const uint32_t *lens, uint32_
                 char lab[128];
                 snprintf(lab, sizeof lab, "G %u D %u B %u window %d %s %u workers", G, D, B, wi,
                          flx_sched_policy_name((flx_sched_policy_t)pol), workers[k]);
-                check_same_bits(lab, o, o_want, rows * D);
-                check_same_bits(lab, lse, lse_want, rows);
+                CHECK_SAME(lab, o, o_want, rows * D);
+                CHECK_SAME(lab, lse, lse_want, rows);
                 CHECK(stx.n_tasks == bt.n_tasks && stx.n_cpu_tasks == bt.n_tasks && stx.n_gpu_tasks == 0);
                 CHECK(!stx.has_gpu && stx.gpu_idle_ratio == 0.0);
                 CHECK(stx.wall_ns <= wall && stx.cpu_busy_ns <= (uint64_t)workers[k] * stx.wall_ns);
@@ -135,7 +122,7 @@ static void test_refusals(void)
     const uint32_t lens[2] = {600, 1500};
     st_batch_t bt;
     st_batch_make(&bt, &rng, 4, 32, lens, 2, FLX_KV_STORE_HUGEPAGES);
-    flx_pool_h pool = st_pool(2);
+    flx_pool_h pool = flx_test_pool(2);
     flx_sched_params_t p = {.pool = pool, .n_q_heads = bt.Hq, .n_kv_heads = ST_HKV, .head_dim = 32,
                             .max_l_cpu = bt.max_l_cpu, .max_tasks = bt.n_tasks};
     flx_sched_h s = NULL;

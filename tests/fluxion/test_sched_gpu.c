@@ -59,7 +59,7 @@ static void test_gpu_schedules(uint32_t G, uint32_t D, const uint32_t *lens, uin
     for (int wi = 0; wi < 3; wi++) {
         st_expected(&bt, wins[wi], o_want, lse_want);
         for (int c = 0; c < 5; c++) {
-            flx_pool_h pool = st_pool(cf[c].workers);
+            flx_pool_h pool = flx_test_pool(cf[c].workers);
             flx_sched_h s = st_sched(&bt, pool, cf[c].pol, cf[c].place, 1);
             flx_sched_layer_t L;
             st_layer(&bt, &L, wins[wi], o, lse);
