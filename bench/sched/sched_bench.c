@@ -18,6 +18,12 @@
  * flx_attn_layer_run (features + predictor + selector + tasks + merges); Fluxion's decision time is
  * reported as a share of its layer time.
  *
+ * With a CUDA device (and only then) the 32K and 128K points add the GPU worker: Fluxion on the
+ * scheduler with it (hybrid, priority), the hybrid fixed (16, 0.05) baseline (no-parallel: the GPU
+ * takes no task), and fixed (16, 0.05) GPU-only (top-k and sparse attention on the device over
+ * UVA); each row then carries the GPU idle ratio of its layers (flx/sched.h: the window partials
+ * are on the CPU here, so the GPU's work in a layer is the tasks it took).
+ *
  * Output: a table on stdout, one CSV row per (point, configuration), and a SUMMARY line.
  */
 #include <math.h>
@@ -27,6 +33,7 @@
 
 #include "flx/attn_layer.h"
 #include "flx/budget.h"
+#include "flx/cuda_rt.h"
 #include "flx/util.h"
 #include "replay.h"
 
@@ -51,22 +58,30 @@ typedef struct cfg {
     float bgt;
     flx_sched_policy_t policy;
     flx_select_opts_t opts;
+    int gpu;                          /* a GPU worker */
+    flx_sched_placement_t placement;
 } cfg_t;
 
 static const cfg_t MAIN_CFG[4] = {
-    {"fluxion", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_PRIORITY, {0, 0}},
-    {"fixed_16_005", FLX_LAYER_FIXED, 16, 0.05f, FLX_SCHED_PRIORITY, {0, 0}},
-    {"fixed_32_002", FLX_LAYER_FIXED, 32, 0.02f, FLX_SCHED_PRIORITY, {0, 0}},
-    {"full", FLX_LAYER_FULL, 0, 0, FLX_SCHED_PRIORITY, {0, 0}},
+    {"fluxion", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_PRIORITY, {0, 0}, 0, FLX_SCHED_HYBRID},
+    {"fixed_16_005", FLX_LAYER_FIXED, 16, 0.05f, FLX_SCHED_PRIORITY, {0, 0}, 0, FLX_SCHED_HYBRID},
+    {"fixed_32_002", FLX_LAYER_FIXED, 32, 0.02f, FLX_SCHED_PRIORITY, {0, 0}, 0, FLX_SCHED_HYBRID},
+    {"full", FLX_LAYER_FULL, 0, 0, FLX_SCHED_PRIORITY, {0, 0}, 0, FLX_SCHED_HYBRID},
+};
+static const cfg_t GPU_CFG[4] = {
+    {"fixed_16_005", FLX_LAYER_FIXED, 16, 0.05f, FLX_SCHED_PRIORITY, {0, 0}, 0, FLX_SCHED_HYBRID},
+    {"fluxion_gpu", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_PRIORITY, {0, 0}, 1, FLX_SCHED_HYBRID},
+    {"hybrid_16_005", FLX_LAYER_FIXED, 16, 0.05f, FLX_SCHED_NO_PARALLEL, {0, 0}, 1, FLX_SCHED_HYBRID},
+    {"gpu_only_16_005", FLX_LAYER_FIXED, 16, 0.05f, FLX_SCHED_PRIORITY, {0, 0}, 1, FLX_SCHED_GPU_ONLY},
 };
 static const cfg_t ABL_CFG[7] = {
-    {"fluxion", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_PRIORITY, {0, 0}},
-    {"sched_no_parallel", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_NO_PARALLEL, {0, 0}},
-    {"sched_uniform", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_UNIFORM, {0, 0}},
-    {"sched_length", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_LENGTH, {0, 0}},
-    {"fluxion_no_skip", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_PRIORITY, {1, 0}},
-    {"fluxion_blk16", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_PRIORITY, {0, 16}},
-    {"fluxion_blk32", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_PRIORITY, {0, 32}},
+    {"fluxion", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_PRIORITY, {0, 0}, 0, FLX_SCHED_HYBRID},
+    {"sched_no_parallel", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_NO_PARALLEL, {0, 0}, 0, FLX_SCHED_HYBRID},
+    {"sched_uniform", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_UNIFORM, {0, 0}, 0, FLX_SCHED_HYBRID},
+    {"sched_length", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_LENGTH, {0, 0}, 0, FLX_SCHED_HYBRID},
+    {"fluxion_no_skip", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_PRIORITY, {1, 0}, 0, FLX_SCHED_HYBRID},
+    {"fluxion_blk16", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_PRIORITY, {0, 16}, 0, FLX_SCHED_HYBRID},
+    {"fluxion_blk32", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_PRIORITY, {0, 32}, 0, FLX_SCHED_HYBRID},
 };
 
 /* ---- sessions ---- */
@@ -99,7 +114,7 @@ static void set_open(sess_set_t *s, const uint32_t *len, uint32_t n, uint64_t se
         snprintf(spec, sizeof spec, "synth:32,%d,%d,%d,%u,4,%llu,0.5", HQ, HKV, D, len[i],
                  (unsigned long long)(seed + i));
         if (flx_replay_open_source(spec, &s->src[i])) die(spec);
-        if (flx_replay_create(s->src[i], 0.1f, &s->rp[i])) die("replay");
+        if (flx_replay_create_flags(s->src[i], 0.1f, FLX_KV_STORE_PIN_CUDA, &s->rp[i])) die("replay");
     }
 }
 
@@ -127,6 +142,7 @@ typedef struct result {
                                            * ablation points: base fluxion) */
     double spfull_med, spfull_min, spfull_max;
     double tasks, groups;
+    double gpu_idle;                      /* mean GPU idle ratio of its layers (NAN without a GPU worker) */
 } result_t;
 
 static int cmp_d(const void *a, const void *b)
@@ -165,7 +181,9 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
         p.n_q_heads = HQ, p.n_kv_heads = HKV, p.head_dim = D, p.max_batch = B, p.max_l_cpu = max_l;
         p.mode = cf[c].mode, p.blk = cf[c].blk, p.bgt = cf[c].bgt, p.predictor = cx->pred;
         p.field_mask = FLX_ATTN_LAYER_FIELD_OPTS, p.opts = cf[c].opts;
-        p.sched.field_mask = FLX_SCHED_FIELD_POLICY, p.sched.policy = cf[c].policy;
+        p.sched.field_mask = FLX_SCHED_FIELD_POLICY | FLX_SCHED_FIELD_PLACEMENT | FLX_SCHED_FIELD_GPU;
+        p.sched.policy = cf[c].policy, p.sched.placement = cf[c].placement;
+        p.sched.use_gpu = cf[c].gpu, p.sched.cuda_device = 0, p.sched.gpu_streams = 2;
         p.sched.pool = cx->pool;
         if (flx_attn_layer_create(&p, &L[c])) die("attention layer");
     }
@@ -176,6 +194,7 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
     const uint32_t R = cx->reps * cx->n_layers;
     double *ms = calloc((size_t)nc * R, sizeof(double)), *pred_ns = calloc(nc, sizeof(double));
     double *within = calloc(nc, sizeof(double)), *bytes = calloc(nc, sizeof(double)), *tasks = calloc(nc, sizeof(double));
+    double *idle = calloc(nc, sizeof(double));
     double heads = 0;
     uint32_t r = 0;
     for (uint32_t li = 0; li < cx->n_layers; li++) {
@@ -194,6 +213,7 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
                 if (flx_attn_layer_run(L[c], &a, &st)) die(cf[c].name);
                 ms[(size_t)c * R + r] = (double)(flx_now_ns() - t0) * 1e-6;
                 pred_ns[c] += (double)st.predict_ns;
+                idle[c] += st.sched.has_gpu ? st.sched.gpu_idle_ratio / R : NAN;
                 if (rep == 0) {
                     bytes[c] += (double)(st.sched.attn.score_bytes + st.sched.attn.attn_bytes);
                     tasks[c] += st.n_tasks;
@@ -240,14 +260,15 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
         x->tasks = tasks[c] / cx->n_layers;
         x->groups = (double)B * HKV;
         x->predict_share = sum_ms > 0 ? pred_ns[c] * 1e-6 / sum_ms : 0;
+        x->gpu_idle = idle[c];
         printf("%-22s %-20s %9.3f [%8.3f, %8.3f] %8.3f %10.1f %8.3f [%6.3f, %6.3f] %8.3f %7.1f/%-4.0f %6.3f\n", point,
                cf[c].name, x->ms_med, x->ms_min, x->ms_max, x->within, x->bytes / 1048576.0, x->sp16_med,
                x->sp16_min, x->sp16_max, x->spfull_med, x->tasks, x->groups, x->predict_share);
         if (cx->csv)
-            fprintf(cx->csv, "%s,%s,%u,%u,%.4f,%.4f,%.4f,%.5f,%.0f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.2f,%.0f,%.5f,%d,%s\n",
+            fprintf(cx->csv, "%s,%s,%u,%u,%.4f,%.4f,%.4f,%.5f,%.0f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.2f,%.0f,%.5f,%d,%s,%.4f\n",
                     point, cf[c].name, B, max_l, x->ms_med, x->ms_min, x->ms_max, x->within, x->bytes, x->sp16_med,
                     x->sp16_min, x->sp16_max, x->spfull_med, x->spfull_min, x->spfull_max, x->tasks, x->groups,
-                    x->predict_share, flx_pool_size(cx->pool), base_ix >= 0 ? cf[base_ix].name : "");
+                    x->predict_share, flx_pool_size(cx->pool), base_ix >= 0 ? cf[base_ix].name : "", x->gpu_idle);
         free(v), free(rat), free(ratf);
     }
     fflush(stdout);
@@ -255,7 +276,7 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
         flx_attn_layer_destroy(L[c]);
         free(o[c]);
     }
-    free(q), free(ms), free(pred_ns), free(within), free(bytes), free(tasks);
+    free(q), free(ms), free(pred_ns), free(within), free(bytes), free(tasks), free(idle);
 }
 
 static void parse_list(const char *s, uint32_t *v, uint32_t *n, uint32_t max, uint64_t lo, uint64_t hi, const char *what)
@@ -322,7 +343,7 @@ int main(int argc, char **argv)
     if (cx.csv)
         fprintf(cx.csv, "point,config,batch,max_len,ms_med,ms_min,ms_max,within_tau,host_bytes,base_over_this,"
                         "base_over_this_min,base_over_this_max,full_over_this,full_over_this_min,"
-                        "full_over_this_max,tasks,groups,predict_share,workers,base\n");
+                        "full_over_this_max,tasks,groups,predict_share,workers,base,gpu_idle_ratio\n");
     /* memory: a session of L tokens takes 2 x (store + replay source) x L x 8 heads x 128 x 2 bytes */
     const long avail = mem_available_mib();
     const uint64_t budget_tokens = max_tokens ? max_tokens : avail > 0 ? (uint64_t)avail * 1048576 / 2 / 8192 : 1u << 20;
@@ -335,6 +356,10 @@ int main(int argc, char **argv)
     printf("%-22s %-20s %9s %21s %8s %10s %8s %17s %8s %12s %6s\n", "point", "config", "ms/layer", "[min, max]", "in-tau",
            "MiB/layer", "base/this", "[min, max]", "full/this", "tasks/groups", "pred");
     double sp16_32k_b4 = NAN, sp16_128k_b8 = NAN, spfull_32k_b4 = NAN, wt_fl_32k = NAN, wt_16_32k = NAN;
+    double g_sp = NAN, g_idle_fl = NAN, g_idle_hy = NAN;
+    const int gpu = flx_cuda_device_count() > 0;
+    printf("GPU: %s\n", gpu ? "a CUDA device: the gpu points run (sessions pinned for UVA)"
+                             : "none usable: no GPU point (the GPU worker's figures need a device)");
     uint32_t row_of[MAX_B];
     for (uint32_t li = 0; li < n_lens; li++) {
         const uint32_t L = lens[li];
@@ -356,6 +381,12 @@ int main(int argc, char **argv)
             if (L == 32768 && B == 4) sp16_32k_b4 = res[0].sp16_med, spfull_32k_b4 = res[0].spfull_med;
             if (L == 131072 && B == 8) sp16_128k_b8 = res[0].sp16_med;
             if (L == 32768 && wt_fl_32k != wt_fl_32k) wt_fl_32k = res[0].within, wt_16_32k = res[1].within;
+            if (gpu && (L == 32768 || L == 131072) && (B == 4 || B == 8)) {
+                snprintf(point, sizeof point, "gpu%uK_b%u", L / 1024, B);
+                result_t rg[4];
+                measure(&cx, point, &set, row_of, B, GPU_CFG, 4, -1, 2, rg);   /* base: the hybrid baseline */
+                if (L == 32768 && B == 4) g_sp = rg[1].sp16_med, g_idle_fl = rg[1].gpu_idle, g_idle_hy = rg[2].gpu_idle;
+            }
         }
         set_close(&set);
     }
@@ -395,8 +426,12 @@ int main(int argc, char **argv)
     if (cx.csv) fclose(cx.csv);
     flx_predictor_destroy(cx.pred);
     flx_pool_destroy(cx.pool);
+    char gpu_keys[256] = "";
+    if (gpu)
+        snprintf(gpu_keys, sizeof gpu_keys, " gpu_speedup_vs_hybrid_16_005_32k_b4=%.3f gpu_idle_ratio_fluxion_32k_b4=%.4f "
+                 "gpu_idle_ratio_hybrid_16_005_32k_b4=%.4f", g_sp, g_idle_fl, g_idle_hy);
     printf("SUMMARY speedup_vs_16_005_32k_b4=%.3f speedup_vs_16_005_128k_b8=%.3f speedup_vs_full_32k_b4=%.3f "
-           "within_tau_fluxion_32k=%.4f within_tau_16_005_32k=%.4f\n",
-           sp16_32k_b4, sp16_128k_b8, spfull_32k_b4, wt_fl_32k, wt_16_32k);
+           "within_tau_fluxion_32k=%.4f within_tau_16_005_32k=%.4f%s\n",
+           sp16_32k_b4, sp16_128k_b8, spfull_32k_b4, wt_fl_32k, wt_16_32k, gpu_keys);
     return 0;
 }
