@@ -29,6 +29,7 @@ struct flx_attn_layer {
     flx_pool_h pool;             /* borrowed */
     flx_sched_h sched;
     flx_sched_task_t *tasks;     /* (max_batch * Hkv) */
+    uint32_t *l_cpu;             /* (max_batch) host tokens of each row of the run */
     uint32_t n_tasks;
     float *lse;                  /* (max_batch, Hq) the host parts' LSE of a deferred merge */
     /* FLUXION */
@@ -103,7 +104,8 @@ flx_status_t flx_attn_layer_create(const flx_attn_layer_params_t *params, flx_at
     const size_t rows = (size_t)B * L->Hq;
     L->tasks = calloc((size_t)B * L->Hkv, sizeof *L->tasks);
     L->lse = malloc(rows * sizeof *L->lse);
-    if (!L->tasks || !L->lse) {
+    L->l_cpu = calloc(B, sizeof *L->l_cpu);
+    if (!L->tasks || !L->lse || !L->l_cpu) {
         st = flx_error_set(FLX_ERR_NOMEM, "attention layer: tasks of %u sequences", B);
         goto fail;
     }
@@ -145,6 +147,7 @@ void flx_attn_layer_destroy(flx_attn_layer_h L)
     flx_sched_destroy(L->sched);
     free(L->tasks);
     free(L->lse);
+    free(L->l_cpu);
     free(L->feat_in);
     free(L->feat);
     free(L->pred);
@@ -188,7 +191,8 @@ static float volume(uint32_t l_cpu, uint32_t blk, const float *budgets, float bu
     return (float)((blk ? 2.0 * l_cpu / blk : 0.0) + 2.0 * l_cpu * sum);
 }
 
-static flx_status_t check_args(const struct flx_attn_layer *L, const flx_attn_layer_args_t *a)
+/* Checks args; L->l_cpu gets each row's host tokens (at most max_l_cpu). */
+static flx_status_t check_args(struct flx_attn_layer *L, const flx_attn_layer_args_t *a)
 {
     if (!a) return flx_error_set(FLX_ERR_INVALID, "attention layer run: args is NULL");
     if (a->batch == 0 || a->batch > L->p.max_batch)
@@ -205,8 +209,16 @@ static flx_status_t check_args(const struct flx_attn_layer *L, const flx_attn_la
             return flx_error_set(FLX_ERR_INVALID, "attention layer run: deferred window without o_win, lse_win or "
                                                   "win_wait");
     }
-    for (uint32_t b = 0; b < a->batch; b++)
+    for (uint32_t b = 0; b < a->batch; b++) {
         if (!a->sess[b]) return flx_error_set(FLX_ERR_INVALID, "attention layer run: session of batch row %u is NULL", b);
+        flx_kv_session_shape_t sh;
+        flx_status_t st = flx_kv_session_shape(a->sess[b], &sh);
+        if (st) return st;
+        if (sh.l_cpu > L->p.max_l_cpu)
+            return flx_error_set(FLX_ERR_INVALID, "attention layer run: batch row %u has %u host tokens, above "
+                                                  "max_l_cpu %u", b, sh.l_cpu, L->p.max_l_cpu);
+        L->l_cpu[b] = sh.l_cpu;
+    }
     return FLX_OK;
 }
 
@@ -238,18 +250,11 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
             goto out;
         }
         for (uint32_t b = 0; b < B; b++) {
-            flx_kv_session_shape_t sh;
-            if ((st = flx_kv_session_shape(a->sess[b], &sh))) goto out;
-            if (sh.l_cpu > L->p.max_l_cpu) {
-                st = flx_error_set(FLX_ERR_INVALID, "attention layer run: batch row %u has %u host tokens, above "
-                                                    "max_l_cpu %u", b, sh.l_cpu, L->p.max_l_cpu);
-                goto out;
-            }
             for (uint32_t g = 0; g < Hkv; g++) {
                 const size_t r0 = (size_t)b * Hq + (size_t)g * G;
                 flx_selection_t sel;
-                if ((st = flx_select_group_opts(L->pred + r0, G, sh.l_cpu, &L->p.select, &L->p.opts, L->budgets + r0,
-                                                &sel)))
+                if ((st = flx_select_group_opts(L->pred + r0, G, L->l_cpu[b], &L->p.select, &L->p.opts,
+                                                L->budgets + r0, &sel)))
                     goto out;
                 if (sel.skip) {   /* streaming only: the window partial is the output */
                     memcpy(a->o + r0 * D, L->o_win + r0 * D, (size_t)G * D * sizeof(float));
@@ -258,7 +263,7 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
                 flx_sched_task_t *t = &L->tasks[n++];
                 memset(t, 0, sizeof *t);
                 t->seq = b, t->kv_group = g, t->blk = sel.blk, t->budgets = L->budgets + r0, t->priority = sel.v;
-                t->l_cpu = sh.l_cpu;
+                t->l_cpu = L->l_cpu[b];
             }
         }
         predict_ns = flx_now_ns() - t0;
@@ -267,18 +272,11 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
         const uint32_t blk = L->p.mode == FLX_LAYER_FIXED ? L->p.blk : 0;
         const float bgt = L->p.mode == FLX_LAYER_FIXED ? L->p.bgt : 1.0f;
         for (uint32_t b = 0; b < B; b++) {
-            flx_kv_session_shape_t sh;
-            if ((st = flx_kv_session_shape(a->sess[b], &sh))) goto out;
-            if (sh.l_cpu > L->p.max_l_cpu) {
-                st = flx_error_set(FLX_ERR_INVALID, "attention layer run: batch row %u has %u host tokens, above "
-                                                    "max_l_cpu %u", b, sh.l_cpu, L->p.max_l_cpu);
-                goto out;
-            }
             for (uint32_t g = 0; g < Hkv; g++) {
                 flx_sched_task_t *t = &L->tasks[n++];
                 memset(t, 0, sizeof *t);
-                t->seq = b, t->kv_group = g, t->blk = blk, t->budget = bgt, t->l_cpu = sh.l_cpu;
-                t->priority = volume(sh.l_cpu, blk, NULL, bgt, G);
+                t->seq = b, t->kv_group = g, t->blk = blk, t->budget = bgt, t->l_cpu = L->l_cpu[b];
+                t->priority = volume(L->l_cpu[b], blk, NULL, bgt, G);
             }
         }
         if (a->window == FLX_LAYER_WIN_DEFERRED) sl.window = FLX_SCHED_WIN_NONE, sl.lse = L->lse;
