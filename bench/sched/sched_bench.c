@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/bench_stats.h"
 #include "flx/attn_layer.h"
 #include "flx/budget.h"
 #include "flx/cuda_rt.h"
@@ -93,17 +94,6 @@ typedef struct sess_set {
     flx_replay_t *rp[MAX_DISTINCT];
 } sess_set_t;
 
-static long mem_available_mib(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    long kb = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %ld kB", &kb) == 1) break;
-    if (f) fclose(f);
-    return kb < 0 ? -1 : kb / 1024;
-}
-
 static void set_open(sess_set_t *s, const uint32_t *len, uint32_t n, uint64_t seed)
 {
     memset(s, 0, sizeof s[0]);
@@ -144,18 +134,6 @@ typedef struct result {
     double tasks, groups;
     double gpu_idle;                      /* mean GPU idle ratio of its layers (NAN without a GPU worker) */
 } result_t;
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 typedef struct ctx {
     flx_predictor_h pred;
@@ -252,9 +230,9 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
             rat[i] = base_ix >= 0 ? ms[(size_t)base_ix * R + i] / v[i] : NAN;
             ratf[i] = full_ix >= 0 ? ms[(size_t)full_ix * R + i] / v[i] : NAN;
         }
-        x->ms_med = median(v, (int)R), x->ms_min = v[0], x->ms_max = v[R - 1];
-        x->sp16_med = median(rat, (int)R), x->sp16_min = rat[0], x->sp16_max = rat[R - 1];
-        x->spfull_med = median(ratf, (int)R), x->spfull_min = ratf[0], x->spfull_max = ratf[R - 1];
+        x->ms_med = flx_bench_median(v, (int)R), x->ms_min = v[0], x->ms_max = v[R - 1];
+        x->sp16_med = flx_bench_median(rat, (int)R), x->sp16_min = rat[0], x->sp16_max = rat[R - 1];
+        x->spfull_med = flx_bench_median(ratf, (int)R), x->spfull_min = ratf[0], x->spfull_max = ratf[R - 1];
         x->within = full_ix >= 0 && heads > 0 ? within[c] / heads : NAN;
         x->bytes = bytes[c] / cx->n_layers;
         x->tasks = tasks[c] / cx->n_layers;
@@ -345,7 +323,7 @@ int main(int argc, char **argv)
                         "base_over_this_min,base_over_this_max,full_over_this,full_over_this_min,"
                         "full_over_this_max,tasks,groups,predict_share,workers,base,gpu_idle_ratio\n");
     /* memory: a session of L tokens takes 2 x (store + replay source) x L x 8 heads x 128 x 2 bytes */
-    const long avail = mem_available_mib();
+    const long avail = flx_bench_mem_available_kb() / 1024;
     const uint64_t budget_tokens = max_tokens ? max_tokens : avail > 0 ? (uint64_t)avail * 1048576 / 2 / 8192 : 1u << 20;
     printf("sched_bench: Llama-3.1-8B layer shape (32 q heads, 8 kv heads, D 128), synthetic KV, %s, "
            "%u layer(s), %llu reps; MemAvailable %ld MiB -> at most %llu tokens of sessions at once\n",

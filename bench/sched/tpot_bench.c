@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/bench_stats.h"
 #include "flx/engine.h"
 #include "flx/forward.h"
 #include "flx/model_load.h"
@@ -33,18 +34,6 @@ static void die(const char *what)
 {
     fprintf(stderr, "tpot_bench: %s: %s\n", what, flx_error_msg());
     exit(1);
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static char *read_file(const char *path, size_t *len_p)
@@ -183,11 +172,11 @@ int main(int argc, char **argv)
     const int n = (int)(steps - WARM);   /* >= 2: --steps is at least WARM + 2 */
     double *r = malloc((size_t)(n > 0 ? n : 1) * sizeof *r), med[2];
     for (int i = 0; i < n; i++) r[i] = sd[0].ms[WARM + i] / sd[1].ms[WARM + i];
-    const double rmed = median(r, n), rmin = r[0], rmax = r[n - 1];
+    const double rmed = flx_bench_median(r, n), rmin = r[0], rmax = r[n - 1];
     for (int k = 0; k < 2; k++) {
         double *v = malloc((size_t)n * sizeof *v);
         memcpy(v, sd[k].ms + WARM, (size_t)n * sizeof *v);
-        med[k] = median(v, n);
+        med[k] = flx_bench_median(v, n);
         free(v);
     }
     flx_engine_stats_t tf, tx;
