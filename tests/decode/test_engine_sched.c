@@ -27,24 +27,6 @@ static uint32_t V;
 static flx_fwd_ws_t *g_pws;
 static const uint32_t LENS[NSEQ] = {1400, 96, 610, 230};
 
-typedef struct rec {
-    int32_t tok[NGEN];
-    uint32_t n, n_logits;
-    float *logits;          /* (NGEN - 1, V) */
-} rec_t;
-
-static void on_token(void *ctx, flx_engine_seq_id_t seq, int32_t token, int is_last, flx_engine_finish_t why)
-{
-    rec_t *r = ctx;
-    if (token >= 0 && r->n < NGEN) r->tok[r->n++] = token;
-}
-
-static void on_logits(void *ctx, flx_engine_seq_id_t seq, const float *logits, uint32_t vocab)
-{
-    rec_t *r = ctx;
-    CHECK(r->n_logits < NGEN - 1);
-    memcpy(r->logits + (size_t)r->n_logits++ * vocab, logits, vocab * sizeof *logits);
-}
 
 static flx_kv_store_h make_store(void)
 {
@@ -67,16 +49,16 @@ static void run(const int32_t *prompt, flx_engine_params_t ep, flx_pool_h pool, 
     flx_engine_h e;
     CHECK_OK(flx_engine_create(g_m, store, &ep, &e));
     float *lg = malloc(V * sizeof *lg);
-    rec_t r[NSEQ];
+    flx_test_rec_t r[NSEQ];
     for (int i = 0; i < NSEQ; i++) {
         flx_kv_session_id_t sid;
         CHECK_OK(flx_engine_prefill_with_stats(g_m, g_pws, store, prompt + (PMAX - LENS[i]), LENS[i], 32, 0.1f, &sid,
                                                lg));
         flx_sampling_params_t sp = {.temperature = 0.9f, .top_k = 0, .top_p = 0.95f, .seed = 5 + (uint64_t)i};
-        flx_gen_params_t gp = {.max_new_tokens = NGEN, .eos_id = -1, .sampling = sp, .on_token = on_token,
-                               .on_logits = on_logits, .ctx = &r[i]};
+        flx_gen_params_t gp = {.max_new_tokens = NGEN, .eos_id = -1, .sampling = sp, .on_token = flx_test_rec_on_token,
+                               .on_logits = flx_test_rec_on_logits, .ctx = &r[i]};
         memset(&r[i], 0, sizeof r[i]);
-        r[i].logits = logits + (size_t)i * (NGEN - 1) * V;
+        r[i].logits = logits + (size_t)i * (NGEN - 1) * V, r[i].logits_cap = NGEN - 1;
         flx_engine_seq_id_t id;
         CHECK_OK(flx_engine_add(e, sid, (int32_t)flx_sample_argmax(lg, V), &gp, &id));
     }
@@ -101,7 +83,7 @@ static void run(const int32_t *prompt, flx_engine_params_t ep, flx_pool_h pool, 
     CHECK_OK(st);
     for (int i = 0; i < NSEQ; i++) {
         CHECK(r[i].n == NGEN && r[i].n_logits == NGEN - 1);
-        memcpy(tok + i * NGEN, r[i].tok, sizeof r[i].tok);
+        memcpy(tok + i * NGEN, r[i].tok, NGEN * sizeof r[i].tok[0]);
     }
     flx_engine_total_stats(e, st_p);
     CHECK(tasks_layers == st_p->n_tasks);
