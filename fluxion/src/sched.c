@@ -432,9 +432,8 @@ static int pop(struct flx_sched *s, uint32_t lane, uint32_t *task_p, uint32_t *p
 
 /* ---- running a task ---- */
 
-static void task_cfg(const struct flx_sched *s, const flx_sched_task_t *t, flx_attn_cfg_t *cfg)
+static void task_cfg(const flx_sched_task_t *t, flx_attn_cfg_t *cfg)
 {
-    (void)s;
     memset(cfg, 0, sizeof *cfg);
     if (t->blk == 0) {
         cfg->mode = FLX_ATTN_FULL;
@@ -498,7 +497,7 @@ static flx_status_t cpu_begin(struct flx_sched *s, uint32_t w, uint32_t i, uint3
     task_rows(s, i, &o, &lse, &r0);
     flx_kv_head_view_t view;
     flx_attn_cfg_t cfg;
-    task_cfg(s, t, &cfg);
+    task_cfg(t, &cfg);
     uint32_t n = 0;
     flx_status_t st = flx_kv_head_view(L->sess[t->seq], L->layer, t->kv_group, &view);
     if (!st)
@@ -671,7 +670,7 @@ static int gpu_launch(struct flx_sched *s, uint32_t k, uint32_t i, uint32_t pos)
     const uint64_t a = flx_now_ns();
     t->start_ns = a - s->t0;
     flx_attn_cfg_t cfg;
-    task_cfg(s, t, &cfg);
+    task_cfg(t, &cfg);
     const float *ow = NULL, *lw = NULL;
     if (L->window == FLX_SCHED_WIN_GIVEN) {
         ow = L->o_win + r0 * D, lw = L->lse_win + r0;
@@ -759,7 +758,8 @@ static void gpu_layer(struct flx_sched *s)
             uint32_t oldest = UINT32_MAX;
             for (uint32_t k = 0; k < s->n_streams; k++)
                 if (s->gs[k].busy && (oldest == UINT32_MAX || s->gs[k].seq < s->gs[oldest].seq)) oldest = k;
-            if (oldest != UINT32_MAX) (void)flx_cuda_event_sync(s->dev, s->gs[oldest].ev_end);
+            if (oldest != UINT32_MAX)   /* a failure shows in the next pass's query, which fails the task */
+                (void)flx_cuda_event_sync(s->dev, s->gs[oldest].ev_end);
         }
     }
 }
