@@ -9,8 +9,10 @@
 #   scripts/gpusim/run.sh [BUILD_DIR] [TEST...]   default: build-gpusim, every gpu test
 #
 # A development aid, not a substitute for a device: it checks indexing, shared-memory bounds, the
-# structure of barriers and shuffles, host/device pointer use and the orchestration's logic, not
-# asynchrony, real cuBLAS or tensor-core numerics, timing or device limits.
+# structure of barriers and shuffles, host/device pointer use (device and mapped memory are not
+# readable through host addresses), stream and event ordering (streams run asynchronously) and the
+# orchestration's logic, not races between thread blocks, a kernel reading host memory through its
+# host address, real cuBLAS or tensor-core numerics, timing or device limits.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
