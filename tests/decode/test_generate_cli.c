@@ -47,9 +47,11 @@ int main(int argc, char **argv)
     tool = argv[1];
     dir = argv[2];
     char out[1024], err[1024], prompt[1024];
-    snprintf(out, sizeof out, "%s/gen.out", dir);
-    snprintf(err, sizeof err, "%s/gen.err", dir);
-    snprintf(prompt, sizeof prompt, "%s/gen.prompt", dir);
+    /* files of their own for the unit and the model run, which ctest -j may run at the same time */
+    const char *tag = argc == 3 ? "unit" : "model";
+    snprintf(out, sizeof out, "%s/gen_%s.out", dir, tag);
+    snprintf(err, sizeof err, "%s/gen_%s.err", dir, tag);
+    snprintf(prompt, sizeof prompt, "%s/gen_%s.prompt", dir, tag);
     FILE *pf = fopen(prompt, "w");
     CHECK(pf);
     fputs("What is the capital of France? Answer in one short sentence.", pf);
