@@ -179,7 +179,7 @@ flx_engine_params_t flx_engine_params_default(void)
     flx_engine_params_t p = {.max_batch = 8, .max_seqs = 0, .n_threads = 0, .max_l_cpu = 0,
                              .mode = FLX_ENGINE_ATTN_FULL, .blk = 16, .bgt = 0.05f, .close_sessions = 1,
                              .use_gpu = 0, .cuda_device = 0, .gpu_model = NULL, .pool = NULL,
-                             .sched_policy = FLX_SCHED_PRIORITY, .placement = FLX_SCHED_HYBRID, .skip_streaming = 1,
+                             .sched_policy = FLX_SCHED_PRIORITY, .placement = FLX_SCHED_HYBRID, .keep_streaming = 0,
                              .fixed_blk = 0, .gpu_streams = 2};
     return p;
 }
@@ -229,15 +229,15 @@ static flx_status_t check_params(const flx_engine_params_t *p)
         return flx_error_set(FLX_ERR_INVALID, "placement %d unknown", (int)p->placement);
     if (p->placement == FLX_SCHED_GPU_ONLY && !p->use_gpu)
         return flx_error_set(FLX_ERR_INVALID, "placement gpu-only needs use_gpu 1");
-    if (p->skip_streaming != 0 && p->skip_streaming != 1)
-        return flx_error_set(FLX_ERR_INVALID, "skip_streaming %d must be 0 or 1", p->skip_streaming);
+    if (p->keep_streaming != 0 && p->keep_streaming != 1)
+        return flx_error_set(FLX_ERR_INVALID, "keep_streaming %d must be 0 or 1", p->keep_streaming);
     if (p->fixed_blk != 0 && flx_attn_blk_level(p->fixed_blk) < 0)
         return flx_error_set(FLX_ERR_INVALID, "fixed_blk %u must be 0, 16, 32, 64 or 128", p->fixed_blk);
-    if (p->mode != FLX_ENGINE_ATTN_FLUXION && (p->fixed_blk || !p->skip_streaming))
-        return flx_error_set(FLX_ERR_INVALID, "fixed_blk %u / skip_streaming %d are Fluxion's ablations: mode %s",
-                             p->fixed_blk, p->skip_streaming, flx_engine_attn_mode_name(p->mode));
-    if (p->use_gpu && (p->gpu_streams == 0 || p->gpu_streams > 8))
-        return flx_error_set(FLX_ERR_INVALID, "gpu_streams %u not in 1..8", p->gpu_streams);
+    if (p->mode != FLX_ENGINE_ATTN_FLUXION && (p->fixed_blk || p->keep_streaming))
+        return flx_error_set(FLX_ERR_INVALID, "fixed_blk %u / keep_streaming %d are Fluxion's ablations: mode %s",
+                             p->fixed_blk, p->keep_streaming, flx_engine_attn_mode_name(p->mode));
+    if (p->use_gpu && p->gpu_streams > 8)
+        return flx_error_set(FLX_ERR_INVALID, "gpu_streams %u not in 0..8", p->gpu_streams);
     return FLX_OK;
 }
 
@@ -402,13 +402,13 @@ flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, c
               : e->p.mode == FLX_ENGINE_ATTN_FIXED ? FLX_LAYER_FIXED : FLX_LAYER_FLUXION;
     if (e->p.mode == FLX_ENGINE_ATTN_FLUXION) {
         lp.field_mask |= FLX_ATTN_LAYER_FIELD_OPTS;
-        lp.opts.keep_streaming = !e->p.skip_streaming, lp.opts.fixed_blk = e->p.fixed_blk;
+        lp.opts.keep_streaming = e->p.keep_streaming, lp.opts.fixed_blk = e->p.fixed_blk;
         if (params->select) lp.field_mask |= FLX_ATTN_LAYER_FIELD_SELECT, lp.select = *params->select;
     }
     e->p.select = NULL;   /* copied: the caller's struct need not outlive create */
     lp.sched.field_mask = FLX_SCHED_FIELD_POLICY | FLX_SCHED_FIELD_PLACEMENT | FLX_SCHED_FIELD_GPU;
     lp.sched.pool = e->pool, lp.sched.policy = e->p.sched_policy, lp.sched.placement = e->p.placement;
-    lp.sched.use_gpu = e->p.use_gpu, lp.sched.cuda_device = e->p.cuda_device, lp.sched.gpu_streams = e->p.gpu_streams;
+    lp.sched.use_gpu = e->p.use_gpu, lp.sched.cuda_device = e->p.cuda_device, lp.sched.gpu_streams = e->p.gpu_streams ? e->p.gpu_streams : 2;
     if ((st = flx_attn_layer_create(&lp, &e->attn)))
         goto fail;
     e->sample_scratch_bytes = flx_sample_scratch_bytes(e->vocab);

@@ -286,7 +286,7 @@ int main(int argc, char **argv)
                 return 2;
             }
             break;
-        case O_NOSKIP: ep.skip_streaming = 0; break;
+        case O_NOSKIP: ep.keep_streaming = 1; break;
         case O_FIXBLK:
             if (parse_u64("fixed-blk", a, 16, 128, &v)) return 2;
             if (v != 16 && v != 32 && v != 64 && v != 128) {

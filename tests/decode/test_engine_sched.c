@@ -135,13 +135,13 @@ static void test_schedules(const int32_t *prompt, flx_predictor_h pred)
     ep.mode = FLX_ENGINE_ATTN_FLUXION, ep.predictor = pred;
     flx_engine_stats_t st_skip, st_keep, st_fix, tot;
     run(prompt, ep, NULL, tok_ref, ref, &tot, &st_skip);
-    ep.skip_streaming = 0;
+    ep.keep_streaming = 1;
     run(prompt, ep, NULL, tok, got, &tot, &st_keep);
     CHECK(tot.n_skipped == 0);
     /* every skipped group becomes a task; its bytes may be none (a budget of 0 reads no block) */
     CHECK(st_skip.n_skipped > 0 && st_keep.n_skipped == 0 && st_keep.n_tasks == st_skip.n_tasks + st_skip.n_skipped &&
           st_keep.host_bytes >= st_skip.host_bytes);
-    ep.skip_streaming = 1, ep.fixed_blk = 128;
+    ep.keep_streaming = 0, ep.fixed_blk = 128;
     run(prompt, ep, NULL, tok, got, &tot, &st_fix);
     CHECK(st_fix.n_skipped == st_skip.n_skipped && st_fix.n_tasks == st_skip.n_tasks);
     fprintf(stderr, "ablations, first step: skipping %llu groups reads %llu bytes, none skipped %llu, fixed blk 128 %llu -> ok\n",
@@ -161,9 +161,9 @@ static void test_refusals(flx_predictor_h pred)
     bad[2].p.placement = FLX_SCHED_GPU_ONLY, bad[2].needle = "gpu-only needs use_gpu";
     bad[3].p.mode = FLX_ENGINE_ATTN_FLUXION, bad[3].p.predictor = pred, bad[3].p.fixed_blk = 48,
     bad[3].needle = "fixed_blk 48";
-    bad[4].p.mode = FLX_ENGINE_ATTN_FIXED, bad[4].p.skip_streaming = 0, bad[4].needle = "Fluxion's ablations";
-    bad[5].p.mode = FLX_ENGINE_ATTN_FLUXION, bad[5].p.predictor = pred, bad[5].p.skip_streaming = 2,
-    bad[5].needle = "skip_streaming 2";
+    bad[4].p.mode = FLX_ENGINE_ATTN_FIXED, bad[4].p.keep_streaming = 1, bad[4].needle = "Fluxion's ablations";
+    bad[5].p.mode = FLX_ENGINE_ATTN_FLUXION, bad[5].p.predictor = pred, bad[5].p.keep_streaming = 2,
+    bad[5].needle = "keep_streaming 2";
     for (int i = 0; i < 6; i++) {
         CHECK_ST(flx_engine_create(g_m, store, &bad[i].p, &e), FLX_ERR_INVALID);
         if (!strstr(flx_error_msg(), bad[i].needle)) {

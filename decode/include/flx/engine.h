@@ -57,7 +57,7 @@
  * streaming-only groups read nothing on the host and keep the window partial). Sessions must carry
  * prefill statistics (flx_engine_prefill_into_store with a tau, or a prefill node that sends them).
  * The paper's comparisons are parameters of the same engine: sched_policy (priority, no-parallel,
- * uniform, length), placement (hybrid, gpu-only), and for FLUXION skip_streaming and fixed_blk.
+ * uniform, length), placement (hybrid, gpu-only), and for FLUXION keep_streaming and fixed_blk.
  *
  * GPU PATH (params.use_gpu)
  * The dense part of every step runs on a CUDA device (flx/forward_gpu.h: weights uploaded once,
@@ -147,15 +147,16 @@ typedef struct flx_engine_params {
                                 for the GPU worker's thread) */
     flx_sched_policy_t sched_policy;   /* PRIORITY (Fluxion's), NO_PARALLEL, UNIFORM, LENGTH (flx/sched.h) */
     flx_sched_placement_t placement;   /* HYBRID, or GPU_ONLY (use_gpu: every task on the GPU worker) */
-    int skip_streaming;      /* FLUXION: 1 streaming-only groups read nothing (the paper's method);
-                                0 every head a retrieval head (its "D" ablation) */
+    int keep_streaming;      /* FLUXION: 0 streaming-only groups read nothing (the paper's method);
+                                1 every head a retrieval head (its ablation without skipping) */
     uint32_t fixed_blk;      /* FLUXION: 0 argmin V per group; 16, 32, 64, 128 that blk for every group */
-    uint32_t gpu_streams;    /* use_gpu: tasks the GPU worker keeps in flight, 1..8 */
+    uint32_t gpu_streams;    /* use_gpu: tasks the GPU worker keeps in flight, 1..8; 0: 2 */
 } flx_engine_params_t;
 
 /* max_batch 8, max_seqs 0, n_threads 0, max_l_cpu 0, FULL, blk 16, bgt 0.05, close_sessions 1,
  * bind_numa 0, predictor NULL, select NULL, use_gpu 0, cuda_device 0, gpu_model NULL, pool NULL,
- * PRIORITY, HYBRID, skip_streaming 1, fixed_blk 0, gpu_streams 2. */
+ * PRIORITY, HYBRID, keep_streaming 0, fixed_blk 0, gpu_streams 2. Every field added since the
+ * first version is 0 in its default, so a zeroed struct asks for what it did before. */
 flx_engine_params_t flx_engine_params_default(void);
 
 /* Checks params (ranges, mode; FLUXION needs a predictor) and that the store's shape (layers,
