@@ -22,6 +22,7 @@
 #include <immintrin.h>
 
 #include "../common/bench_read.h"
+#include "../common/bench_stats.h"
 #include "flx/attn.h"
 #include "flx/cli.h"
 #include "flx/kvstore.h"
@@ -115,17 +116,6 @@ static flx_status_t task_run(void *ctx, const flx_pool_worker_t *w, uint64_t t0,
         a->score_bytes += tm.score_bytes, a->attn_bytes += tm.attn_bytes;
     }
     return FLX_OK;
-}
-
-static long mem_available_kb(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    long kb = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %ld kB", &kb) == 1) break;
-    if (f) fclose(f);
-    return kb;
 }
 
 /* One measured configuration, kept until the end: its fractions use the run's best bandwidth. */
@@ -225,7 +215,7 @@ int main(int argc, char **argv)
         uint32_t L = lens[li], B = bmax;
         /* memory check: K+V + pyramid (~1/8 + 1/16 + ...) of one layer, batch B */
         double need_gb = (double)L * D * 4 * HKV * B * 1.15 / 1e9;
-        long avail_kb = mem_available_kb();
+        long avail_kb = flx_bench_mem_available_kb();
         while (B > 1 && avail_kb > 0 && need_gb > 0.6 * avail_kb / 1e6) {
             B /= 2;
             need_gb = (double)L * D * 4 * HKV * B * 1.15 / 1e9;

@@ -2,11 +2,20 @@
  * engine.c - the decode loop (flx/engine.h).
  *
  * DESIGN
+ * The engine keeps sequences, batching and the step driver; attention is not its business. Every
+ * layer of every mode goes through flx_attn_layer_run (flx/attn_layer.h), which turns the mode
+ * into tasks (FULL / FIXED: every (sequence, kv group); FLUXION: features -> predictor -> selector,
+ * streaming-only groups keep their window partial) and runs them on the heterogeneous scheduler
+ * (flx/sched.h: one priority queue, the pool's CPU workers helping each other with the chunks of
+ * begun tasks, the GPU worker with use_gpu), each merged with its window partial by
+ * flx_attn_merge. There is one route and one merge; the paper's comparisons (scheduling policy,
+ * placement, Fluxion without streaming skipping or with a fixed blk) are parameters of it.
+ *
  * Everything a step touches is allocated at create: the worker pool (or the caller's), one block
- * for the forward workspace, one attention workspace per (sequence slot, kv group) task, the
- * logits, per-worker sampling scratch (the pool's), bf16 staging for the window appends and
- * per-task slots on their own cache lines. Sequences live in a fixed array of max_seqs slots; `order` lists the live slots in
- * the order they were added, so the first max_batch of it form a step's batch (FIFO admission)
+ * for the forward workspace, the attention route (its scheduler's per-task workspaces, the
+ * features' buffers), the logits, per-worker sampling scratch (the pool's), bf16 staging for the
+ * window appends. Sequences live in a fixed array of max_seqs slots; `order` lists the live slots
+ * in the order they were added, so the first max_batch of it form a step's batch (FIFO admission)
  * and a waiting sequence joins as soon as an earlier one retires.
  *
  * A token is delivered before it is fed. Window capacity is checked when a token is delivered (the
@@ -15,37 +24,21 @@
  * is a broken invariant or a session closed under us: the step fails and ends its whole batch,
  * because the other layers' windows of those sequences are now out of step.
  *
- * ONE POOL RUNS THE STEP. The forward pass, the attention and the sampling all run on the engine's
- * pool (flx/pool.h). Attention per layer is cut finer than one task per (sequence, kv group): each
- * task is begun (checks, scoring, top-k, the chunk plan: flx_attn_task_begin), then all tasks'
- * chunks (window slices, host-block slices) are pulled from one list by the workers, and the worker
- * that finishes a task's last chunk merges that task (flx_attn_task_end, an atomic count per task):
- * a descheduled worker holds up at most one chunk, never a whole task. Joins per layer: FULL one
- * (its begins are cheap and run on the driving thread), FIXED two (begins, chunks), FLUXION three
- * or four (features, the predictor when it has more than one chunk of rows, begins, chunks).
- * Every chunk boundary depends on the data only and every merge runs in chunk order, so a step's
- * output is bitwise the same for any number of workers.
- *
- * Errors inside pool runs reach the driving thread through the pool's error slots (the lowest
- * failing item wins, its message copied: flx_error_msg is thread-local); items add the layer,
- * sequence and kv head to the message.
- *
- * FLUXION: fluxion_plan() runs, per layer: features of every (sequence, query head) (which also
- * yield the window partials), one per (sequence, kv group) on the pool, one predictor call over all
- * of them, the selector per (sequence, kv group), then the retrieval groups' tasks in descending
- * priority V: their begins, and their chunks in that order in the pull list (a free worker takes
- * the next-highest task's next chunk), each merged with its window partial. The GPU worker joins
- * that list with the scheduler stage (the pool's flx_pool_queue_pop from outside).
+ * ONE POOL RUNS THE STEP (flx/pool.h): the forward pass, the features and the predictor, the
+ * attention tasks' chunks and the sampling. Every chunk boundary depends on the data only and
+ * every merge runs in chunk order, so a step's output is bitwise the same for any number of
+ * workers and any policy. With use_gpu the engine's own pool keeps one CPU out of its workers for
+ * the scheduler's GPU worker thread.
  *
  * GPU PATH (use_gpu): the step runs flx_gpu_model_decode with attn_layer_gpu as its callback. In
- * FULL and FIXED, the window launch (one per layer, all (sequence, group) items) and the copy of
- * its partials to page-locked host memory are queued first, then the CPU threads run the host
- * parts into o (the forward's page-locked output) and lse_host, then the engine waits for the stream
- * and merges. The wait comes after the CPU work, never before, so the device window and the host
- * parts overlap; it is also taken when a host task failed, so no copy is still in flight into
- * engine memory when the step returns. FLUXION runs attn_layer unchanged (its features compute the
- * window partials on the CPU anyway). The engine owns its stream, the device model unless the
- * caller lends one, and the device / page-locked workspaces, all made at create.
+ * FULL and FIXED, the window launch (one per layer, all (sequence, group) items, marked as a span
+ * of device busy time) and the copy of its partials to page-locked host memory are queued first,
+ * then the route runs the tasks' host parts with the window deferred: it waits for the stream after
+ * the tasks, never before, so the device window and the host parts overlap, and also when a task
+ * failed, so no copy is still in flight into engine memory when the step returns. FLUXION runs the
+ * route as on the CPU path (its features compute the window partials on the CPU), its tasks shared
+ * with the GPU worker. The engine owns its stream, the device model unless the caller lends one,
+ * and the device / page-locked workspaces, all made at create.
  */
 #include "flx/engine.h"
 
@@ -87,20 +80,6 @@ typedef struct seq {
     uint32_t n_steps;
 } seq_t;
 
-/* One (sequence slot, kv group) attention task of the layer in progress. */
-typedef struct task_slot {
-    flx_attn_timing_t t;         /* of this layer's task */
-    uint32_t n_chunks;
-    _Atomic uint32_t left;       /* chunks not done yet: who finishes the last one ends the task */
-} __attribute__((aligned(FLX_CACHELINE))) task_slot_t;
-
-/* How a layer's tasks end (their chunks are alike). */
-typedef enum {
-    TASK_GROUP = 0,              /* CPU path, FULL / FIXED: window + host + merge -> o */
-    TASK_HOST = 1,               /* GPU path: host part -> o, lse_host (the device gives the window) */
-    TASK_FLUXION = 2,            /* host part merged with the features' window partial -> o */
-} task_kind_t;
-
 /* A sampled token (or the sampler's refusal) of one sequence of the step. */
 typedef struct sample_slot {
     int32_t tok;
@@ -113,34 +92,18 @@ struct flx_engine {
     flx_kv_store_h store;
     flx_engine_params_t p;       /* resolved: max_seqs, n_threads, max_l_cpu set */
     uint32_t Hq, Hkv, G, D, vocab;
-    flx_attn_cfg_t cfg;
 
     flx_pool_h pool;             /* runs the step (the caller's, or the engine's own) */
     int pool_owned;
     void *fwd_mem;
     flx_fwd_ws_t *fwd;
-    void *attn_mem;              /* max_batch * Hkv workspaces of attn_ws_bytes */
-    size_t attn_ws_bytes;
-    flx_attn_ws_t *tws;          /* (max_batch, Hkv) one attention workspace per task */
-    task_slot_t *slots;          /* (max_batch, Hkv) */
-    uint32_t *task_ids;          /* (max_batch, Hkv) the layer's tasks in the order they are pulled */
-    uint32_t *item_task, *item_chunk; /* (max_batch * Hkv * FLX_ATTN_MAX_CHUNKS) the pull list */
-    float *lse_host;             /* (max_batch, Hq) lse of the host parts */
+    flx_attn_layer_h attn;       /* the one attention route (flx/attn_layer.h) and its scheduler */
+    flx_attn_layer_stats_t *lstats; /* (n_layers) of the last step */
+    flx_kv_session_h *bsess;     /* (max_batch) the sessions of the step's batch */
     float *logits;               /* (max_batch, vocab) */
     size_t sample_scratch_bytes; /* per worker, in the pool's scratch */
     sample_slot_t *samples;      /* (max_batch) */
     flx_bf16_t *kv_bf16;         /* (2, Hkv, D) staging for one append */
-    /* FLUXION only (NULL otherwise) */
-    float *feat;                 /* (max_batch, Hq, 41) */
-    float *o_win, *lse_win;      /* (max_batch, Hq, D), (max_batch, Hq) window partials */
-    flx_head_pred_t *pred;       /* (max_batch, Hq) */
-    float *budgets;              /* (max_batch, Hq) */
-    flx_selection_t *sel;        /* (max_batch, Hkv) */
-    flx_select_params_t select;  /* the selector's operating point (params.select or the predictor's) */
-    const flx_bf16_t **win_ptr;  /* (max_batch, 2, Hkv) window row pointers for the features */
-    flx_feat_layer_t *feat_in;   /* (max_batch) the features' inputs of each sequence */
-    void *pred_scratch;
-    size_t pred_scratch_bytes;
     /* GPU path only (use_gpu; NULL otherwise) */
     int gpu;
     flx_gpu_model_h gm;
@@ -153,6 +116,7 @@ struct flx_engine {
     flx_attn_gpu_item_t *items;  /* (max_batch, Hkv) one window item per (sequence, group) */
     float *ow_dev, *lw_dev;      /* device (max_batch, Hq, D), (max_batch, Hq) window partials */
     float *ow_host, *lw_host;    /* page-locked copies of them */
+    flx_cuda_stream_t stream_used; /* the stream of the layer's window launch (the forward's) */
 
     seq_t *seqs;                 /* (max_seqs) */
     uint32_t *order;             /* (max_seqs) live slots, oldest first */
@@ -164,12 +128,6 @@ struct flx_engine {
     seq_t **bseq;                /* (max_batch) */
     int32_t *btok;               /* (max_batch) */
     uint32_t *bpos;              /* (max_batch) */
-    /* the layer in progress, read by the pool's items */
-    uint32_t layer;
-    task_kind_t kind;
-    const float *q;              /* (B, Hq, D) */
-    float *o;                    /* (B, Hq, D) */
-
     flx_engine_stats_t last, total, cur;
 };
 
@@ -220,7 +178,9 @@ flx_engine_params_t flx_engine_params_default(void)
 {
     flx_engine_params_t p = {.max_batch = 8, .max_seqs = 0, .n_threads = 0, .max_l_cpu = 0,
                              .mode = FLX_ENGINE_ATTN_FULL, .blk = 16, .bgt = 0.05f, .close_sessions = 1,
-                             .use_gpu = 0, .cuda_device = 0, .gpu_model = NULL, .pool = NULL};
+                             .use_gpu = 0, .cuda_device = 0, .gpu_model = NULL, .pool = NULL,
+                             .sched_policy = FLX_SCHED_PRIORITY, .placement = FLX_SCHED_HYBRID, .keep_streaming = 0,
+                             .fixed_blk = 0, .gpu_streams = 2};
     return p;
 }
 
@@ -263,6 +223,21 @@ static flx_status_t check_params(const flx_engine_params_t *p)
         return flx_error_set(FLX_ERR_INVALID, "cuda_device %d must be >= 0", p->cuda_device);
     if (!p->use_gpu && p->gpu_model)
         return flx_error_set(FLX_ERR_INVALID, "gpu_model given but use_gpu is 0");
+    if ((unsigned)p->sched_policy > FLX_SCHED_LENGTH)
+        return flx_error_set(FLX_ERR_INVALID, "sched_policy %d unknown", (int)p->sched_policy);
+    if ((unsigned)p->placement > FLX_SCHED_GPU_ONLY)
+        return flx_error_set(FLX_ERR_INVALID, "placement %d unknown", (int)p->placement);
+    if (p->placement == FLX_SCHED_GPU_ONLY && !p->use_gpu)
+        return flx_error_set(FLX_ERR_INVALID, "placement gpu-only needs use_gpu 1");
+    if (p->keep_streaming != 0 && p->keep_streaming != 1)
+        return flx_error_set(FLX_ERR_INVALID, "keep_streaming %d must be 0 or 1", p->keep_streaming);
+    if (p->fixed_blk != 0 && flx_attn_blk_level(p->fixed_blk) < 0)
+        return flx_error_set(FLX_ERR_INVALID, "fixed_blk %u must be 0, 16, 32, 64 or 128", p->fixed_blk);
+    if (p->mode != FLX_ENGINE_ATTN_FLUXION && (p->fixed_blk || p->keep_streaming))
+        return flx_error_set(FLX_ERR_INVALID, "fixed_blk %u / keep_streaming %d are Fluxion's ablations: mode %s",
+                             p->fixed_blk, p->keep_streaming, flx_engine_attn_mode_name(p->mode));
+    if (p->use_gpu && p->gpu_streams > 8)
+        return flx_error_set(FLX_ERR_INVALID, "gpu_streams %u not in 0..8", p->gpu_streams);
     return FLX_OK;
 }
 
@@ -286,6 +261,10 @@ static flx_status_t check_gpu(const flx_model_t *model, const flx_kv_store_info_
     if (si->cuda_device != p->cuda_device)
         return flx_error_set(FLX_ERR_INVALID, "engine: the kvstore keeps its device windows on device %d, not on %d",
                              si->cuda_device, p->cuda_device);
+    if (!si->pinned)
+        return flx_error_set(FLX_ERR_INVALID,
+                             "engine: use_gpu needs a kvstore pinned for the device (FLX_KV_STORE_PIN_CUDA): the GPU "
+                             "worker reads the metadata and the selected KV blocks in place through UVA");
     if (p->gpu_model) {
         flx_gpu_model_info_t gi;
         flx_gpu_model_info(p->gpu_model, &gi);
@@ -396,11 +375,7 @@ flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, c
     e->D = c->head_dim;
     e->vocab = c->vocab;
     e->next_id = 1;
-    e->cfg.mode = e->p.mode == FLX_ENGINE_ATTN_FIXED ? FLX_ATTN_FIXED : FLX_ATTN_FULL;
-    e->cfg.blk = e->p.mode == FLX_ENGINE_ATTN_FIXED ? e->p.blk : 16;
-    e->cfg.budget = e->p.mode == FLX_ENGINE_ATTN_FIXED ? e->p.bgt : 1.0f;
-    e->cfg.budgets = NULL;
-    const uint32_t B = e->p.max_batch, n_tasks = B * e->Hkv;
+    const uint32_t B = e->p.max_batch;
 
     if (params->pool) {
         e->pool = params->pool;
@@ -408,6 +383,7 @@ flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, c
         flx_pool_params_t pp = {0};
         if (e->p.n_threads) pp.field_mask |= FLX_POOL_FIELD_N_WORKERS, pp.n_workers = e->p.n_threads;
         if (e->p.bind_numa) pp.field_mask |= FLX_POOL_FIELD_NUMA_NODE, pp.numa_node = si.numa_node;
+        if (e->p.use_gpu) pp.field_mask |= FLX_POOL_FIELD_RESERVE, pp.reserve_cpus = 1;   /* the GPU worker's core */
         if ((st = flx_pool_create(&pp, &e->pool)))
             goto fail;
         e->pool_owned = 1;
@@ -419,23 +395,29 @@ flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, c
     size_t fwd_bytes = 0;
     if ((st = flx_fwd_plan(model, &fs, &fwd_bytes)))
         goto fail;
-    flx_attn_shape_t as = {.group = e->G, .head_dim = e->D, .max_l_cpu = e->p.max_l_cpu, .pool = e->pool};
-    if ((st = flx_attn_plan(&as, &e->attn_ws_bytes)))
+    flx_attn_layer_params_t lp = {.n_q_heads = e->Hq, .n_kv_heads = e->Hkv, .head_dim = e->D, .max_batch = B,
+                                  .max_l_cpu = e->p.max_l_cpu, .blk = e->p.blk, .bgt = e->p.bgt,
+                                  .predictor = e->p.predictor};
+    lp.mode = e->p.mode == FLX_ENGINE_ATTN_FULL ? FLX_LAYER_FULL
+              : e->p.mode == FLX_ENGINE_ATTN_FIXED ? FLX_LAYER_FIXED : FLX_LAYER_FLUXION;
+    if (e->p.mode == FLX_ENGINE_ATTN_FLUXION) {
+        lp.field_mask |= FLX_ATTN_LAYER_FIELD_OPTS;
+        lp.opts.keep_streaming = e->p.keep_streaming, lp.opts.fixed_blk = e->p.fixed_blk;
+        if (params->select) lp.field_mask |= FLX_ATTN_LAYER_FIELD_SELECT, lp.select = *params->select;
+    }
+    e->p.select = NULL;   /* copied: the caller's struct need not outlive create */
+    lp.sched.field_mask = FLX_SCHED_FIELD_POLICY | FLX_SCHED_FIELD_PLACEMENT | FLX_SCHED_FIELD_GPU;
+    lp.sched.pool = e->pool, lp.sched.policy = e->p.sched_policy, lp.sched.placement = e->p.placement;
+    lp.sched.use_gpu = e->p.use_gpu, lp.sched.cuda_device = e->p.cuda_device, lp.sched.gpu_streams = e->p.gpu_streams ? e->p.gpu_streams : 2;
+    if ((st = flx_attn_layer_create(&lp, &e->attn)))
         goto fail;
-    e->attn_ws_bytes = FLX_ALIGN_UP(e->attn_ws_bytes, FLX_CACHELINE);
     e->sample_scratch_bytes = flx_sample_scratch_bytes(e->vocab);
     if ((st = flx_pool_reserve_scratch(e->pool, e->sample_scratch_bytes)))
         goto fail;
 
-    const size_t n_items = (size_t)n_tasks * FLX_ATTN_MAX_CHUNKS;
     e->fwd_mem = flx_aligned_alloc(FLX_CACHELINE, fwd_bytes ? fwd_bytes : FLX_CACHELINE);
-    e->attn_mem = flx_aligned_alloc(FLX_CACHELINE, e->attn_ws_bytes * n_tasks);
-    e->tws = calloc(n_tasks, sizeof *e->tws);
-    e->slots = flx_aligned_alloc(FLX_CACHELINE, n_tasks * sizeof *e->slots);
-    e->task_ids = calloc(n_tasks, sizeof *e->task_ids);
-    e->item_task = malloc(n_items * sizeof *e->item_task);
-    e->item_chunk = malloc(n_items * sizeof *e->item_chunk);
-    e->lse_host = calloc((size_t)B * e->Hq, sizeof *e->lse_host);
+    e->lstats = calloc(c->n_layers, sizeof *e->lstats);
+    e->bsess = calloc(B, sizeof *e->bsess);
     e->logits = flx_aligned_alloc(FLX_CACHELINE, (size_t)B * e->vocab * sizeof(float));
     e->samples = calloc(B, sizeof *e->samples);
     e->kv_bf16 = calloc((size_t)2 * e->Hkv * e->D, sizeof *e->kv_bf16);
@@ -444,40 +426,13 @@ flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, c
     e->bseq = calloc(B, sizeof *e->bseq);
     e->btok = calloc(B, sizeof *e->btok);
     e->bpos = calloc(B, sizeof *e->bpos);
-    if (e->p.mode == FLX_ENGINE_ATTN_FLUXION) {
-        const size_t rows = (size_t)B * e->Hq;
-        e->feat = malloc(rows * FLX_FEAT_COUNT * sizeof(float));
-        e->o_win = malloc(rows * e->D * sizeof(float));
-        e->lse_win = malloc(rows * sizeof(float));
-        e->pred = malloc(rows * sizeof *e->pred);
-        e->budgets = malloc(rows * sizeof(float));
-        e->sel = malloc((size_t)n_tasks * sizeof *e->sel);
-        e->win_ptr = malloc((size_t)B * 2 * e->Hkv * sizeof *e->win_ptr);
-        e->feat_in = calloc(B, sizeof *e->feat_in);
-        e->select = params->select ? *params->select : flx_predictor_select_params(params->predictor);
-        e->p.select = NULL;          /* copied: the caller's struct need not outlive create */
-        e->pred_scratch_bytes = flx_predictor_scratch_bytes((uint32_t)rows);
-        e->pred_scratch = flx_aligned_alloc(FLX_CACHELINE, FLX_ALIGN_UP(e->pred_scratch_bytes + 1, FLX_CACHELINE));
-        if (!e->feat || !e->o_win || !e->lse_win || !e->pred || !e->budgets || !e->sel || !e->win_ptr ||
-            !e->feat_in || !e->pred_scratch) {
-            st = flx_error_set(FLX_ERR_NOMEM, "engine create: fluxion buffers for max_batch %u", B);
-            goto fail;
-        }
-    }
-    if (!e->fwd_mem || !e->attn_mem || !e->tws || !e->slots || !e->task_ids || !e->item_task || !e->item_chunk ||
-        !e->lse_host || !e->logits || !e->samples || !e->kv_bf16 || !e->seqs || !e->order || !e->bseq || !e->btok ||
-        !e->bpos) {
-        st = flx_error_set(FLX_ERR_NOMEM, "engine create: workspaces for max_batch %u, %u tasks, vocab %u", B,
-                           n_tasks, e->vocab);
+    if (!e->fwd_mem || !e->lstats || !e->bsess || !e->logits || !e->samples || !e->kv_bf16 || !e->seqs ||
+        !e->order || !e->bseq || !e->btok || !e->bpos) {
+        st = flx_error_set(FLX_ERR_NOMEM, "engine create: workspaces for max_batch %u, vocab %u", B, e->vocab);
         goto fail;
     }
-    memset(e->slots, 0, n_tasks * sizeof *e->slots);
     if ((st = flx_fwd_ws_init(model, &fs, e->fwd_mem, fwd_bytes, &e->fwd)))
         goto fail;
-    for (uint32_t t = 0; t < n_tasks; t++)
-        if ((st = flx_attn_ws_init(&e->tws[t], &as, (uint8_t *)e->attn_mem + (size_t)t * e->attn_ws_bytes,
-                                   e->attn_ws_bytes)))
-            goto fail;
     if (e->p.use_gpu && (st = create_gpu(e)))
         goto fail;
     *engine_p = e;
@@ -499,13 +454,9 @@ void flx_engine_destroy(flx_engine_h e)
     while (e->n_live) seq_retire(e, e->order[0]);
     if (e->gpu) destroy_gpu(e);
     flx_aligned_free(e->fwd_mem);
-    flx_aligned_free(e->attn_mem);
-    free(e->tws);
-    flx_aligned_free(e->slots);
-    free(e->task_ids);
-    free(e->item_task);
-    free(e->item_chunk);
-    free(e->lse_host);
+    flx_attn_layer_destroy(e->attn);
+    free(e->lstats);
+    free(e->bsess);
     flx_aligned_free(e->logits);
     free(e->samples);
     free(e->kv_bf16);
@@ -514,15 +465,6 @@ void flx_engine_destroy(flx_engine_h e)
     free(e->bseq);
     free(e->btok);
     free(e->bpos);
-    free(e->feat);
-    free(e->o_win);
-    free(e->lse_win);
-    free(e->pred);
-    free(e->budgets);
-    free(e->sel);
-    free(e->win_ptr);
-    free(e->feat_in);
-    flx_aligned_free(e->pred_scratch);
     if (e->pool_owned) flx_pool_destroy(e->pool);
     free(e);
 }
@@ -710,81 +652,17 @@ void flx_engine_total_stats(flx_engine_h e, flx_engine_stats_t *stats_p)
     if (e && stats_p) *stats_p = e->total;
 }
 
+flx_status_t flx_engine_layer_stats(flx_engine_h e, uint32_t layer, flx_attn_layer_stats_t *stats_p)
+{
+    if (!e || !stats_p) return flx_error_set(FLX_ERR_INVALID, "engine layer stats: NULL argument");
+    if (layer >= e->m->cfg.n_layers)
+        return flx_error_set(FLX_ERR_INVALID, "engine layer stats: layer %u out of range (%u layers)", layer,
+                             e->m->cfg.n_layers);
+    *stats_p = e->lstats[layer];
+    return FLX_OK;
+}
+
 /* ---- the attention entry point ---- */
-
-/* The error of an item, with the task it belongs to. */
-static flx_status_t task_error(const struct flx_engine *e, flx_status_t st, uint32_t id)
-{
-    return flx_error_set(st, "layer %u sequence %llu kv head %u: %s", e->layer,
-                         (unsigned long long)e->bseq[id / e->Hkv]->id, id % e->Hkv, flx_error_msg());
-}
-
-/* FLUXION features of (sequence, kv group) item = id, on its task's workspace. */
-static flx_status_t feat_item(void *ctx, const flx_pool_worker_t *w, uint64_t i0, uint64_t i1)
-{
-    (void)w;
-    struct flx_engine *e = ctx;
-    for (uint64_t id = i0; id < i1; id++) {
-        const uint32_t b = (uint32_t)id / e->Hkv, g = (uint32_t)id % e->Hkv;
-        flx_feat_layer_t in = e->feat_in[b];
-        in.ws = &e->tws[id];   /* the window partials on the attention core's SIMD window kernel */
-        const size_t r0 = (size_t)b * e->Hq;
-        flx_status_t st = flx_features_decode_groups(&in, g, g + 1, e->feat + r0 * FLX_FEAT_COUNT,
-                                                     e->o_win + r0 * e->D, e->lse_win + r0);
-        if (st) return task_error(e, st, (uint32_t)id);
-    }
-    return FLX_OK;
-}
-
-/* FLUXION, before the tasks run: features (+ window partials) of every (sequence, query head), one
- * item per (sequence, kv group); the predictor over all of them; the selector per (sequence, kv
- * group). Streaming-only groups get their window partial as output now; the others are listed in
- * e->task_ids, highest V first. */
-static flx_status_t fluxion_plan(struct flx_engine *e, uint32_t layer, uint32_t B, const float *q, float *o,
-                                 uint32_t *n_tasks_p)
-{
-    const uint32_t Hq = e->Hq, Hkv = e->Hkv, G = e->G, D = e->D;
-    uint64_t t0 = flx_now_ns();
-    flx_status_t st = FLX_OK;
-    for (uint32_t b = 0; b < B; b++) {
-        const flx_bf16_t **wk = e->win_ptr + (size_t)b * 2 * Hkv, **wv = wk + Hkv;
-        st = flx_features_layer_from_session(e->bseq[b]->sess, layer, q + (size_t)b * Hq * D, wk, wv, &e->feat_in[b]);
-        if (st)
-            return flx_error_set(st, "layer %u sequence %llu: features: %s", layer, (unsigned long long)e->bseq[b]->id,
-                                 flx_error_msg());
-    }
-    if ((st = flx_pool_for(e->pool, (uint64_t)B * Hkv, 1, feat_item, e)))
-        return st;
-    for (uint32_t b = 0; b < B; b++) flx_features_decode_finish(&e->feat_in[b], e->feat + (size_t)b * Hq * FLX_FEAT_COUNT);
-    if ((st = flx_predictor_run(e->p.predictor, e->feat, B * Hq, e->pred, e->pred_scratch, e->pred_scratch_bytes,
-                                e->pool)))
-        return flx_error_set(st, "layer %u: predictor: %s", layer, flx_error_msg());
-    uint32_t n = 0;
-    for (uint32_t id = 0; id < B * Hkv; id++) {
-        const uint32_t b = id / Hkv, g = id % Hkv;
-        const size_t r0 = (size_t)b * Hq + (size_t)g * G;
-        flx_kv_head_view_t view;
-        if ((st = flx_kv_head_view(e->bseq[b]->sess, layer, g, &view)))
-            return st;
-        if ((st = flx_select_group(e->pred + r0, G, view.l_cpu, &e->select, e->budgets + r0, &e->sel[id])))
-            return st;
-        if (e->sel[id].skip) {
-            memcpy(o + r0 * D, e->o_win + r0 * D, (size_t)G * D * sizeof(float));
-            e->cur.n_skipped++;
-            continue;
-        }
-        /* insertion into the list kept in descending V (B * Hkv is small) */
-        uint32_t i = n++;
-        while (i > 0 && e->sel[e->task_ids[i - 1]].v < e->sel[id].v) {
-            e->task_ids[i] = e->task_ids[i - 1];
-            i--;
-        }
-        e->task_ids[i] = id;
-    }
-    *n_tasks_p = n;
-    e->cur.predict_ns += flx_now_ns() - t0;
-    return FLX_OK;
-}
 
 /* Rounds the batch's new k, v (B, Hkv, D) to bf16 and appends them to each session's window (the
  * kvstore mirrors the rows into device windows). */
@@ -802,109 +680,50 @@ static flx_status_t append_kv(struct flx_engine *e, uint32_t layer, uint32_t B, 
     return FLX_OK;
 }
 
-/* Task id (b * Hkv + g) of the layer: its view, cfg and task_begin on its workspace. */
-static flx_status_t task_begin(struct flx_engine *e, uint32_t id)
+/* The route's figures of one layer into the step's sums. */
+static void layer_stats_add(struct flx_engine *e, uint32_t layer, const flx_attn_layer_stats_t *x)
 {
-    const uint32_t b = id / e->Hkv, g = id % e->Hkv;
-    const size_t r0 = (size_t)b * e->Hq + (size_t)g * e->G;
-    flx_kv_head_view_t view;
-    flx_status_t st = flx_kv_head_view(e->bseq[b]->sess, e->layer, g, &view);
-    flx_attn_cfg_t cfg = e->cfg;
-    if (e->kind == TASK_FLUXION)
-        cfg = (flx_attn_cfg_t){.mode = FLX_ATTN_SPARSE, .blk = e->sel[id].blk, .budgets = e->budgets + r0};
-    uint32_t n = 0;
-    if (!st) st = flx_attn_task_begin(&e->tws[id], &view, e->q + r0 * e->D, &cfg, e->kind == TASK_GROUP, &n);
-    if (st) return task_error(e, st, id);
-    e->slots[id].n_chunks = n;
-    atomic_store_explicit(&e->slots[id].left, n, memory_order_relaxed);
-    return FLX_OK;
+    e->lstats[layer] = *x;
+    const flx_sched_layer_stats_t *s = &x->sched;
+    e->cur.n_tasks += s->n_tasks;
+    e->cur.n_skipped += x->n_groups - x->n_tasks;
+    e->cur.predict_ns += x->predict_ns;
+    e->cur.window_ns += s->attn.window_ns;
+    e->cur.score_ns += s->attn.score_ns;
+    e->cur.topk_ns += s->attn.topk_ns;
+    e->cur.host_attn_ns += s->attn.attn_ns;
+    e->cur.merge_ns += s->attn.merge_ns + x->merge_ns;
+    e->cur.host_bytes += s->attn.score_bytes + s->attn.attn_bytes;
+    e->cur.cpu_busy_ns += s->cpu_busy_ns;
+    e->cur.n_gpu_tasks += s->n_gpu_tasks;
+    e->cur.gpu_busy_ns += s->gpu_busy_ns;
+    e->cur.gpu_idle_ns += s->gpu_idle_ns;
+    e->cur.sched_wall_ns += s->wall_ns;
 }
 
-static flx_status_t begin_items(void *ctx, const flx_pool_worker_t *w, uint64_t i0, uint64_t i1)
+/* DEFERRED window partials: the stream that computes them is past their copies to the host. */
+static flx_status_t window_wait(void *ctx)
 {
-    (void)w;
     struct flx_engine *e = ctx;
-    for (uint64_t i = i0; i < i1; i++) {
-        flx_status_t st = task_begin(e, e->task_ids[i]);
-        if (st) return st;
-    }
+    flx_status_t st = flx_cuda_stream_sync(e->p.cuda_device, e->stream_used);
+    if (st)
+        return flx_error_set(st, "window attention on device %d: %s", e->p.cuda_device, flx_error_msg());
     return FLX_OK;
 }
 
-/* The merges of task id once all its chunks are done: into o and lse_host (rows of its heads). */
-static flx_status_t task_end(struct flx_engine *e, uint32_t id)
+/* One layer through the route: the batch's sessions, q, o; window partials computed on the CPU or
+ * deferred to the device (wait_ctx: the engine, whose stream the wait synchronises). */
+static flx_status_t layer_run(struct flx_engine *e, uint32_t layer, uint32_t B, const float *q, float *o,
+                              int deferred)
 {
-    const uint32_t b = id / e->Hkv, g = id % e->Hkv, G = e->G, D = e->D;
-    const size_t r0 = (size_t)b * e->Hq + (size_t)g * G, off = r0 * D;
-    flx_attn_timing_t *t = &e->slots[id].t;
-    flx_status_t st = flx_attn_task_end(&e->tws[id], e->o + off, e->lse_host + r0, t);
-    if (st) return task_error(e, st, id);
-    if (e->kind == TASK_FLUXION) {   /* with the window partial the features computed */
-        const uint64_t t0 = flx_now_ns();
-        flx_attn_merge(G, D, e->o_win + off, e->lse_win + r0, e->o + off, e->lse_host + r0, e->o + off,
-                       e->lse_host + r0);
-        t->merge_ns = flx_now_ns() - t0;
-    }
-    return FLX_OK;
-}
-
-/* One chunk of the pull list; the worker that finishes a task's last chunk ends the task. */
-static flx_status_t chunk_item(void *ctx, const flx_pool_worker_t *w, uint32_t item)
-{
-    (void)w;
-    struct flx_engine *e = ctx;
-    const uint32_t id = e->item_task[item];
-    flx_status_t st = flx_attn_task_chunk(&e->tws[id], e->item_chunk[item]);
-    if (st) return task_error(e, st, id);
-    if (atomic_fetch_sub_explicit(&e->slots[id].left, 1, memory_order_acq_rel) == 1) return task_end(e, id);
-    return FLX_OK;
-}
-
-/* The tasks e->task_ids[0, n_tasks) of a layer, each into o (B, Hq, D) as e->kind says:
- *   TASK_FLUXION  host part merged with its window partial (e->o_win);
- *   TASK_HOST     host part only, its lse into e->lse_host (the window partial comes from the device);
- *   TASK_GROUP    window + host part + merge.
- * Begins (on the driving thread for FULL, whose begins only lay out the blocks; else one pool run),
- * then one pull of every task's chunks, in task order. Sums the tasks' timings into e->cur; returns
- * the first (lowest) task error. */
-static flx_status_t tasks_run(struct flx_engine *e, uint32_t layer, const float *q, float *o, uint32_t n_tasks,
-                              task_kind_t kind)
-{
-    e->layer = layer, e->q = q, e->o = o, e->kind = kind;
-    flx_status_t st = FLX_OK;
-    if (kind != TASK_FLUXION && e->cfg.mode == FLX_ATTN_FULL) {
-        for (uint32_t i = 0; i < n_tasks && !st; i++) st = task_begin(e, e->task_ids[i]);
-    } else {
-        st = flx_pool_for(e->pool, n_tasks, 1, begin_items, e);
-    }
-    if (st) return st;
-    uint32_t n_items = 0;
-    for (uint32_t i = 0; i < n_tasks && !st; i++) {
-        const uint32_t id = e->task_ids[i];
-        memset(&e->slots[id].t, 0, sizeof e->slots[id].t);
-        if (e->slots[id].n_chunks == 0) {   /* nothing to read: the merges alone */
-            st = task_end(e, id);
-            continue;
-        }
-        for (uint32_t c = 0; c < e->slots[id].n_chunks; c++, n_items++) {
-            e->item_task[n_items] = id;
-            e->item_chunk[n_items] = c;
-        }
-    }
-    if (st) return st;
-    flx_pool_queue_t queue;
-    flx_pool_queue_init(&queue, n_items);
-    st = flx_pool_pull(e->pool, &queue, chunk_item, e);
-    for (uint32_t i = 0; i < n_tasks; i++) {
-        const flx_attn_timing_t *x = &e->slots[e->task_ids[i]].t;
-        e->cur.window_ns += x->window_ns;
-        e->cur.score_ns += x->score_ns;
-        e->cur.topk_ns += x->topk_ns;
-        e->cur.host_attn_ns += x->attn_ns;
-        e->cur.merge_ns += x->merge_ns;
-        e->cur.host_bytes += x->score_bytes + x->attn_bytes;
-    }
-    e->cur.n_tasks += n_tasks;
+    for (uint32_t b = 0; b < B; b++) e->bsess[b] = e->bseq[b]->sess;
+    flx_attn_layer_args_t a = {.layer = layer, .batch = B, .sess = e->bsess, .q = q, .o = o,
+                               .window = FLX_LAYER_WIN_COMPUTE};
+    if (deferred) a.window = FLX_LAYER_WIN_DEFERRED, a.o_win = e->ow_host, a.lse_win = e->lw_host;
+    a.win_wait = window_wait, a.win_ctx = e;
+    flx_attn_layer_stats_t x;
+    flx_status_t st = flx_attn_layer_run(e->attn, &a, &x);
+    if (!st) layer_stats_add(e, layer, &x);
     return st;
 }
 
@@ -920,24 +739,18 @@ static flx_status_t attn_layer(void *ctx, uint32_t layer, uint32_t B, const floa
     if (st)
         return st;
     uint64_t t1 = flx_now_ns();
-    uint32_t n_tasks = B * e->Hkv;
-    if (e->p.mode == FLX_ENGINE_ATTN_FLUXION) {
-        e->layer = layer;
-        if ((st = fluxion_plan(e, layer, B, q, o, &n_tasks)))
-            return st;
-    } else {
-        for (uint32_t i = 0; i < n_tasks; i++) e->task_ids[i] = i;
-    }
-    st = tasks_run(e, layer, q, o, n_tasks, e->p.mode == FLX_ENGINE_ATTN_FLUXION ? TASK_FLUXION : TASK_GROUP);
-    uint64_t t2 = flx_now_ns();
+    st = layer_run(e, layer, B, q, o, 0);
     e->cur.append_ns += t1 - t0;
-    e->cur.attn_ns += t2 - t0;
+    e->cur.attn_ns += flx_now_ns() - t0;
     return st;
 }
 
 /* flx_gpu_attn_fn of the GPU path. FULL / FIXED: window attention of every (sequence, group) on
- * the device, queued first, while the CPU threads run the host parts; then the wait and the LSE
- * merge. FLUXION: attn_layer on the host arrays (its features give the window partials). */
+ * the device, queued first (a span of the scheduler's GPU busy time) with the copy of its partials
+ * to page-locked memory; then the route with deferred window partials: the tasks' host parts run
+ * (CPU workers and the GPU worker) while the device computes the window, the route waits for the
+ * stream and merges. FLUXION: the route as on the CPU path (its features give the window partials),
+ * with the GPU worker taking tasks. */
 static flx_status_t attn_layer_gpu(void *ctx, const flx_gpu_attn_args_t *a)
 {
     struct flx_engine *e = ctx;
@@ -966,32 +779,19 @@ static flx_status_t attn_layer_gpu(void *ctx, const flx_gpu_attn_args_t *a)
         e->items[id] = it;
     }
     const size_t rows = (size_t)B * Hq;
-    if ((st = flx_attn_window_gpu(&e->wws, e->items, B * Hkv, a->stream)) ||
+    e->stream_used = a->stream;
+    flx_sched_h sched = flx_attn_layer_sched(e->attn);
+    if ((st = flx_sched_gpu_span(sched, a->stream, 1)) || (st = flx_attn_window_gpu(&e->wws, e->items, B * Hkv, a->stream)) ||
+        (st = flx_sched_gpu_span(sched, a->stream, 0)) ||
         (st = flx_cuda_copy_dtoh_async(dev, e->ow_host, e->ow_dev, rows * D * sizeof(float), a->stream)) ||
         (st = flx_cuda_copy_dtoh_async(dev, e->lw_host, e->lw_dev, rows * sizeof(float), a->stream))) {
         (void)flx_cuda_stream_sync(dev, a->stream);
         return st;
     }
-    for (uint32_t i = 0; i < B * Hkv; i++) e->task_ids[i] = i;
-    st = tasks_run(e, layer, a->q, a->o, B * Hkv, TASK_HOST);
-    /* waited for even when a host task failed: nothing may still be copying into ow_host / lw_host */
-    flx_status_t st_dev = flx_cuda_stream_sync(dev, a->stream);
-    const uint64_t t3 = flx_now_ns();
-    if (st)
-        return st;
-    if (st_dev)
-        return flx_error_set(st_dev, "layer %u: window attention on device %d: %s", layer, dev, flx_error_msg());
-    for (uint32_t id = 0; id < B * Hkv; id++) {
-        const size_t r0 = ((size_t)(id / Hkv) * Hq + (size_t)(id % Hkv) * G);
-        flx_attn_merge(G, D, e->ow_host + r0 * D, e->lw_host + r0, a->o + r0 * D, e->lse_host + r0, a->o + r0 * D,
-                       e->lse_host + r0);
-    }
-    const uint64_t t4 = flx_now_ns();
+    st = layer_run(e, layer, B, a->q, a->o, 1);
     e->cur.append_ns += t1 - t0;
-    e->cur.window_ns += t3 - t1;   /* launch to partials on the host, overlapping the host parts */
-    e->cur.merge_ns += t4 - t3;
-    e->cur.attn_ns += t4 - t0;
-    return FLX_OK;
+    e->cur.attn_ns += flx_now_ns() - t0;
+    return st;
 }
 
 /* ---- the step ---- */
@@ -1015,6 +815,11 @@ static void stats_add(flx_engine_stats_t *a, const flx_engine_stats_t *b)
     a->dense_bytes += b->dense_bytes;
     a->predict_ns += b->predict_ns;
     a->n_skipped += b->n_skipped;
+    a->cpu_busy_ns += b->cpu_busy_ns;
+    a->n_gpu_tasks += b->n_gpu_tasks;
+    a->gpu_busy_ns += b->gpu_busy_ns;
+    a->gpu_idle_ns += b->gpu_idle_ns;
+    a->sched_wall_ns += b->sched_wall_ns;
 }
 
 /* Retires every live sequence whose last token was delivered. */

@@ -102,10 +102,13 @@ int main(int argc, char **argv)
 {
     /* modes in flx_engine_attn_mode_t's order; blk = 16 << index */
     static const char *const modes[] = {"full", "fixed", "fluxion", NULL},
-                             *const blks[] = {"16", "32", "64", "128", NULL};
+                             *const blks[] = {"16", "32", "64", "128", NULL},
+                             /* in flx_sched_policy_t's and flx_sched_placement_t's orders */
+                             *const policies[] = {"priority", "no-parallel", "uniform", "length", NULL},
+                             *const placements[] = {"hybrid", "gpu-only", NULL};
     const char *model_path = NULL, *prompt_text = NULL, *prompt_path = NULL, *pred_path = getenv("FLX_PREDICTOR");
-    int chat = 0, mode = 0, blk_i = 0;
-    uint64_t max_new = 64, threads = 0, top_k = 0, seed = 1, gpu_dev = 0, sel_minb = 0;
+    int chat = 0, mode = 0, blk_i = 0, policy = 0, placement = 0, no_skip = 0, fixed_blk_i = 0;
+    uint64_t max_new = 64, threads = 0, top_k = 0, seed = 1, gpu_dev = 0, sel_minb = 0, gpu_streams = 2;
     double bgt = 0.05, tau = 0.1, temp = 0.0, top_p = 1.0, sel_thr = 0, sel_scale = 0;
     flx_cli_opt_t opts[] = {
         FLX_CLI_PATH('m', "model", "MODEL", &model_path, FLX_CLI_REQUIRED,
@@ -141,7 +144,20 @@ int main(int argc, char **argv)
                      "this thread included (default: FLX_THREADS, else the CPUs this process may use)"),
         FLX_CLI_UINT(0, "gpu", "DEVICE", &gpu_dev, 0, 1023, FLX_CLI_OPTIONAL,
                      "prefill and the dense part of decoding on CUDA device DEVICE (default 0),\n"
-                     "window attention on its device windows; host attention stays on the CPU"),
+                     "window attention on its device windows; the scheduler's GPU worker takes attention\n"
+                     "tasks over the pinned host KV (UVA) beside the CPU workers"),
+        FLX_CLI_ENUM(0, "policy", &policy, policies, 0,
+                     "the scheduler: priority (Fluxion's: one queue by Eq. 3 volume, every worker takes\n"
+                     "the next task when free), no-parallel (the GPU takes none), uniform or length\n"
+                     "(static shares); default priority"),
+        FLX_CLI_ENUM(0, "placement", &placement, placements, 0,
+                     "hybrid (default) or gpu-only (with --gpu: every task on the GPU worker)"),
+        FLX_CLI_FLAG(0, "no-skip-streaming", &no_skip,
+                     "fluxion ablation: streaming-only groups read the host like the others"),
+        FLX_CLI_ENUM(0, "fixed-blk", &fixed_blk_i, blks, 0,
+                     "fluxion ablation: one block size for every group instead of the selector's"),
+        FLX_CLI_UINT(0, "gpu-streams", "N", &gpu_streams, 1, 8, 0,
+                     "with --gpu: attention tasks the GPU worker keeps in flight (default 2)"),
     };
     flx_cli_t cli = FLX_CLI_INIT(PROG, "Generates text with a model on one machine: prefill into a host KV store, "
                                  "decode with full, fixed or Fluxion attention.", opts);
@@ -157,7 +173,9 @@ int main(int argc, char **argv)
     if (flx_cli_exclusive(&cli, "prompt", "prompt-file", 1) ||
         flx_cli_applies(&cli, amode == FLX_ENGINE_ATTN_FIXED, fixed_only, "blk", "bgt", NULL) ||
         flx_cli_applies(&cli, amode == FLX_ENGINE_ATTN_FLUXION, fluxion_only, "predictor", "tau", "stream-threshold",
-                        "budget-scale", "min-blocks", NULL) ||
+                        "budget-scale", "min-blocks", "no-skip-streaming", "fixed-blk", NULL) ||
+        flx_cli_applies(&cli, flx_cli_given(&cli, "gpu") > 0, "without --gpu (there is no GPU worker)", "placement",
+                        "gpu-streams", NULL) ||
         flx_cli_applies(&cli, temp > 0.0, "with greedy sampling (--temp 0): give --temp T > 0", "top-k", "top-p",
                         "seed", NULL))
         return flx_cli_usage_error(&cli, NULL);
@@ -167,6 +185,11 @@ int main(int argc, char **argv)
     ep.mode = amode;
     ep.blk = 16u << blk_i;
     ep.bgt = (float)bgt;
+    ep.sched_policy = (flx_sched_policy_t)policy;
+    ep.placement = (flx_sched_placement_t)placement;
+    ep.keep_streaming = no_skip;
+    ep.fixed_blk = flx_cli_given(&cli, "fixed-blk") ? 16u << fixed_blk_i : 0;
+    ep.gpu_streams = (uint32_t)gpu_streams;
     flx_sampling_params_t sp = flx_sampling_greedy();
     sp.temperature = (float)temp;
     sp.top_k = (uint32_t)top_k;
@@ -262,9 +285,9 @@ int main(int argc, char **argv)
                                     .capacity_bytes = cap, .n_layers = cfg->n_layers,
                                     .n_kv_heads = cfg->n_kv_heads, .n_q_heads = cfg->n_heads,
                                     .head_dim = cfg->head_dim};
-        if (use_gpu) {   /* windows mirrored on the device, where window attention reads them */
+        if (use_gpu) {   /* windows mirrored on the device; the arena pinned for the GPU worker's UVA reads */
             kp.field_mask |= FLX_KV_STORE_FIELD_FLAGS | FLX_KV_STORE_FIELD_CUDA_DEVICE;
-            kp.flags = FLX_KV_STORE_HUGEPAGES | FLX_KV_STORE_WINDOW_DEVICE;
+            kp.flags = FLX_KV_STORE_HUGEPAGES | FLX_KV_STORE_WINDOW_DEVICE | FLX_KV_STORE_PIN_CUDA;
             kp.cuda_device = (int)gpu_dev;
         }
         if ((st = flx_kv_store_create(&kp, &store))) {
@@ -421,10 +444,21 @@ int main(int argc, char **argv)
                 (double)tot.host_attn_ns / tot.n_steps / 1e6, (double)tot.merge_ns / tot.n_steps / 1e6);
     }
     if (tot.n_steps && ep.mode == FLX_ENGINE_ATTN_FLUXION)
-        fprintf(stderr, "fluxion per step: features + predictor + selector %.3f ms, %.0f of %u groups streaming-only "
-                        "(no host read)\n",
-                (double)tot.predict_ns / tot.n_steps / 1e6, (double)tot.n_skipped / tot.n_steps,
-                cfg->n_layers * cfg->n_kv_heads);
+        fprintf(stderr, "fluxion per step: features + predictor + selector %.3f ms (%.1f%% of the step), %.0f of %u "
+                        "groups streaming-only (no host read)\n",
+                (double)tot.predict_ns / tot.n_steps / 1e6,
+                tot.step_ns ? 100.0 * (double)tot.predict_ns / (double)tot.step_ns : 0.0,
+                (double)tot.n_skipped / tot.n_steps, cfg->n_layers * cfg->n_kv_heads);
+    char ratio[48] = "n/a: no GPU";
+    if (use_gpu && tot.sched_wall_ns)
+        snprintf(ratio, sizeof ratio, "%.3f", (double)tot.gpu_idle_ns / (double)tot.sched_wall_ns);
+    if (tot.n_steps)
+        fprintf(stderr, "scheduler (%s, %s) per step: CPU workers busy %.3f ms in tasks; %.1f tasks on the GPU worker; "
+                        "GPU busy %.3f ms, idle %.3f ms of the attention layers' %.3f ms (idle ratio %s)\n",
+                flx_sched_policy_name(ep.sched_policy), flx_sched_placement_name(ep.placement),
+                (double)tot.cpu_busy_ns / tot.n_steps / 1e6, (double)tot.n_gpu_tasks / tot.n_steps,
+                (double)tot.gpu_busy_ns / tot.n_steps / 1e6, (double)tot.gpu_idle_ns / tot.n_steps / 1e6,
+                (double)tot.sched_wall_ns / tot.n_steps / 1e6, ratio);
     rc = 0;
 out:
     flx_engine_destroy(eng);

@@ -118,10 +118,7 @@ extern "C" flx_status_t flx_attn_causal_gpu_launch(const flx_attn_causal_gpu_arg
     flx_status_t st = FLX_OK;
 #define FLX_CAUSAL_LAUNCH(ND)                                                                                   \
     do {                                                                                                      \
-        if (smem > 48u * 1024u &&                                                                             \
-            (st = FLX_CUDA_CALL(cudaFuncSetAttribute(causal_kernel<ND>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                                     (int)smem))) != FLX_OK)                                  \
-            return st;                                                                                        \
+        if ((st = smem_opt_in(causal_kernel<ND>, smem)) != FLX_OK) return st; \
         causal_kernel<ND><<<grid, block, smem, stream>>>(a->q, a->q_stride, k, v, a->kv_stride, a->t0, a->nq, G, D, \
                                                          scale, a->o, a->o_stride);                           \
     } while (0)

@@ -10,8 +10,8 @@
  * registers. Per tile: the max over the tile's visible keys, rescale by exp(m_old - m_new), the
  * tile's probabilities p, then P.V with p broadcast by shuffles, each V row read once for all rows.
  * A row that sees no key of a tile is left untouched (its m, l, acc keep their values). Finishing
- * (o = acc / l, lse = m + log l) is the caller's: the window kernel first merges the warps that
- * split its keys.
+ * (o = acc / l, lse = m + log l) is the caller's: the window and sparse kernels first merge the
+ * warps that split their keys (warps_merge_store).
  *
  * K and V may live in shared memory (prefill: a tile staged for 4 warps) or global memory (window:
  * each warp streams its own tiles): generic pointers, row strides in elements. Key rows must be
@@ -21,6 +21,8 @@
 #define FLX_ATTN_GPU_COMMON_CUH
 
 #include <stdint.h>
+
+#include "flx/cuda_rt.h"
 
 #define FLX_AG_RW 8        /* query rows per warp */
 #define FLX_AG_WARPS 4     /* warps per block */
@@ -144,6 +146,88 @@ __device__ __forceinline__ void tile_update(const float *__restrict__ Qs, uint32
             for (int i = 0; i < ND; i++) st.acc[r][i] = fmaf(pj, vv[i], st.acc[r][i]);
         }
     }
+}
+
+/* Qs (RW, D) = the nr rows at q (row stride D) times scale, zero past nr; then a block barrier. */
+__device__ __forceinline__ void load_rows_scaled(float *Qs, const float *q, uint32_t nr, uint32_t D, float scale)
+{
+    for (uint32_t i = threadIdx.x; i < FLX_AG_RW * D; i += blockDim.x) {
+        const uint32_t r = i / D;
+        Qs[i] = r < nr ? q[i] * scale : 0.0f;
+    }
+    __syncthreads();
+}
+
+/* Shared memory of a block whose FLX_AG_WARPS warps split the keys of FLX_AG_RW rows: the rows'
+ * scaled queries Qs (RW, D), then each warp's m, l (WARPS, RW) and acc (WARPS, RW, D), in floats. */
+__host__ __device__ inline size_t split_smem_floats(uint32_t D)
+{
+    return (size_t)FLX_AG_RW * D + 2u * FLX_AG_WARPS * FLX_AG_RW + (size_t)FLX_AG_WARPS * FLX_AG_RW * D;
+}
+
+/*
+ * The block's warps each hold a state of the same nr rows over different keys: merges them through
+ * shared memory (smem as split_smem_floats lays it out) like any LSE partials, m = max m_w,
+ * l = sum l_w e^(m_w - m), o = sum acc_w e^(m_w - m) / l, and writes row r's o to o + r * D and its
+ * lse to lse[r]; a row no warp saw gets o = 0, lse = -inf. Called by every thread of the block.
+ */
+template <int ND>
+__device__ __forceinline__ void warps_merge_store(const rows_t<ND> &st, float *smem, uint32_t nr, uint32_t D,
+                                                  float *o, float *lse)
+{
+    float *Ms = smem + (size_t)FLX_AG_RW * D;             /* (WARPS, RW) */
+    float *Ls = Ms + FLX_AG_WARPS * FLX_AG_RW;            /* (WARPS, RW) */
+    float *Os = Ls + FLX_AG_WARPS * FLX_AG_RW;            /* (WARPS, RW, D) */
+    const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+#pragma unroll
+    for (int r = 0; r < FLX_AG_RW; r++) {
+        const uint32_t w = warp * FLX_AG_RW + (uint32_t)r;
+        if (lane == 0) {
+            Ms[w] = st.m[r];
+            Ls[w] = st.l[r];
+        }
+#pragma unroll
+        for (int i = 0; i < ND; i++) {
+            const uint32_t d = lane + 32u * (uint32_t)i;
+            if (d < D) Os[(size_t)w * D + d] = st.acc[r][i];
+        }
+    }
+    __syncthreads();
+    for (uint32_t r = warp; r < nr; r += FLX_AG_WARPS) {
+        float m = -INFINITY;
+        for (uint32_t w = 0; w < FLX_AG_WARPS; w++) m = fmaxf(m, Ms[w * FLX_AG_RW + r]);
+        float *orow = o + (size_t)r * D;
+        if (m == -INFINITY) {   /* no key */
+            for (uint32_t d = lane; d < D; d += 32) orow[d] = 0.0f;
+            if (lane == 0) lse[r] = -INFINITY;
+            continue;
+        }
+        float c[FLX_AG_WARPS], l = 0.0f;
+#pragma unroll
+        for (uint32_t w = 0; w < FLX_AG_WARPS; w++) {
+            const float mw = Ms[w * FLX_AG_RW + r];
+            c[w] = mw == -INFINITY ? 0.0f : expf(mw - m);
+            l += c[w] * Ls[w * FLX_AG_RW + r];
+        }
+        const float inv = 1.0f / l;
+        for (uint32_t d = lane; d < D; d += 32) {
+            float acc = 0.0f;
+#pragma unroll
+            for (uint32_t w = 0; w < FLX_AG_WARPS; w++) acc = fmaf(c[w], Os[(size_t)(w * FLX_AG_RW + r) * D + d], acc);
+            orow[d] = acc * inv;
+        }
+        if (lane == 0) lse[r] = m + logf(l);
+    }
+}
+
+/* Lets kernel use smem bytes of dynamic shared memory: above the 48 KiB every device gives without
+ * asking, the kernel must opt in (once per kernel would do; the call is cheap and keeps launchers
+ * stateless). */
+template <class K>
+inline flx_status_t smem_opt_in(K *kernel, size_t smem)
+{
+    if (smem <= 48u * 1024u) return FLX_OK;
+    return FLX_CUDA_CALL(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 }
 
 /* Dispatches a kernel template on ND = ceil(D / 32) (D <= 256). */

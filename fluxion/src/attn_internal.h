@@ -8,6 +8,14 @@ flx_status_t flx_attn_check_view(const flx_kv_head_view_t *view, const char *who
 flx_status_t flx_attn_check_sel(const flx_kv_head_view_t *view, int level, uint32_t G, const uint32_t *sel,
                                 uint32_t sel_stride, const uint32_t *k, const char *who);
 
+/* cfg of a task of G heads (mode, blk, budgets in [0, 1]); *level_p = its pyramid level (0 for FULL). */
+flx_status_t flx_attn_check_cfg(uint32_t G, const flx_attn_cfg_t *cfg, int *level_p);
+
+/* k[h] = logical blocks head h of a checked cfg reads at level over l_cpu host tokens (FULL: all);
+ * returns 1 when some head reads some but not all of them, i.e. when top-k needs the scores (a head
+ * reading none or all selects blocks 0..k-1 without them). */
+int flx_attn_cfg_blocks(uint32_t G, const flx_attn_cfg_t *cfg, int level, uint32_t l_cpu, uint32_t *k);
+
 /* The chunk machinery of attn_cpu.c (attn.h, CHUNKS), used by the task in attn_task.c. */
 /* Prepares q for attention (scaled, in the active ISA's layout) and records that ISA in ws->isa. */
 void flx_attn_prep_attn_q(flx_attn_ws_t *ws, const float *q);

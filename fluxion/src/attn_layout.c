@@ -1,5 +1,5 @@
-/* attn_layout.c - see attn_layout.h. */
-#include <math.h>
+/* attn_layout.c - see attn_layout.h. The pyramid is the kvstore's (flx_kv_pyramid_build), so a layout
+ * built here is the store's byte for byte. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,37 +48,6 @@ flx_status_t flx_attn_layout_build(flx_attn_layout_t *lay, uint32_t L, uint32_t 
         for (uint32_t r = 0; r < 16 && b * 16 + r < l_cpu; r++)
             row(ctx, n_sink + b * 16 + r, kb + (size_t)r * D, vb + (size_t)r * D);
     }
-    /* Pyramid: level 0 from the rows, level j from pairs of level j-1 entries (min of mins, max of maxes;
-     * a last odd entry covers only existing tokens). */
-    for (uint32_t b = 0; b < nb; b++) {
-        const flx_bf16_t *kb = (const flx_bf16_t *)(lay->pool + (size_t)b * bb);
-        flx_bf16_t *mn = lay->meta[0] + (size_t)b * 2 * D, *mx = mn + D;
-        uint32_t nt = l_cpu - b * 16 < 16 ? l_cpu - b * 16 : 16;
-        for (uint32_t d = 0; d < D; d++) {
-            float lo = INFINITY, hi = -INFINITY;
-            for (uint32_t r = 0; r < nt; r++) {
-                float x = flx_bf16_to_f32(kb[(size_t)r * D + d]);
-                lo = x < lo ? x : lo;
-                hi = x > hi ? x : hi;
-            }
-            mn[d] = flx_f32_to_bf16(lo);
-            mx[d] = flx_f32_to_bf16(hi);
-        }
-    }
-    for (int j = 1; j < FLX_KV_META_LEVELS; j++) {
-        uint32_t n = flx_kv_meta_count(l_cpu, j), np = flx_kv_meta_count(l_cpu, j - 1);
-        for (uint32_t b = 0; b < n; b++) {
-            const flx_bf16_t *a = lay->meta[j - 1] + (size_t)(2 * b) * 2 * D;
-            const flx_bf16_t *c = 2 * b + 1 < np ? a + 2 * D : a;
-            flx_bf16_t *o = lay->meta[j] + (size_t)b * 2 * D;
-            for (uint32_t d = 0; d < D; d++) {
-                float a0 = flx_bf16_to_f32(a[d]), c0 = flx_bf16_to_f32(c[d]);
-                float a1 = flx_bf16_to_f32(a[D + d]), c1 = flx_bf16_to_f32(c[D + d]);
-                o[d] = flx_f32_to_bf16(a0 < c0 ? a0 : c0);
-                o[D + d] = flx_f32_to_bf16(a1 > c1 ? a1 : c1);
-            }
-        }
-    }
     flx_kv_head_view_t *v = &lay->view;
     v->head_dim = D;
     v->l_cpu = l_cpu;
@@ -97,5 +66,6 @@ flx_status_t flx_attn_layout_build(flx_attn_layout_t *lay, uint32_t L, uint32_t 
     v->numa_node = 0;
     v->win_k_dev = v->win_v_dev = NULL;   /* host-only window */
     v->win_device = -1;
+    flx_kv_pyramid_build(v, lay->meta);   /* the store's own builder: one implementation */
     return FLX_OK;
 }

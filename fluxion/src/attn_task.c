@@ -272,7 +272,19 @@ void flx_attn_merge(uint32_t G, uint32_t D, const float *o_a, const float *lse_a
 
 /* ---------------- the task ---------------- */
 
-static flx_status_t check_cfg(const flx_attn_ws_t *ws, const flx_attn_cfg_t *cfg, int *level_p)
+int flx_attn_cfg_blocks(uint32_t G, const flx_attn_cfg_t *cfg, int level, uint32_t l_cpu, uint32_t *k)
+{
+    const uint32_t blk = 16u << level, n = flx_kv_meta_count(l_cpu, level);
+    int scored = 0;
+    for (uint32_t h = 0; h < G; h++) {
+        const float b = cfg->mode == FLX_ATTN_FULL ? 1.0f : cfg->mode == FLX_ATTN_FIXED ? cfg->budget : cfg->budgets[h];
+        k[h] = flx_attn_budget_blocks(b, l_cpu, blk);
+        scored |= k[h] > 0 && k[h] < n;
+    }
+    return scored;
+}
+
+flx_status_t flx_attn_check_cfg(uint32_t G, const flx_attn_cfg_t *cfg, int *level_p)
 {
     if (!cfg) return flx_error_set(FLX_ERR_INVALID, "attn task: cfg is NULL");
     if (cfg->mode == FLX_ATTN_FULL) {
@@ -289,7 +301,7 @@ static flx_status_t check_cfg(const flx_attn_ws_t *ws, const flx_attn_cfg_t *cfg
             return flx_error_set(FLX_ERR_INVALID, "attn task: budget %g not in [0, 1]", (double)cfg->budget);
     } else {
         if (!cfg->budgets) return flx_error_set(FLX_ERR_INVALID, "attn task: SPARSE mode needs budgets");
-        for (uint32_t h = 0; h < ws->shape.group; h++)
+        for (uint32_t h = 0; h < G; h++)
             if (!(cfg->budgets[h] >= 0.0f && cfg->budgets[h] <= 1.0f))
                 return flx_error_set(FLX_ERR_INVALID, "attn task: budget of head %u is %g, not in [0, 1]", h,
                                      (double)cfg->budgets[h]);
@@ -337,7 +349,7 @@ flx_status_t flx_attn_task_begin(flx_attn_ws_t *ws, const flx_kv_head_view_t *vi
 {
     int level;
     flx_status_t st = check_task(ws, view, q, "attn task");
-    if (st || (st = check_cfg(ws, cfg, &level))) return st;
+    if (st || (st = flx_attn_check_cfg(ws->shape.group, cfg, &level))) return st;
     if (!n_chunks_p) return flx_error_set(FLX_ERR_INVALID, "attn task: n_chunks_p is NULL");
     if (with_window && view->n_win && (!view->win_k || !view->win_v))
         return flx_error_set(FLX_ERR_INVALID, "attn task: n_win %u but no window arrays", view->n_win);
@@ -357,14 +369,7 @@ flx_status_t flx_attn_task_begin(flx_attn_ws_t *ws, const flx_kv_head_view_t *vi
         tokens = view->l_cpu;
     } else {
         const uint32_t blk = 16u << level, n = view->meta_n[level];
-        int any = 0, all = 1;
-        for (uint32_t h = 0; h < G; h++) {
-            float b = cfg->mode == FLX_ATTN_FIXED ? cfg->budget : cfg->budgets[h];
-            ws->k[h] = flx_attn_budget_blocks(b, view->l_cpu, blk);
-            any |= ws->k[h] > 0;
-            all &= ws->k[h] == n;
-        }
-        if (any && !all) {
+        if (flx_attn_cfg_blocks(G, cfg, level, view->l_cpu, ws->k)) {
             const uint64_t t0 = flx_now_ns();
             if ((st = flx_attn_score(ws, view, level, q, ws->scores))) return st;
             const uint64_t t1 = flx_now_ns();

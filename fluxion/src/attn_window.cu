@@ -11,8 +11,7 @@
  * of the window straight from global memory (each lane reads whole 32-byte sectors of its key row;
  * a V row is read by the whole warp, coalesced), runs the shared online-softmax step
  * (attn_gpu_common.cuh) for all the block's heads, and the four partial states are merged through
- * shared memory like any two LSE partials: m = max m_w, l = sum l_w e^(m_w - m),
- * o = sum acc_w e^(m_w - m) / l. Only the final o and lse are written.
+ * shared memory like any LSE partials (warps_merge_store). Only the final o and lse are written.
  *
  * Shared memory: Q (8, D) + per-warp states (4, 8, D + 2) fp32 = 160 D + 256 bytes, 40 KiB at
  * D = 256: under the 48 KiB every device gives without opting in.
@@ -32,20 +31,13 @@ __global__ void __launch_bounds__(FLX_AG_WARPS * 32)
                   float scale)
 {
     extern __shared__ __align__(16) float smem[];
-    float *Qs = smem;                                    /* (RW, D) */
-    float *Ms = Qs + (size_t)FLX_AG_RW * D;              /* (WARPS, RW) */
-    float *Ls = Ms + FLX_AG_WARPS * FLX_AG_RW;           /* (WARPS, RW) */
-    float *Os = Ls + FLX_AG_WARPS * FLX_AG_RW;           /* (WARPS, RW, D) */
+    float *Qs = smem;                                    /* (RW, D), then the warps' states */
     const flx_attn_gpu_item_t it = items[blockIdx.x / row_groups];
     const uint32_t h0 = (blockIdx.x % row_groups) * FLX_AG_RW;
     const uint32_t nr = G - h0 < FLX_AG_RW ? G - h0 : FLX_AG_RW;
-    const uint32_t warp = threadIdx.x >> 5, lane = threadIdx.x & 31u;
+    const uint32_t warp = threadIdx.x >> 5;
 
-    for (uint32_t i = threadIdx.x; i < FLX_AG_RW * D; i += blockDim.x) {
-        const uint32_t r = i / D, d = i % D;
-        Qs[i] = r < nr ? it.q[(size_t)(h0 + r) * D + d] * scale : 0.0f;
-    }
-    __syncthreads();
+    load_rows_scaled(Qs, it.q + (size_t)h0 * D, nr, D, scale);
 
     rows_t<ND> st;
     rows_init(st);
@@ -59,52 +51,12 @@ __global__ void __launch_bounds__(FLX_AG_WARPS * 32)
         tile_update<ND>(Qs, D, kt, D, vt, D, nk, vis, st);
     }
 
-#pragma unroll
-    for (int r = 0; r < FLX_AG_RW; r++) {
-        const uint32_t w = warp * FLX_AG_RW + (uint32_t)r;
-        if (lane == 0) {
-            Ms[w] = st.m[r];
-            Ls[w] = st.l[r];
-        }
-#pragma unroll
-        for (int i = 0; i < ND; i++) {
-            const uint32_t d = lane + 32u * (uint32_t)i;
-            if (d < D) Os[(size_t)w * D + d] = st.acc[r][i];
-        }
-    }
-    __syncthreads();
-
-    for (uint32_t r = warp; r < nr; r += FLX_AG_WARPS) {
-        float m = -INFINITY;
-        for (uint32_t w = 0; w < FLX_AG_WARPS; w++) m = fmaxf(m, Ms[w * FLX_AG_RW + r]);
-        float *o = it.o + (size_t)(h0 + r) * D;
-        if (m == -INFINITY) {   /* empty window */
-            for (uint32_t d = lane; d < D; d += 32) o[d] = 0.0f;
-            if (lane == 0) it.lse[h0 + r] = -INFINITY;
-            continue;
-        }
-        float c[FLX_AG_WARPS], l = 0.0f;
-#pragma unroll
-        for (uint32_t w = 0; w < FLX_AG_WARPS; w++) {
-            const float mw = Ms[w * FLX_AG_RW + r];
-            c[w] = mw == -INFINITY ? 0.0f : expf(mw - m);
-            l += c[w] * Ls[w * FLX_AG_RW + r];
-        }
-        const float inv = 1.0f / l;
-        for (uint32_t d = lane; d < D; d += 32) {
-            float acc = 0.0f;
-#pragma unroll
-            for (uint32_t w = 0; w < FLX_AG_WARPS; w++) acc = fmaf(c[w], Os[(size_t)(w * FLX_AG_RW + r) * D + d], acc);
-            o[d] = acc * inv;
-        }
-        if (lane == 0) it.lse[h0 + r] = m + logf(l);
-    }
+    warps_merge_store<ND>(st, smem, nr, D, it.o + (size_t)h0 * D, it.lse + h0);
 }
 
 size_t window_smem_bytes(uint32_t D)
 {
-    return ((size_t)FLX_AG_RW * D + 2u * FLX_AG_WARPS * FLX_AG_RW + (size_t)FLX_AG_WARPS * FLX_AG_RW * D) *
-           sizeof(float);
+    return split_smem_floats(D) * sizeof(float);
 }
 
 }  // namespace
@@ -122,10 +74,7 @@ extern "C" flx_status_t flx_attn_window_gpu_launch(const flx_attn_gpu_ws_t *ws, 
     const float scale = 1.0f / sqrtf((float)D);
 #define FLX_WINDOW_LAUNCH(ND)                                                                                    \
     do {                                                                                                       \
-        if (smem > 48u * 1024u &&                                                                              \
-            (st = FLX_CUDA_CALL(cudaFuncSetAttribute(window_kernel<ND>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                                     (int)smem))) != FLX_OK)                                   \
-            return st;                                                                                         \
+        if ((st = smem_opt_in(window_kernel<ND>, smem)) != FLX_OK) return st; \
         window_kernel<ND><<<grid, block, smem, stream>>>(ws->items_dev, G, D, row_groups, scale);             \
     } while (0)
     FLX_AG_DISPATCH_ND(D, FLX_WINDOW_LAUNCH)

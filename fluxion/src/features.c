@@ -272,18 +272,10 @@ static float norm_vec(const float *x, uint32_t D)
     return (float)norm_f32(x, D);
 }
 
-/* acc <- merge(acc, part), both (o, lse). */
+/* acc <- merge(acc, part), both (o, lse): the attention core's LSE merge, one head. */
 static void merge_into(float *o, float *lse, const float *op, float lsep, uint32_t D)
 {
-    if (isinf(lsep)) return;
-    if (isinf(*lse)) {
-        memcpy(o, op, D * sizeof(float));
-        *lse = lsep;
-        return;
-    }
-    float m = *lse > lsep ? *lse : lsep, a = expf(*lse - m), b = expf(lsep - m);
-    for (uint32_t d = 0; d < D; d++) o[d] = (a * o[d] + b * op[d]) / (a + b);
-    *lse = m + logf(a + b);
+    flx_attn_merge(1, D, o, lse, op, &lsep, o, lse);
 }
 
 /* The partials of the G heads of one kv group with the attention core's window kernel, one call

@@ -28,6 +28,11 @@ void flx_replay_destroy(flx_replay_t *r)
 
 flx_status_t flx_replay_create(flx_kvsrc_h src, float tau, flx_replay_t **r_p)
 {
+    return flx_replay_create_flags(src, tau, 0, r_p);
+}
+
+flx_status_t flx_replay_create_flags(flx_kvsrc_h src, float tau, uint32_t store_flags, flx_replay_t **r_p)
+{
     if (!src || !r_p) return flx_error_set(FLX_ERR_INVALID, "replay: NULL argument");
     flx_replay_t *r = calloc(1, sizeof *r);
     if (!r) return flx_error_set(FLX_ERR_NOMEM, "replay: out of memory");
@@ -64,7 +69,7 @@ flx_status_t flx_replay_create(flx_kvsrc_h src, float tau, flx_replay_t **r_p)
         .head_dim = s->head_dim,
         .sink = r->sink,
         .local = r->local,
-        .flags = FLX_KV_STORE_HUGEPAGES,
+        .flags = FLX_KV_STORE_HUGEPAGES | store_flags,
         .max_sessions = 2,
     };
     if ((st = flx_kv_store_create(&sp, &r->store))) goto fail;

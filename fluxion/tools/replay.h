@@ -41,6 +41,9 @@ typedef struct flx_replay {
 } flx_replay_t;
 
 flx_status_t flx_replay_create(flx_kvsrc_h src, float tau, flx_replay_t **r_p);
+/* The same with extra flags for its store (FLX_KV_STORE_PIN_CUDA: views with UVA addresses for a
+ * GPU worker; ignored without a device). */
+flx_status_t flx_replay_create_flags(flx_kvsrc_h src, float tau, uint32_t store_flags, flx_replay_t **r_p);
 void flx_replay_destroy(flx_replay_t *r);
 
 /* Generates/reads source layer `layer`, pushes it into a fresh session with its statistics. */

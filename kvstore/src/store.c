@@ -88,6 +88,8 @@ struct flx_kv_store {
     size_t block_bytes;
     int numa_node;
     int hugepages, pinned;
+    int pin_device;            /* ordinal whose UVA addresses views carry (params cuda_device, default 0) */
+    const uint8_t *arena_dev;  /* UVA device address of arena when pinned, else NULL */
     int win_dev;               /* sessions get a device window */
     int cuda_device;           /* ordinal of the device windows; -1 when !win_dev */
     size_t dev_capacity;       /* bytes: budget of all device windows; 0 when !win_dev */
@@ -135,6 +137,7 @@ struct flx_kv_session {
     session_layout_t lay;
     uint8_t *side;
     int side_pinned;
+    const uint8_t *side_dev;  /* UVA device address of side when side_pinned, else NULL */
     /* side arrays (pointers into side) */
     uint32_t *table;          /* (n_layers, n_kv_heads, n_blocks) */
     flx_bf16_t *meta;         /* (n_layers, n_kv_heads, meta_per_head) */
@@ -282,6 +285,7 @@ flx_status_t flx_kv_store_create(const flx_kv_store_params_t *p, flx_kv_store_h 
     s->block_bytes = (size_t)64 * s->head_dim;
     s->numa_node = node;
     s->cuda_device = -1;
+    s->pin_device = dev;
     if (s->flags & FLX_KV_STORE_WINDOW_DEVICE) {
         const int n_dev = flx_cuda_device_count();
         if (n_dev == 0) {
@@ -347,6 +351,7 @@ flx_status_t flx_kv_store_create(const flx_kv_store_params_t *p, flx_kv_store_h 
     if ((s->flags & FLX_KV_STORE_PIN_CUDA) && flx_cuda_device_count() > 0) {
         if ((st = flx_cuda_host_register(s->arena, s->arena_bytes)) != FLX_OK) goto err;
         s->pinned = 1;
+        if ((st = flx_cuda_host_device_ptr(dev, s->arena, (const void **)&s->arena_dev)) != FLX_OK) goto err;
     }
     flx_log_info(MOD,
                  "store: %zu bytes capacity, %u blocks of %zu bytes on numa node %d (thp %d, pinned %d); device "
@@ -731,7 +736,12 @@ flx_status_t flx_kv_session_open(flx_kv_store_h s, const flx_kv_session_params_t
             memset(b + (FLX_KV_BLOCK_TOKENS + tail) * row, 0, (FLX_KV_BLOCK_TOKENS - tail) * row);
         }
     }
-    if (s->pinned && flx_cuda_host_register(x->side, lay.side_bytes) == FLX_OK) x->side_pinned = 1;
+    /* Best effort: a session whose side memory cannot be pinned still decodes on the CPU; its views
+     * carry no UVA addresses (block_table_dev NULL), so no GPU task is made for it. */
+    if (s->pinned && flx_cuda_host_register(x->side, lay.side_bytes) == FLX_OK) {
+        x->side_pinned = 1;
+        if (flx_cuda_host_device_ptr(s->pin_device, x->side, (const void **)&x->side_dev) != FLX_OK) x->side_dev = NULL;
+    }
     pthread_mutex_init(&x->lock, NULL);
     x->state = FLX_KV_RESERVED;
     pthread_mutex_lock(&s->lock);
@@ -1486,6 +1496,18 @@ flx_status_t flx_kv_head_view(flx_kv_session_h x, uint32_t layer, uint32_t kv_he
     v->win_k_dev = x->win_k_dev ? x->win_k_dev + lh * x->lay.win_cap * s->head_dim : NULL;
     v->win_v_dev = x->win_v_dev ? x->win_v_dev + lh * x->lay.win_cap * s->head_dim : NULL;
     v->win_device = x->win_k_dev ? s->cuda_device : -1;
+    if (s->arena_dev && x->side_dev) {   /* same offsets in the device's view of the same memory */
+        v->pool_base_dev = s->arena_dev;
+        v->block_table_dev = (const uint32_t *)(x->side_dev + ((const uint8_t *)v->block_table - x->side));
+        for (int j = 0; j < FLX_KV_META_LEVELS; j++)
+            v->meta_dev[j] = (const flx_bf16_t *)(x->side_dev + ((const uint8_t *)v->meta[j] - x->side));
+        v->host_device = s->pin_device;
+    } else {
+        v->pool_base_dev = NULL;
+        v->block_table_dev = NULL;
+        for (int j = 0; j < FLX_KV_META_LEVELS; j++) v->meta_dev[j] = NULL;
+        v->host_device = -1;
+    }
     return FLX_OK;
 }
 

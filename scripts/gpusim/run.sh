@@ -9,15 +9,17 @@
 #   scripts/gpusim/run.sh [BUILD_DIR] [TEST...]   default: build-gpusim, every gpu test
 #
 # A development aid, not a substitute for a device: it checks indexing, shared-memory bounds, the
-# structure of barriers and shuffles, host/device pointer use and the orchestration's logic, not
-# asynchrony, real cuBLAS or tensor-core numerics, timing or device limits.
+# structure of barriers and shuffles, host/device pointer use (device and mapped memory are not
+# readable through host addresses), stream and event ordering (streams run asynchronously) and the
+# orchestration's logic, not races between thread blocks, a kernel reading host memory through its
+# host address, real cuBLAS or tensor-core numerics, timing or device limits.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=${1:-build-gpusim}
 shift || true
 tests=("$@")
-if [ ${#tests[@]} -eq 0 ]; then tests=(test_kvstore_gpu test_attn_gpu test_forward_gpu test_engine_gpu); fi
+if [ ${#tests[@]} -eq 0 ]; then tests=(test_kvstore_gpu test_attn_gpu test_attn_gpu_host test_sched_gpu test_forward_gpu test_engine_gpu); fi
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLX_SANITIZE=address,undefined -DFLX_BENCH=OFF \
   > "$build.configure.log" 2>&1 || { cat "$build.configure.log"; exit 1; }
 grep -q "fluxion: CUDA ON" "$build.configure.log" || { echo "gpusim: needs a CUDA toolkit (nvcc)"; exit 1; }

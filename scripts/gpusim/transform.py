@@ -2,7 +2,8 @@
 """gpusim: rewrites a .cu file for a host C++ compiler (see run.sh).
 
 Every launch `kernel<<<grid, block, smem, stream>>>(args);` becomes
-`sim_launch((const void *)kernel, dim3(grid), dim3(block), smem, stream, [&]() { kernel(args); });`
+`sim_launch_k(dim3(grid), dim3(block), smem, stream, kernel, args);` (cuda_runtime.h here: the
+arguments are copied at the launch and the kernel runs when the stream reaches it)
 and the dynamic shared memory declaration `extern __shared__ __align__(16) float smem[];` becomes a
 pointer to the launch's buffer. Anything else is left as written: the kernels that run are the
 project's own source.
@@ -38,8 +39,8 @@ def transform(src):
             p += 1
         args = src[e + 4:p]
         out.append(src[i:k])
-        out.append('sim_launch((const void *)%s, dim3(%s), dim3(%s), %s, %s, [&]() { %s(%s); })' %
-                   (kern, cfg[0], cfg[1], cfg[2], cfg[3], kern, args))
+        out.append('sim_launch_k(dim3(%s), dim3(%s), %s, %s, %s%s)' %
+                   (cfg[0], cfg[1], cfg[2], cfg[3], kern, (', ' + args) if args.strip() else ''))
         i = p + 1
 
 

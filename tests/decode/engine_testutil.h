@@ -1,15 +1,46 @@
 /*
- * engine_testutil.h - helpers shared by the engine tests (test_engine_fluxion.c, test_engine_gpu.c).
+ * engine_testutil.h - helpers shared by the engine tests (test_engine_fluxion.c, test_engine_gpu.c,
+ * test_engine_sched.c).
  */
 #ifndef FLX_ENGINE_TESTUTIL_H
 #define FLX_ENGINE_TESTUTIL_H
 
+#include <string.h>
+
+#include "flx/engine.h"
 #include "flx/predictor.h"
 #include "flx_test.h"
 
+enum { FLX_TEST_REC_MAX = 64 };
+
+/* One sequence's generation as its callbacks saw it: the first FLX_TEST_REC_MAX tokens, how many
+ * logits rows came (n_logits) and, where logits is set, the first logits_cap of them as (., vocab)
+ * rows there. */
+typedef struct flx_test_rec {
+    int32_t tok[FLX_TEST_REC_MAX];
+    uint32_t n, n_logits, logits_cap;
+    float *logits;
+} flx_test_rec_t;
+
+static inline void flx_test_rec_on_token(void *ctx, flx_engine_seq_id_t seq, int32_t token, int is_last,
+                                         flx_engine_finish_t why)
+{
+    (void)seq, (void)is_last, (void)why;
+    flx_test_rec_t *r = ctx;
+    if (token >= 0 && r->n < FLX_TEST_REC_MAX) r->tok[r->n++] = token;
+}
+
+static inline void flx_test_rec_on_logits(void *ctx, flx_engine_seq_id_t seq, const float *logits, uint32_t vocab)
+{
+    (void)seq;
+    flx_test_rec_t *r = ctx;
+    if (r->logits && r->n_logits < r->logits_cap) memcpy(r->logits + (size_t)r->n_logits * vocab, logits, vocab * sizeof *logits);
+    r->n_logits++;
+}
+
 /* A predictor whose every head predicts (bgt0, k) and the streaming logit stream_logit: zero
  * weights, the targets' means and the s output's bias set. */
-static flx_predictor_h constant_predictor(float bgt0, float k, float stream_logit)
+static inline flx_predictor_h constant_predictor(float bgt0, float k, float stream_logit)
 {
     flx_mlp_t m;
     CHECK_OK(flx_mlp_alloc(&m));

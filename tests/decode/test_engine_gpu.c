@@ -112,7 +112,8 @@ static flx_kv_store_h make_store(const flx_model_config_t *c, int device_windows
                                               FLX_KV_STORE_FIELD_FLAGS,
                                 .capacity_bytes = (size_t)512 << 20, .n_layers = c->n_layers,
                                 .n_kv_heads = c->n_kv_heads, .n_q_heads = c->n_heads, .head_dim = c->head_dim,
-                                .flags = FLX_KV_STORE_HUGEPAGES | (device_windows ? FLX_KV_STORE_WINDOW_DEVICE : 0u)};
+                                .flags = FLX_KV_STORE_HUGEPAGES |
+                                         (device_windows ? FLX_KV_STORE_WINDOW_DEVICE | FLX_KV_STORE_PIN_CUDA : 0u)};
     flx_kv_store_h s;
     CHECK_OK(flx_kv_store_create(&kp, &s));
     flx_kv_store_info_t si;

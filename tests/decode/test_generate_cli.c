@@ -52,9 +52,11 @@ int main(int argc, char **argv)
     tool = argv[1];
     dir = argv[2];
     char out[1024], err[1024], prompt[1024];
-    snprintf(out, sizeof out, "%s/gen.out", dir);
-    snprintf(err, sizeof err, "%s/gen.err", dir);
-    snprintf(prompt, sizeof prompt, "%s/gen.prompt", dir);
+    /* files of their own for the unit and the model run, which ctest -j may run at the same time */
+    const char *tag = argc == 3 ? "unit" : "model";
+    snprintf(out, sizeof out, "%s/gen_%s.out", dir, tag);
+    snprintf(err, sizeof err, "%s/gen_%s.err", dir, tag);
+    snprintf(prompt, sizeof prompt, "%s/gen_%s.prompt", dir, tag);
     FILE *pf = fopen(prompt, "w");
     CHECK(pf);
     fputs("What is the capital of France? Answer in one short sentence.", pf);
@@ -94,6 +96,13 @@ int main(int argc, char **argv)
             {"--model M --prompt-file P --gpu 1024", "--gpu '1024'"},
             {"--model M --prompt-file P --gpu=2 7", "unexpected argument '7'"},
             {"--model M --prompt \"What is 2+2?\" --prompt-fil P", "unknown option --prompt-fil"},
+            {"--model M --prompt-file P --policy fastest", "--policy 'fastest'"},
+            {"--model M --prompt-file P --gpu --placement cpu-only", "--placement 'cpu-only'"},
+            {"--model M --prompt-file P --placement gpu-only", "--placement has no effect without --gpu"},
+            {"--model M --prompt-file P --mode fluxion --fixed-blk 48", "--fixed-blk '48'"},
+            {"--model M --prompt-file P --fixed-blk 32", "--fixed-blk has no effect with --mode full"},
+            {"--model M --prompt-file P --no-skip-streaming", "--no-skip-streaming has no effect with --mode full"},
+            {"--model M --prompt-file P --gpu --gpu-streams 9", "--gpu-streams '9'"},
         };
         for (size_t i = 0; i < FLX_ARRAY_SIZE(bad); i++) {
             int rc = run(bad[i].args, out, err);

@@ -3,7 +3,9 @@
  * too and checks the device-dependent refusals its own way):
  *  (a) flx_gpu_fwd_plan: sizes grow with the prompt and the batch by at least the buffers the
  *      design needs; bad shapes are refused with messages that name the value;
- *  (b) flx_attn_window_gpu_plan and the argument checks of the window and causal launchers;
+ *  (b) flx_attn_window_gpu_plan and the argument checks of the window and causal launchers; the
+ *      GPU worker's host part: flx_attn_host_gpu_plan (sizes grow with the shape, bad shapes refused),
+ *      flx_attn_gpu_view refusing views without device addresses, argument checks of its kernels;
  *  (c) without a device: flx_gpu_model_create, the workspaces, streams and page-locked buffers, and
  *      an engine with use_gpu refuse with FLX_ERR_NO_DEVICE and a message, out-params untouched; with
  *      a device: a device ordinal out of range, host memory that is not page-locked and a store
@@ -155,6 +157,70 @@ static void test_window_plan_and_args(void)
     }
 }
 
+/* (b) the GPU worker's host part */
+static void test_host_gpu_plan_and_args(void)
+{
+    size_t d1, h1, d2, h2;
+    flx_attn_host_gpu_shape_t s = {.group = 4, .head_dim = 128, .max_l_cpu = 32768};
+    CHECK_OK(flx_attn_host_gpu_plan(&s, &d1, &h1));
+    /* at least the scores and selections of every head over 2048 blocks, and the staging of q */
+    CHECK(d1 >= 4 * 2048 * 8 && h1 >= 4 * 128 * 4 * 2);
+    flx_attn_host_gpu_shape_t s2 = {.group = 8, .head_dim = 128, .max_l_cpu = 65536};
+    CHECK_OK(flx_attn_host_gpu_plan(&s2, &d2, &h2));
+    CHECK(d2 > 2 * d1 && h2 > h1);
+    struct { flx_attn_host_gpu_shape_t s; const char *needle; } bad[] = {
+        {{0, 64, 100}, "group 0"}, {{65, 64, 100}, "group 65"}, {{4, 40, 100}, "head_dim 40"},
+        {{4, 64, 0}, "max_l_cpu 0"}, {{4, 64, (1u << 26) + 1}, "max_l_cpu 67108865"},
+    };
+    for (size_t i = 0; i < FLX_ARRAY_SIZE(bad); i++) {
+        CHECK_ST(flx_attn_host_gpu_plan(&bad[i].s, &d1, &h1), FLX_ERR_INVALID);
+        check_msg(bad[i].needle);
+    }
+    /* a view of an unpinned layout: no device addresses */
+    flx_kv_head_view_t v;
+    memset(&v, 0, sizeof v);
+    v.head_dim = 64, v.l_cpu = 40, v.n_blocks = 3, v.block_bytes = 64 * 64, v.host_device = -1;
+    uint32_t table[3] = {0, 1, 2};
+    static uint8_t pool[3 * 64 * 64];
+    v.block_table = table, v.pool_base = pool;
+    for (int j = 0; j < FLX_KV_META_LEVELS; j++) v.meta_n[j] = flx_kv_meta_count(40, j);
+    flx_attn_gpu_view_t gv;
+    CHECK_ST(flx_attn_gpu_view(&v, &gv), FLX_ERR_INVALID);
+    check_msg("no device addresses");
+    v.host_device = 0, v.pool_base_dev = (const uint8_t *)(uintptr_t)0x10000,
+    v.block_table_dev = (const uint32_t *)(uintptr_t)0x20000;
+    CHECK_ST(flx_attn_gpu_view(&v, &gv), FLX_ERR_INVALID);   /* levels without device addresses */
+    check_msg("metadata level 0");
+    for (int j = 0; j < FLX_KV_META_LEVELS; j++) v.meta_dev[j] = (const flx_bf16_t *)(uintptr_t)(0x30000 + 0x1000 * j);
+    v.meta_dev[2] = (const flx_bf16_t *)(uintptr_t)0x32008;
+    CHECK_ST(flx_attn_gpu_view(&v, &gv), FLX_ERR_INVALID);
+    check_msg("16-byte aligned");
+    v.meta_dev[2] = (const flx_bf16_t *)(uintptr_t)0x32000;
+    CHECK_OK(flx_attn_gpu_view(&v, &gv));
+    CHECK(gv.l_cpu == 40 && gv.n_blocks == 3 && gv.pool == v.pool_base_dev && gv.meta[3] == v.meta_dev[3]);
+    /* the kernels' argument checks (nothing is launched: they refuse first) */
+    float dummy[4];
+    uint32_t kk[4] = {0};
+    CHECK_ST(flx_attn_score_gpu(&gv, 4, 4, dummy, dummy, 100, NULL), FLX_ERR_INVALID);
+    CHECK_ST(flx_attn_score_gpu(&gv, 0, 4, dummy, dummy, 2, NULL), FLX_ERR_INVALID);   /* ld below 3 blocks */
+    check_msg("ld 2");
+    CHECK_ST(flx_topk_gpu(dummy, 2, 3, 4, kk, kk, NULL), FLX_ERR_INVALID);
+    CHECK_ST(flx_topk_gpu(dummy, 3, 3, 0, kk, kk, NULL), FLX_ERR_INVALID);
+    CHECK_ST(flx_attn_merge_gpu(0, 64, dummy, dummy, dummy, dummy, dummy, dummy, NULL), FLX_ERR_INVALID);
+    flx_attn_host_gpu_ws_t ws;
+    memset(&ws, 0, sizeof ws);
+    CHECK_ST(flx_attn_sparse_gpu(&ws, &gv, 0, dummy, kk, 3, kk, dummy, dummy, NULL), FLX_ERR_INVALID);
+    check_msg("initialised");
+    float o[4 * 64], lse[4];
+    CHECK_ST(flx_attn_host_gpu_finish(&ws, o, lse, NULL), FLX_ERR_INVALID);
+    if (flx_cuda_device_count() == 0) {
+        CHECK_ST(flx_attn_score_gpu(&gv, 0, 4, dummy, dummy, 3, NULL), FLX_ERR_NO_DEVICE);
+        CHECK_ST(flx_topk_gpu(dummy, 3, 3, 4, kk, kk, NULL), FLX_ERR_NO_DEVICE);
+        CHECK_ST(flx_attn_merge_gpu(4, 64, dummy, dummy, dummy, dummy, dummy, dummy, NULL), FLX_ERR_NO_DEVICE);
+        CHECK_ST(flx_attn_host_gpu_ws_init(&ws, &s, dummy, d2, dummy, h2), FLX_ERR_NO_DEVICE);
+    }
+}
+
 static flx_kv_store_h make_store(const flx_model_config_t *c, uint32_t flags)
 {
     flx_kv_store_params_t kp = {.field_mask = FLX_KV_STORE_FIELD_CAPACITY | FLX_KV_STORE_FIELD_SHAPE |
@@ -231,6 +297,12 @@ static void test_refusals(const flx_model_t *m)
         check_msg("FLX_KV_STORE_WINDOW_DEVICE");
         CHECK(e == (flx_engine_h)(uintptr_t)0x7777);
         flx_kv_store_destroy(st);
+        /* device windows, but the arena not pinned: the GPU worker could not read KV through UVA */
+        st = make_store(&m->cfg, FLX_KV_STORE_HUGEPAGES | FLX_KV_STORE_WINDOW_DEVICE);
+        CHECK_ST(flx_engine_create(m, st, &ep, &e), FLX_ERR_INVALID);
+        check_msg("FLX_KV_STORE_PIN_CUDA");
+        CHECK(e == (flx_engine_h)(uintptr_t)0x7777);
+        flx_kv_store_destroy(st);
         flx_gpu_model_destroy(gm);
     }
     /* (d) */
@@ -264,6 +336,7 @@ int main(void)
     CHECK_OK(flx_model_init_random(&c, flx_rng_u64(&rng), &m));
     test_fwd_plan(m);
     test_window_plan_and_args();
+    test_host_gpu_plan_and_args();
     test_refusals(m);
     flx_model_destroy(m);
     fprintf(stderr, "test_gpu_host: ok\n");

@@ -160,5 +160,23 @@ int main(void)
     CHECK_ST(flx_select_group(many, 65, 100, NULL, bud, &s), FLX_ERR_INVALID);
     CHECK_ST(flx_select_group(NULL, 1, 100, NULL, bud, &s), FLX_ERR_INVALID);
     CHECK_OK(flx_select_group(many, 64, 100, NULL, bud, &s));
+
+    /* ablations: without streaming skipping the streaming heads get their lines (g3: 0.9 + 0.1 log2 blk
+     * clamps to 1) and add to V; with a fixed blk that blk and its budgets */
+    flx_select_opts_t keep = {1, 0}, fix64 = {0, 64};
+    CHECK_OK(flx_select_group_opts(g3, 3, 1000, NULL, &keep, bud, &s));
+    CHECK(!s.skip && s.n_retrieval == 3 && s.blk == 32 && bud[1] == 1.0f && bud[2] == 1.0f);
+    check_v(&s, (const double[4]){4485.0, 4462.5, 4471.25, 4495.625});
+    CHECK_OK(flx_select_group_opts(g4, 2, 1000, NULL, &keep, bud, &s));   /* all streaming, kept */
+    CHECK(!s.skip && s.n_retrieval == 2 && bud[0] > 0.3f && bud[1] > 0.3f);
+    CHECK_OK(flx_select_group_opts(g1, 2, 1000, NULL, &fix64, bud, &s));
+    CHECK(!s.skip && s.blk == 64 && fabsf(s.v - 691.25f) < 1e-3f);
+    CHECK(fabsf(bud[0] - 0.22f) < 1e-6f && fabsf(bud[1] - 0.11f) < 1e-6f);
+    CHECK_OK(flx_select_group_opts(g4, 2, 1000, NULL, &fix64, bud, &s));   /* skipping still applies */
+    CHECK(s.skip);
+    flx_select_opts_t bad_opts = {0, 48};
+    CHECK_ST(flx_select_group_opts(g1, 2, 1000, NULL, &bad_opts, bud, &s), FLX_ERR_INVALID);
+    bad_opts.fixed_blk = 0, bad_opts.keep_streaming = 2;
+    CHECK_ST(flx_select_group_opts(g1, 2, 1000, NULL, &bad_opts, bud, &s), FLX_ERR_INVALID);
     return 0;
 }

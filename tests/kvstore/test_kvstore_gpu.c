@@ -1,5 +1,6 @@
 /*
  * test_kvstore_gpu.c - the store's use of a CUDA device: pinning the KV arena for UVA, and the
+ * device addresses (UVA) of the pinned arena and side memory that views carry, the
  * device copy of each session's window (FLX_KV_STORE_WINDOW_DEVICE): uploaded at READY byte for
  * byte equal to the host window, appends landing on both copies, the device budget refusing
  * cleanly, device memory released when the last reference goes, and (injected) device failures:
@@ -60,16 +61,65 @@ static void check_device_windows(flx_kv_session_h sess, uint32_t layers, uint32_
     for (uint32_t l = 0; l < layers; l++) check_device_windows_layer(sess, l, n_kv, want_n_win);
 }
 
+/* Bytes at the device (UVA) address dev equal the host bytes at host: copied back through the
+ * device's view of the same memory. */
+static void check_uva(const void *dev, const void *host, size_t bytes)
+{
+    void *back = malloc(bytes);
+    CHECK(back);
+    memset(back, 0xee, bytes);
+    CHECK_OK(flx_cuda_copy_dtoh(0, back, dev, bytes));
+    CHECK(memcmp(back, host, bytes) == 0);
+    free(back);
+}
+
+/* PIN_CUDA: the arena and the side memory are page-locked; views carry device addresses of the same
+ * bytes (block table, every pyramid level, the K/V blocks); a store without the flag carries none. */
 static void test_pinned(void)
 {
-    flx_kv_store_h s = make_store(FLX_KV_STORE_HUGEPAGES | FLX_KV_STORE_PIN_CUDA, 0, 64);
+    const uint32_t layers = 3, n_kv = 2, D = 64, L = 1000;
+    flx_kv_store_h s = make_store(FLX_KV_STORE_HUGEPAGES | FLX_KV_STORE_PIN_CUDA, 0, D);
     flx_kv_store_info_t si;
     flx_kv_store_info(s, &si);
     CHECK(si.pinned == 1 && si.window_on_device == 0);
-    flx_kv_session_params_t sp = {.prompt_len = 1000, .max_new_tokens = 8, .flags = FLX_KV_SESSION_NO_STATS};
+    flx_kv_session_params_t sp = {.prompt_len = L, .max_new_tokens = 8, .flags = FLX_KV_SESSION_NO_STATS};
     flx_kv_session_id_t sid;
     CHECK_OK(flx_kv_session_open(s, &sp, &sid));
+    kv_prompt_t pr;
+    kv_prompt_random(&pr, layers, n_kv, D, L, &rng);
+    kv_push_random(s, sid, &pr, &rng);
+    flx_kv_session_h sess;
+    CHECK_OK(flx_kv_session_acquire(s, sid, &sess));
+    for (uint32_t l = 0; l < layers; l++)
+        for (uint32_t h = 0; h < n_kv; h++) {
+            flx_kv_head_view_t v;
+            CHECK_OK(flx_kv_head_view(sess, l, h, &v));
+            CHECK(v.host_device == 0 && v.pool_base_dev && v.block_table_dev);
+            CHECK(flx_cuda_host_is_pinned(v.pool_base) && flx_cuda_host_is_pinned(v.block_table));
+            check_uva(v.block_table_dev, v.block_table, v.n_blocks * sizeof *v.block_table);
+            for (int j = 0; j < FLX_KV_META_LEVELS; j++) {
+                CHECK(v.meta_dev[j]);
+                check_uva(v.meta_dev[j], v.meta[j], (size_t)v.meta_n[j] * 2 * D * sizeof(flx_bf16_t));
+            }
+            for (uint32_t b = 0; b < v.n_blocks; b += 7)
+                check_uva(v.pool_base_dev + (size_t)v.block_table[b] * v.block_bytes, flx_kv_block_k(&v, b),
+                          v.block_bytes);
+        }
+    flx_kv_session_release(sess);
+    kv_prompt_free(&pr);
     CHECK_OK(flx_kv_session_close(s, sid));
+    flx_kv_store_destroy(s);
+
+    s = make_store(FLX_KV_STORE_HUGEPAGES, 0, D);   /* not pinned: no device addresses */
+    CHECK_OK(flx_kv_session_open(s, &sp, &sid));
+    kv_prompt_random(&pr, layers, n_kv, D, L, &rng);
+    kv_push_random(s, sid, &pr, &rng);
+    CHECK_OK(flx_kv_session_acquire(s, sid, &sess));
+    flx_kv_head_view_t v;
+    CHECK_OK(flx_kv_head_view(sess, 1, 1, &v));
+    CHECK(v.host_device == -1 && !v.pool_base_dev && !v.block_table_dev && !v.meta_dev[0] && !v.meta_dev[3]);
+    flx_kv_session_release(sess);
+    kv_prompt_free(&pr);
     flx_kv_store_destroy(s);
 }
 

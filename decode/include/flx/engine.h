@@ -44,33 +44,33 @@
  *
  * ATTENTION (the one entry point: the model's flx_attn_layer_fn for every layer of a step)
  *   1. the batch's new k, v are rounded to bf16 and appended to each session's window;
- *   2. one task per (sequence, kv group) (window + host part + LSE merge, flx/attn.h) with the
- *      engine's mode, one attention workspace per task; the tasks' chunks (window and host-block
- *      slices) are pulled by the pool's workers from one list, and whoever finishes a task's last
- *      chunk merges it (the staged flx_attn_task_begin / _chunk / _end);
- *   3. o is written per query head.
+ *   2. flx_attn_layer_run (flx/attn_layer.h), the one route of every mode: the mode becomes tasks
+ *      (one per (sequence, KV group) with a retrieval head, priority V of Eq. 3) that the
+ *      heterogeneous scheduler (flx/sched.h) runs on the engine's pool and, with a GPU, its GPU
+ *      worker, each merged with its group's window partial by flx_attn_merge.
  * Modes: FULL (window + every host token), FIXED (blk, bgt for every head; bgt = fraction of the
  * l_cpu host-resident tokens read in addition to the window), FLUXION (the paper's method): per
  * layer, the 41 features of every (sequence, query head) from the window and the session's
  * prefill statistics (flx/features.h; they also give each head's window partial), the predictor
  * over all of them at once (flx/predictor.h), the selector per group (flx/selector.h: blk, per-head
  * budgets, priority V, at the operating point params.select or the predictor's calibrated one;
- * streaming-only groups read nothing on the host and keep the window
- * partial), then the host parts of the remaining groups, highest V first, pulled by the CPU
- * workers one at a time, each merged with its window partial. Sessions must carry prefill
- * statistics (flx_engine_prefill_into_store with a tau, or a prefill node that sends them).
+ * streaming-only groups read nothing on the host and keep the window partial). Sessions must carry
+ * prefill statistics (flx_engine_prefill_into_store with a tau, or a prefill node that sends them).
+ * The paper's comparisons are parameters of the same engine: sched_policy (priority, no-parallel,
+ * uniform, length), placement (hybrid, gpu-only), and for FLUXION keep_streaming and fixed_blk.
  *
  * GPU PATH (params.use_gpu)
  * The dense part of every step runs on a CUDA device (flx/forward_gpu.h: weights uploaded once,
- * cuBLAS products, one stream the engine owns), and attention per layer becomes: the new k, v
- * appended to each session's window (the kvstore mirrors the row into its device window); in FULL
- * and FIXED, one launch of window attention for every (sequence, kv group) of the batch over the
- * device windows (flx/attn_gpu.h) while the CPU threads run the host part of each group
- * (flx_attn_host_run), then a wait for the device and the LSE merge of the two partials on the
- * host (flx_attn_merge). FLUXION keeps its window on the CPU: its features need the window's
- * segment attentions (sink and local apart), which yield the whole-window partial at no extra
- * cost, so that mode uses the device for the dense part only. The store must keep device windows
- * on cuda_device (FLX_KV_STORE_WINDOW_DEVICE) in every mode, so one store serves any mode.
+ * cuBLAS products, one stream the engine owns), and the scheduler gets a GPU worker: a thread on
+ * the pool's reserved core that keeps tasks in flight on their own streams, reading the metadata and
+ * the selected KV in place from the pinned store (UVA, flx/attn_gpu.h), taking the next task of the
+ * queue whenever a stream is free, as the CPU workers do. Per layer: the new k, v appended to each
+ * session's window (the kvstore mirrors the row into its device window); in FULL and FIXED, one
+ * launch of window attention for every (sequence, kv group) over the device windows while the
+ * tasks run their host parts, then a wait for the device and the LSE merges; FLUXION computes its
+ * window partials with its features on the CPU (they need the window's segments apart) and the
+ * tasks merge them. The store must keep device windows on cuda_device (FLX_KV_STORE_WINDOW_DEVICE)
+ * and pin its arena for the device (FLX_KV_STORE_PIN_CUDA), so one store serves any mode.
  * Tokens equal the CPU path's up to fp32 rounding order (the tests compare them). The GPU path is
  * compiled in every build but has never run on a device yet (no GPU on the development machines).
  *
@@ -99,8 +99,10 @@
 #include "flx/kvstore.h"
 #include "flx/model.h"
 #include "flx/pool.h"
+#include "flx/attn_layer.h"
 #include "flx/predictor.h"
 #include "flx/sampling.h"
+#include "flx/sched.h"
 #include "flx/status.h"
 
 #ifdef __cplusplus
@@ -141,11 +143,20 @@ typedef struct flx_engine_params {
     flx_gpu_model_h gpu_model; /* use_gpu: a device copy of the model on cuda_device (borrowed, must
                                 * outlive the engine), or NULL for the engine to upload its own */
     flx_pool_h pool;         /* the pool that runs the steps (borrowed, must outlive the engine), or
-                                NULL for the engine's own (WORKERS) */
+                                NULL for the engine's own (WORKERS; with use_gpu it keeps one CPU
+                                for the GPU worker's thread) */
+    flx_sched_policy_t sched_policy;   /* PRIORITY (Fluxion's), NO_PARALLEL, UNIFORM, LENGTH (flx/sched.h) */
+    flx_sched_placement_t placement;   /* HYBRID, or GPU_ONLY (use_gpu: every task on the GPU worker) */
+    int keep_streaming;      /* FLUXION: 0 streaming-only groups read nothing (the paper's method);
+                                1 every head a retrieval head (its ablation without skipping) */
+    uint32_t fixed_blk;      /* FLUXION: 0 argmin V per group; 16, 32, 64, 128 that blk for every group */
+    uint32_t gpu_streams;    /* use_gpu: tasks the GPU worker keeps in flight, 1..8; 0: 2 */
 } flx_engine_params_t;
 
 /* max_batch 8, max_seqs 0, n_threads 0, max_l_cpu 0, FULL, blk 16, bgt 0.05, close_sessions 1,
- * bind_numa 0, predictor NULL, select NULL, use_gpu 0, cuda_device 0, gpu_model NULL, pool NULL. */
+ * bind_numa 0, predictor NULL, select NULL, use_gpu 0, cuda_device 0, gpu_model NULL, pool NULL,
+ * PRIORITY, HYBRID, keep_streaming 0, fixed_blk 0, gpu_streams 2. Every field added since the
+ * first version is 0 in its default, so a zeroed struct asks for what it did before. */
 flx_engine_params_t flx_engine_params_default(void);
 
 /* Checks params (ranges, mode; FLUXION needs a predictor) and that the store's shape (layers,
@@ -252,11 +263,21 @@ typedef struct flx_engine_stats {
     uint64_t dense_bytes;     /* weight bytes the dense part read */
     uint64_t predict_ns;      /* FLUXION: features + predictor + selector, wall time */
     uint64_t n_skipped;       /* FLUXION: (sequence, layer, kv group)s that were streaming-only (no host task) */
+    /* the scheduler (flx/sched.h), summed over layers */
+    uint64_t cpu_busy_ns;     /* CPU workers' time inside tasks */
+    uint64_t n_gpu_tasks;     /* tasks the GPU worker ran on the device */
+    uint64_t gpu_busy_ns;     /* device time of the GPU worker's tasks and the window launches (CUDA events) */
+    uint64_t gpu_idle_ns;     /* the attention layers' wall time the device was not busy */
+    uint64_t sched_wall_ns;   /* the attention layers' wall time the two above are shares of */
 } flx_engine_stats_t;
 
 /* Stats of the last step that ran, and the sums since create. */
 void flx_engine_last_stats(flx_engine_h engine, flx_engine_stats_t *stats_p);
 void flx_engine_total_stats(flx_engine_h engine, flx_engine_stats_t *stats_p);
+
+/* Per-layer figures of the last step (GPU busy / idle and idle ratio, CPU busy, where tasks ran,
+ * the decisions' time): layer < n_layers. FLX_ERR_INVALID for a layer out of range. */
+flx_status_t flx_engine_layer_stats(flx_engine_h engine, uint32_t layer, flx_attn_layer_stats_t *stats_p);
 
 /*
  * Prefill with a per-layer sink: the one prefill behind both the in-process path below and a

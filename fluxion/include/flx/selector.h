@@ -19,6 +19,12 @@
  *   blk*              argmin V over {16, 32, 64, 128}; ties go to the smaller blk
  *   priority          V(blk*), the scheduler's task priority (larger first)
  * Non-finite predictions are treated as retrieval heads with budget 1 (the safe side).
+ *
+ * ABLATIONS (paper §8, "dynamic granularity-budget allocation and streaming head skipping";
+ * flx_select_group_opts): keep_streaming treats every head as a retrieval head (its predicted
+ * line gives its budget; no group is skipped): Fluxion without streaming-head skipping ("D").
+ * fixed_blk in {16, 32, 64, 128} uses that block size for every group instead of argmin V (the
+ * budgets, Eq. 1's line at fixed_blk, and V at it): Fluxion with fixed granularity.
  */
 #ifndef FLX_SELECTOR_H
 #define FLX_SELECTOR_H
@@ -43,6 +49,17 @@ typedef struct flx_selection {
  * (sp is not range-checked here: flx_select_params_check it once where it is set). */
 flx_status_t flx_select_group(const flx_head_pred_t *pred, uint32_t G, uint32_t l_cpu, const flx_select_params_t *sp,
                               float *budgets, flx_selection_t *sel);
+
+typedef struct flx_select_opts {
+    int keep_streaming;      /* 1: no head is streaming (no skipping); 0: the rule above */
+    uint32_t fixed_blk;      /* 0: argmin V (dynamic granularity); 16, 32, 64 or 128: that blk */
+} flx_select_opts_t;
+
+/* flx_select_group with ABLATIONS; opts NULL is {0, 0}, flx_select_group itself. FLX_ERR_INVALID
+ * for a fixed_blk that is not 0, 16, 32, 64 or 128 or a keep_streaming not 0 / 1. */
+flx_status_t flx_select_group_opts(const flx_head_pred_t *pred, uint32_t G, uint32_t l_cpu,
+                                   const flx_select_params_t *sp, const flx_select_opts_t *opts, float *budgets,
+                                   flx_selection_t *sel);
 
 #ifdef __cplusplus
 }

@@ -81,6 +81,14 @@
  * NULL device pointers, and everything else works unchanged, so one configuration runs on every
  * node.
  *
+ * PINNED ARENA (FLX_KV_STORE_PIN_CUDA)
+ * With the flag and a CUDA device at create, the arena is page-locked and mapped for the device
+ * given as cuda_device (default 0), and each session's side memory (block tables, metadata,
+ * window) as well when the system allows it. Views then also carry the device addresses of their
+ * host-resident part (pool_base_dev, block_table_dev, meta_dev), so the GPU worker reads the
+ * metadata and the selected KV blocks in place over the bus (UVA), without a copy. A session
+ * whose side memory could not be pinned has NULL device addresses: its tasks stay on the CPU.
+ *
  * SESSION STATE MACHINE
  *   RESERVED --first chunk or statistics--> RECEIVING
  *   RECEIVING --last byte + pyramids + statistics (+ commit with COMMIT)--> READY
@@ -172,7 +180,8 @@ typedef struct flx_kv_store_params {
     uint32_t local;          /* default 256 */
     uint32_t flags;          /* FLX_KV_STORE_*; default HUGEPAGES */
     uint32_t max_sessions;   /* default 1024 */
-    int cuda_device;         /* device ordinal of the device windows (default 0); >= 0 */
+    int cuda_device;         /* device ordinal of the device windows and of the pinned arena's UVA
+                              * addresses (default 0); >= 0 */
     size_t device_capacity_bytes; /* device windows of all sessions; default a quarter of the device
                                    * memory free at create; at most the free memory at create.
                                    * Only with FLX_KV_STORE_WINDOW_DEVICE and a device. */
@@ -438,6 +447,13 @@ typedef struct flx_kv_head_view {
     flx_bf16_t *win_k_dev;             /* device (win_cap, head_dim) or NULL */
     flx_bf16_t *win_v_dev;             /* device (win_cap, head_dim) or NULL */
     int win_device;                    /* CUDA ordinal holding win_*_dev; -1 when they are NULL */
+    /* UVA (PINNED ARENA): the device's addresses of this head's host-resident part, the same memory
+     * as pool_base / block_table / meta[], for kernels on host_device that read it over the bus.
+     * Never dereference on the host. NULL (host_device -1) unless the store pinned its memory. */
+    const uint8_t *pool_base_dev;      /* device address of pool_base, or NULL */
+    const uint32_t *block_table_dev;   /* device address of block_table, or NULL */
+    const flx_bf16_t *meta_dev[FLX_KV_META_LEVELS]; /* device addresses of meta[j], or NULL */
+    int host_device;                   /* CUDA ordinal of the *_dev addresses above; -1 when NULL */
 } flx_kv_head_view_t;
 
 flx_status_t flx_kv_head_view(flx_kv_session_h sess, uint32_t layer, uint32_t kv_head, flx_kv_head_view_t *view_p);

@@ -1,9 +1,11 @@
 /*
  * flx/cuda_rt.h - the CUDA runtime for code without CUDA headers: device discovery, host-memory
- * pinning for UVA, page-locked host buffers, device memory, streams and copies, and the one
- * translation of cudaError_t to flx_status_t (flx_status_from_cuda; FLX_CUDA_CALL names the file
- * and line). The GPU modules (decode/src/forward_gpu*, fluxion/src/attn_*gpu*) call the runtime
- * themselves for launches and stream-ordered work, and translate through the same function.
+ * pinning and the device addresses of pinned memory (UVA), page-locked host buffers, device memory,
+ * streams, events and copies, and the one translation of cudaError_t to flx_status_t
+ * (flx_status_from_cuda; FLX_CUDA_CALL names the file and line). Library flx_cuda_rt in common/, so
+ * every module (the kvstore, fluxion's kernels and scheduler, the decode runtime) uses it without
+ * reaching into another. The GPU modules (decode/src/forward_gpu*, fluxion/src/attn_*gpu*) call the
+ * runtime themselves for launches and stream-ordered work, and translate through the same function.
  *
  * Built without CUDA (FLX_HAVE_CUDA off) these report "no device" (0 devices, FLX_ERR_NO_DEVICE
  * with a message naming the call), which is the truth for that binary. Built with CUDA they link
@@ -29,12 +31,25 @@
  * have completed when they return, so work queued afterwards on any stream sees their bytes, and a
  * session uploaded from a receiver thread never waits for the decode loop's queue.
  *
+ * UVA (host memory the device reads in place)
+ * Memory page-locked with flx_cuda_host_register (mapped) or flx_cuda_host_alloc has a device
+ * address, flx_cuda_host_device_ptr, through which kernels read and write it over the bus without a
+ * copy. On most systems with unified addressing it equals the host address, but not on all, so
+ * code always translates (once per allocation: offsets carry over) and never dereferences the
+ * device address on the host.
+ *
+ * EVENTS
+ * flx_cuda_event_t is cudaEvent_t under another name. An event recorded on a stream completes when
+ * the stream gets past that point; query, synchronise, order another stream after it, and, for
+ * events created with timing, read the device time between two completed events.
+ *
  * THREAD MODE: all functions are thread-safe (the CUDA runtime is).
  */
 #ifndef FLX_CUDA_RT_H
 #define FLX_CUDA_RT_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "flx/status.h"
 
@@ -47,6 +62,9 @@ int flx_cuda_device_count(void);
 /* Page-locks [p, p + len) and maps it for device access (cudaHostRegisterMapped | Portable). */
 flx_status_t flx_cuda_host_register(void *p, size_t len);
 flx_status_t flx_cuda_host_unregister(void *p);
+/* The device address of host memory page-locked and mapped for device (flx_cuda_host_register or
+ * flx_cuda_host_alloc); *dev_p written only on success. FLX_ERR_INVALID for memory that is not. */
+flx_status_t flx_cuda_host_device_ptr(int device, const void *host, const void **dev_p);
 /* cudaError_t (as int) -> status; the single translation point. */
 flx_status_t flx_status_from_cuda(int cuda_err, const char *what);
 
@@ -79,6 +97,34 @@ flx_status_t flx_cuda_stream_sync(int device, flx_cuda_stream_t stream);
  * (flx_cuda_host_alloc) for the copy to be asynchronous, and is written once the stream reaches it. */
 flx_status_t flx_cuda_copy_dtoh_async(int device, void *dst, const void *src_dev, size_t len,
                                       flx_cuda_stream_t stream);
+
+/* Queues a host-to-device copy of len bytes on stream and returns at once. From page-locked memory
+ * the bytes are read when the stream reaches the copy (keep them until then); from pageable memory
+ * the runtime takes them before returning. */
+flx_status_t flx_cuda_copy_htod_async(int device, void *dst_dev, const void *src, size_t len,
+                                      flx_cuda_stream_t stream);
+/* Queues setting len bytes of device memory to byte on stream. */
+flx_status_t flx_cuda_memset_async(int device, void *dst_dev, int byte, size_t len, flx_cuda_stream_t stream);
+
+/* cudaEvent_t without the CUDA headers. */
+typedef struct CUevent_st *flx_cuda_event_t;
+
+/* timing 1: the event can give elapsed times (flx_cuda_event_elapsed_ns); 0: lighter, ordering only.
+ * *ev_p written only on success; destroy with flx_cuda_event_destroy. */
+flx_status_t flx_cuda_event_create(int device, int timing, flx_cuda_event_t *ev_p);
+/* Accepts NULL. */
+void flx_cuda_event_destroy(int device, flx_cuda_event_t ev);
+flx_status_t flx_cuda_event_record(int device, flx_cuda_event_t ev, flx_cuda_stream_t stream);
+/* FLX_OK when the stream got past the event's last record (or it was never recorded),
+ * FLX_INPROGRESS when not yet, an error when the device reported one. Never blocks. */
+flx_status_t flx_cuda_event_query(int device, flx_cuda_event_t ev);
+/* Blocks until the event completes. */
+flx_status_t flx_cuda_event_sync(int device, flx_cuda_event_t ev);
+/* Device time from a to b (both completed, both created with timing), in nanoseconds (the
+ * runtime's resolution is about 0.5 us); negative intervals read 0. */
+flx_status_t flx_cuda_event_elapsed_ns(int device, flx_cuda_event_t a, flx_cuda_event_t b, uint64_t *ns_p);
+/* Work queued on stream after this call waits for the event's last record to complete. */
+flx_status_t flx_cuda_stream_wait_event(int device, flx_cuda_stream_t stream, flx_cuda_event_t ev);
 
 /* len > 0 bytes of page-locked host memory usable by every device (cudaHostAllocPortable): the
  * staging buffers of asynchronous copies. *p_p written only on success; FLX_ERR_NOMEM when the

@@ -1,6 +1,6 @@
 /*
- * cuda_rt.c - device discovery, pinning, page-locked buffers, device memory, streams and copies
- * (see flx/cuda_rt.h).
+ * cuda_rt.c - device discovery, pinning and UVA addresses, page-locked buffers, device memory,
+ * streams, events and copies (see flx/cuda_rt.h).
  * Compiled with or without CUDA; without it every device call refuses with FLX_ERR_NO_DEVICE.
  */
 #include "flx/cuda_rt.h"
@@ -390,5 +390,185 @@ int flx_cuda_host_is_pinned(const void *p)
     return a.type == cudaMemoryTypeHost;
 #else
     return 0;
+#endif
+}
+
+flx_status_t flx_cuda_host_device_ptr(int device, const void *host, const void **dev_p)
+{
+    if (!host || !dev_p) return flx_error_set(FLX_ERR_INVALID, "host device pointer: NULL argument");
+#ifdef FLX_HAVE_CUDA
+    int prev = device;
+    flx_status_t st = device_enter(device, "cudaHostGetDevicePointer", &prev);
+    if (st != FLX_OK) return st;
+    void *d = NULL;
+    cudaError_t e = cudaHostGetDevicePointer(&d, (void *)host, 0);
+    device_leave(device, prev);
+    if (e != cudaSuccess) {
+        char what[96];
+        snprintf(what, sizeof what, "cudaHostGetDevicePointer of %p (page-locked and mapped?)", host);
+        return cuda_fail(e, what);
+    }
+    *dev_p = d;
+    return FLX_OK;
+#else
+    return device_check(device, "cudaHostGetDevicePointer");
+#endif
+}
+
+flx_status_t flx_cuda_copy_htod_async(int device, void *dst_dev, const void *src, size_t len,
+                                      flx_cuda_stream_t stream)
+{
+    if (len == 0) return FLX_OK;
+    if (!dst_dev || !src)
+        return flx_error_set(FLX_ERR_INVALID, "async host-to-device copy of %zu bytes: NULL pointer", len);
+#ifdef FLX_HAVE_CUDA
+    int prev = device;
+    flx_status_t st = device_enter(device, "async host-to-device copy", &prev);
+    if (st != FLX_OK) return st;
+    if ((st = injected_fault("async host-to-device copy")) != FLX_OK) {
+        device_leave(device, prev);
+        return st;
+    }
+    cudaError_t e = cudaMemcpyAsync(dst_dev, src, len, cudaMemcpyHostToDevice, stream);
+    device_leave(device, prev);
+    return e == cudaSuccess ? FLX_OK : cuda_fail(e, "async host-to-device copy");
+#else
+    (void)stream;
+    return device_check(device, "async host-to-device copy");
+#endif
+}
+
+flx_status_t flx_cuda_memset_async(int device, void *dst_dev, int byte, size_t len, flx_cuda_stream_t stream)
+{
+    if (len == 0) return FLX_OK;
+    if (!dst_dev) return flx_error_set(FLX_ERR_INVALID, "async memset of %zu bytes: NULL pointer", len);
+#ifdef FLX_HAVE_CUDA
+    int prev = device;
+    flx_status_t st = device_enter(device, "cudaMemsetAsync", &prev);
+    if (st != FLX_OK) return st;
+    cudaError_t e = cudaMemsetAsync(dst_dev, byte, len, stream);
+    device_leave(device, prev);
+    return e == cudaSuccess ? FLX_OK : cuda_fail(e, "cudaMemsetAsync");
+#else
+    (void)byte, (void)stream;
+    return device_check(device, "cudaMemsetAsync");
+#endif
+}
+
+/* ---- events ---- */
+
+flx_status_t flx_cuda_event_create(int device, int timing, flx_cuda_event_t *ev_p)
+{
+    if (!ev_p) return flx_error_set(FLX_ERR_INVALID, "cuda event create: NULL argument");
+#ifdef FLX_HAVE_CUDA
+    int prev = device;
+    flx_status_t st = device_enter(device, "cudaEventCreateWithFlags", &prev);
+    if (st != FLX_OK) return st;
+    cudaEvent_t ev = NULL;
+    cudaError_t e = cudaEventCreateWithFlags(&ev, timing ? cudaEventDefault : cudaEventDisableTiming);
+    device_leave(device, prev);
+    if (e != cudaSuccess) return cuda_fail(e, "cudaEventCreateWithFlags");
+    *ev_p = ev;
+    return FLX_OK;
+#else
+    (void)timing;
+    return device_check(device, "cudaEventCreateWithFlags");
+#endif
+}
+
+void flx_cuda_event_destroy(int device, flx_cuda_event_t ev)
+{
+    if (!ev) return;
+#ifdef FLX_HAVE_CUDA
+    int prev = device;
+    if (device_enter(device, "cudaEventDestroy", &prev) != FLX_OK) return;
+    if (cudaEventDestroy(ev) != cudaSuccess) (void)cudaGetLastError();
+    device_leave(device, prev);
+#else
+    (void)device;
+#endif
+}
+
+flx_status_t flx_cuda_event_record(int device, flx_cuda_event_t ev, flx_cuda_stream_t stream)
+{
+    if (!ev) return flx_error_set(FLX_ERR_INVALID, "cuda event record: NULL event");
+#ifdef FLX_HAVE_CUDA
+    int prev = device;
+    flx_status_t st = device_enter(device, "cudaEventRecord", &prev);
+    if (st != FLX_OK) return st;
+    cudaError_t e = cudaEventRecord(ev, stream);
+    device_leave(device, prev);
+    return e == cudaSuccess ? FLX_OK : cuda_fail(e, "cudaEventRecord");
+#else
+    (void)stream;
+    return device_check(device, "cudaEventRecord");
+#endif
+}
+
+flx_status_t flx_cuda_event_query(int device, flx_cuda_event_t ev)
+{
+    if (!ev) return flx_error_set(FLX_ERR_INVALID, "cuda event query: NULL event");
+#ifdef FLX_HAVE_CUDA
+    int prev = device;
+    flx_status_t st = device_enter(device, "cudaEventQuery", &prev);
+    if (st != FLX_OK) return st;
+    cudaError_t e = cudaEventQuery(ev);
+    device_leave(device, prev);
+    if (e == cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        return FLX_INPROGRESS;
+    }
+    return e == cudaSuccess ? FLX_OK : cuda_fail(e, "cudaEventQuery");
+#else
+    return device_check(device, "cudaEventQuery");
+#endif
+}
+
+flx_status_t flx_cuda_event_sync(int device, flx_cuda_event_t ev)
+{
+    if (!ev) return flx_error_set(FLX_ERR_INVALID, "cuda event sync: NULL event");
+#ifdef FLX_HAVE_CUDA
+    int prev = device;
+    flx_status_t st = device_enter(device, "cudaEventSynchronize", &prev);
+    if (st != FLX_OK) return st;
+    cudaError_t e = cudaEventSynchronize(ev);
+    device_leave(device, prev);
+    return e == cudaSuccess ? FLX_OK : cuda_fail(e, "cudaEventSynchronize");
+#else
+    return device_check(device, "cudaEventSynchronize");
+#endif
+}
+
+flx_status_t flx_cuda_event_elapsed_ns(int device, flx_cuda_event_t a, flx_cuda_event_t b, uint64_t *ns_p)
+{
+    if (!a || !b || !ns_p) return flx_error_set(FLX_ERR_INVALID, "cuda event elapsed: NULL argument");
+#ifdef FLX_HAVE_CUDA
+    int prev = device;
+    flx_status_t st = device_enter(device, "cudaEventElapsedTime", &prev);
+    if (st != FLX_OK) return st;
+    float ms = 0.0f;
+    cudaError_t e = cudaEventElapsedTime(&ms, a, b);
+    device_leave(device, prev);
+    if (e != cudaSuccess) return cuda_fail(e, "cudaEventElapsedTime");
+    *ns_p = ms > 0.0f ? (uint64_t)((double)ms * 1e6 + 0.5) : 0;
+    return FLX_OK;
+#else
+    return device_check(device, "cudaEventElapsedTime");
+#endif
+}
+
+flx_status_t flx_cuda_stream_wait_event(int device, flx_cuda_stream_t stream, flx_cuda_event_t ev)
+{
+    if (!ev) return flx_error_set(FLX_ERR_INVALID, "cuda stream wait event: NULL event");
+#ifdef FLX_HAVE_CUDA
+    int prev = device;
+    flx_status_t st = device_enter(device, "cudaStreamWaitEvent", &prev);
+    if (st != FLX_OK) return st;
+    cudaError_t e = cudaStreamWaitEvent(stream, ev, 0);
+    device_leave(device, prev);
+    return e == cudaSuccess ? FLX_OK : cuda_fail(e, "cudaStreamWaitEvent");
+#else
+    (void)stream;
+    return device_check(device, "cudaStreamWaitEvent");
 #endif
 }

@@ -1,0 +1,415 @@
+/*
+ * sched_bench - attention time per decode layer through the one attention route (flx/attn_layer.h:
+ * the modes as tasks on the heterogeneous scheduler) on the synthetic Llama-3.1-8B-like workload,
+ * for Fluxion, fixed (16, 0.05), fixed (32, 0.02) and full, at the given lengths and batch sizes
+ * and on mixed-length batches, with each configuration's within-tau share beside its time; then
+ * the scheduler ablation (policies) and Fluxion's ablations (streaming skipping, fixed granularity)
+ * on the mixed batches.
+ *
+ * METHOD
+ * Sessions are real kvstore sessions replayed from the synthetic source (the prefill statistics
+ * included), one per distinct length (at most --distinct of them: rows of a batch beyond that reuse
+ * a session of the same length, which reads the same bytes and does the same work). For every
+ * measured layer the configurations run interleaved, one layer call each, in an order rotated every
+ * repetition (A B C D, B C D A, ...); a ratio is taken per repetition between runs of the same
+ * repetition and the median and the spread (min..max) of the ratios are reported. The within-tau
+ * share (Eq. 2: ||o_c - o_full|| / max_h' ||o_full,h'|| <= tau, per query head of each sequence) is
+ * measured against the full configuration's output of the same call set. Times are wall times of
+ * flx_attn_layer_run (features + predictor + selector + tasks + merges); Fluxion's decision time is
+ * reported as a share of its layer time.
+ *
+ * With a CUDA device (and only then) the 32K and 128K points add the GPU worker: Fluxion on the
+ * scheduler with it (hybrid, priority), the hybrid fixed (16, 0.05) baseline (no-parallel: the GPU
+ * takes no task), and fixed (16, 0.05) GPU-only (top-k and sparse attention on the device over
+ * UVA); each row then carries the GPU idle ratio of its layers (flx/sched.h: the window partials
+ * are on the CPU here, so the GPU's work in a layer is the tasks it took).
+ *
+ * Output: a table on stdout, one CSV row per (point, configuration), and a SUMMARY line.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/bench_stats.h"
+#include "flx/attn_layer.h"
+#include "flx/budget.h"
+#include "flx/cuda_rt.h"
+#include "flx/util.h"
+#include "replay.h"
+
+#define MAX_DISTINCT 16
+#define MAX_B 64
+#define HQ 32
+#define HKV 8
+#define D 128
+
+static void die(const char *what)
+{
+    fprintf(stderr, "sched_bench: %s: %s\n", what, flx_error_msg());
+    exit(1);
+}
+
+/* ---- configurations ---- */
+
+typedef struct cfg {
+    const char *name;
+    flx_layer_mode_t mode;
+    uint32_t blk;
+    float bgt;
+    flx_sched_policy_t policy;
+    flx_select_opts_t opts;
+    int gpu;                          /* a GPU worker */
+    flx_sched_placement_t placement;
+} cfg_t;
+
+static const cfg_t MAIN_CFG[4] = {
+    {"fluxion", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_PRIORITY, {0, 0}, 0, FLX_SCHED_HYBRID},
+    {"fixed_16_005", FLX_LAYER_FIXED, 16, 0.05f, FLX_SCHED_PRIORITY, {0, 0}, 0, FLX_SCHED_HYBRID},
+    {"fixed_32_002", FLX_LAYER_FIXED, 32, 0.02f, FLX_SCHED_PRIORITY, {0, 0}, 0, FLX_SCHED_HYBRID},
+    {"full", FLX_LAYER_FULL, 0, 0, FLX_SCHED_PRIORITY, {0, 0}, 0, FLX_SCHED_HYBRID},
+};
+static const cfg_t GPU_CFG[4] = {
+    {"fixed_16_005", FLX_LAYER_FIXED, 16, 0.05f, FLX_SCHED_PRIORITY, {0, 0}, 0, FLX_SCHED_HYBRID},
+    {"fluxion_gpu", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_PRIORITY, {0, 0}, 1, FLX_SCHED_HYBRID},
+    {"hybrid_16_005", FLX_LAYER_FIXED, 16, 0.05f, FLX_SCHED_NO_PARALLEL, {0, 0}, 1, FLX_SCHED_HYBRID},
+    {"gpu_only_16_005", FLX_LAYER_FIXED, 16, 0.05f, FLX_SCHED_PRIORITY, {0, 0}, 1, FLX_SCHED_GPU_ONLY},
+};
+static const cfg_t ABL_CFG[7] = {
+    {"fluxion", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_PRIORITY, {0, 0}, 0, FLX_SCHED_HYBRID},
+    {"sched_no_parallel", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_NO_PARALLEL, {0, 0}, 0, FLX_SCHED_HYBRID},
+    {"sched_uniform", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_UNIFORM, {0, 0}, 0, FLX_SCHED_HYBRID},
+    {"sched_length", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_LENGTH, {0, 0}, 0, FLX_SCHED_HYBRID},
+    {"fluxion_no_skip", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_PRIORITY, {1, 0}, 0, FLX_SCHED_HYBRID},
+    {"fluxion_blk16", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_PRIORITY, {0, 16}, 0, FLX_SCHED_HYBRID},
+    {"fluxion_blk32", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_PRIORITY, {0, 32}, 0, FLX_SCHED_HYBRID},
+};
+
+/* ---- sessions ---- */
+
+typedef struct sess_set {
+    uint32_t n;
+    uint32_t len[MAX_DISTINCT];
+    flx_kvsrc_h src[MAX_DISTINCT];
+    flx_replay_t *rp[MAX_DISTINCT];
+} sess_set_t;
+
+static void set_open(sess_set_t *s, const uint32_t *len, uint32_t n, uint64_t seed)
+{
+    memset(s, 0, sizeof s[0]);
+    s->n = n;
+    for (uint32_t i = 0; i < n; i++) {
+        char spec[128];
+        s->len[i] = len[i];
+        snprintf(spec, sizeof spec, "synth:32,%d,%d,%d,%u,4,%llu,0.5", HQ, HKV, D, len[i],
+                 (unsigned long long)(seed + i));
+        if (flx_replay_open_source(spec, &s->src[i])) die(spec);
+        if (flx_replay_create_flags(s->src[i], 0.1f, FLX_KV_STORE_PIN_CUDA, &s->rp[i])) die("replay");
+    }
+}
+
+static void set_load(sess_set_t *s, uint32_t layer)
+{
+    for (uint32_t i = 0; i < s->n; i++)
+        if (flx_replay_load_layer(s->rp[i], layer) || flx_replay_step(s->rp[i], 1)) die("load layer");
+}
+
+static void set_close(sess_set_t *s)
+{
+    for (uint32_t i = 0; i < s->n; i++) {
+        flx_replay_destroy(s->rp[i]);
+        flx_kvsrc_close(s->src[i]);
+    }
+}
+
+/* ---- measuring one point ---- */
+
+typedef struct result {
+    double ms_med, ms_min, ms_max;        /* layer time */
+    double within, bytes, predict_share;  /* within-tau share; host bytes per layer; decision share */
+    double sp16_med, sp16_min, sp16_max;  /* the base configuration's time / this one's (main points: base
+                                           * fixed_16_005, so Fluxion's row is its speedup over it;
+                                           * ablation points: base fluxion) */
+    double spfull_med, spfull_min, spfull_max;
+    double tasks, groups;
+    double gpu_idle;                      /* mean GPU idle ratio of its layers (NAN without a GPU worker) */
+} result_t;
+
+typedef struct ctx {
+    flx_predictor_h pred;
+    flx_pool_h pool;
+    uint32_t reps;
+    float tau;
+    const uint32_t *layers;
+    uint32_t n_layers;
+    FILE *csv;
+} ctx_t;
+
+/* Runs configurations cf[0..nc) on the batch whose row b uses session set->rp[row_of[b]];
+ * cf must include "full" (for within-tau) unless only timing is wanted (full_ix < 0). */
+static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const uint32_t *row_of, uint32_t B,
+                    const cfg_t *cf, uint32_t nc, int full_ix, int base_ix, result_t *res)
+{
+    uint32_t max_l = 0;
+    for (uint32_t i = 0; i < set->n; i++) max_l = FLX_MAX(max_l, set->len[i]);
+    flx_attn_layer_h L[8];
+    for (uint32_t c = 0; c < nc; c++) {
+        flx_attn_layer_params_t p;
+        memset(&p, 0, sizeof p);
+        p.n_q_heads = HQ, p.n_kv_heads = HKV, p.head_dim = D, p.max_batch = B, p.max_l_cpu = max_l;
+        p.mode = cf[c].mode, p.blk = cf[c].blk, p.bgt = cf[c].bgt, p.predictor = cx->pred;
+        p.field_mask = FLX_ATTN_LAYER_FIELD_OPTS, p.opts = cf[c].opts;
+        p.sched.field_mask = FLX_SCHED_FIELD_POLICY | FLX_SCHED_FIELD_PLACEMENT | FLX_SCHED_FIELD_GPU;
+        p.sched.policy = cf[c].policy, p.sched.placement = cf[c].placement;
+        p.sched.use_gpu = cf[c].gpu, p.sched.cuda_device = 0, p.sched.gpu_streams = 2;
+        p.sched.pool = cx->pool;
+        if (flx_attn_layer_create(&p, &L[c])) die("attention layer");
+    }
+    const size_t rows = (size_t)B * HQ;
+    float *q = malloc(rows * D * sizeof(float)), *o[8];
+    flx_kv_session_h sess[MAX_B];
+    for (uint32_t c = 0; c < nc; c++) o[c] = malloc(rows * D * sizeof(float));
+    const uint32_t R = cx->reps * cx->n_layers;
+    double *ms = calloc((size_t)nc * R, sizeof(double)), *pred_ns = calloc(nc, sizeof(double));
+    double *within = calloc(nc, sizeof(double)), *bytes = calloc(nc, sizeof(double)), *tasks = calloc(nc, sizeof(double));
+    double *idle = calloc(nc, sizeof(double));
+    double heads = 0;
+    uint32_t r = 0;
+    for (uint32_t li = 0; li < cx->n_layers; li++) {
+        set_load(set, cx->layers[li]);
+        for (uint32_t b = 0; b < B; b++) {
+            sess[b] = set->rp[row_of[b]]->sess;
+            memcpy(q + (size_t)b * HQ * D, set->rp[row_of[b]]->q_step, (size_t)HQ * D * sizeof(float));
+        }
+        flx_attn_layer_args_t a = {.layer = 0, .batch = B, .sess = sess, .q = q, .window = FLX_LAYER_WIN_COMPUTE};
+        for (uint32_t rep = 0; rep < cx->reps; rep++, r++)
+            for (uint32_t k = 0; k < nc; k++) {
+                const uint32_t c = (k + rep) % nc;   /* rotated order */
+                a.o = o[c];
+                flx_attn_layer_stats_t st;
+                const uint64_t t0 = flx_now_ns();
+                if (flx_attn_layer_run(L[c], &a, &st)) die(cf[c].name);
+                ms[(size_t)c * R + r] = (double)(flx_now_ns() - t0) * 1e-6;
+                pred_ns[c] += (double)st.predict_ns;
+                idle[c] += st.sched.has_gpu ? st.sched.gpu_idle_ratio / R : NAN;
+                if (rep == 0) {
+                    bytes[c] += (double)(st.sched.attn.score_bytes + st.sched.attn.attn_bytes);
+                    tasks[c] += st.n_tasks;
+                }
+            }
+        if (full_ix >= 0) {   /* within tau against the full output of this layer */
+            for (uint32_t b = 0; b < B; b++) {
+                double maxn = 0;
+                for (uint32_t h = 0; h < HQ; h++) {
+                    double n2 = 0;
+                    const float *f = o[full_ix] + ((size_t)b * HQ + h) * D;
+                    for (uint32_t d = 0; d < D; d++) n2 += (double)f[d] * f[d];
+                    maxn = fmax(maxn, sqrt(n2));
+                }
+                for (uint32_t h = 0; h < HQ; h++) {
+                    const float *f = o[full_ix] + ((size_t)b * HQ + h) * D;
+                    for (uint32_t c = 0; c < nc; c++) {
+                        const float *x = o[c] + ((size_t)b * HQ + h) * D;
+                        double e = 0;
+                        for (uint32_t d = 0; d < D; d++) e += ((double)x[d] - f[d]) * ((double)x[d] - f[d]);
+                        within[c] += maxn > 0 ? sqrt(e) / maxn <= cx->tau : 1.0;
+                    }
+                    heads += 1;
+                }
+            }
+        }
+    }
+    for (uint32_t c = 0; c < nc; c++) {
+        result_t *x = &res[c];
+        memset(x, 0, sizeof *x);
+        double *v = malloc(R * sizeof(double)), *rat = malloc(R * sizeof(double)), *ratf = malloc(R * sizeof(double));
+        double sum_ms = 0;
+        for (uint32_t i = 0; i < R; i++) {
+            v[i] = ms[(size_t)c * R + i];
+            sum_ms += v[i];
+            rat[i] = base_ix >= 0 ? ms[(size_t)base_ix * R + i] / v[i] : NAN;
+            ratf[i] = full_ix >= 0 ? ms[(size_t)full_ix * R + i] / v[i] : NAN;
+        }
+        x->ms_med = flx_bench_median(v, (int)R), x->ms_min = v[0], x->ms_max = v[R - 1];
+        x->sp16_med = flx_bench_median(rat, (int)R), x->sp16_min = rat[0], x->sp16_max = rat[R - 1];
+        x->spfull_med = flx_bench_median(ratf, (int)R), x->spfull_min = ratf[0], x->spfull_max = ratf[R - 1];
+        x->within = full_ix >= 0 && heads > 0 ? within[c] / heads : NAN;
+        x->bytes = bytes[c] / cx->n_layers;
+        x->tasks = tasks[c] / cx->n_layers;
+        x->groups = (double)B * HKV;
+        x->predict_share = sum_ms > 0 ? pred_ns[c] * 1e-6 / sum_ms : 0;
+        x->gpu_idle = idle[c];
+        printf("%-22s %-20s %9.3f [%8.3f, %8.3f] %8.3f %10.1f %8.3f [%6.3f, %6.3f] %8.3f %7.1f/%-4.0f %6.3f\n", point,
+               cf[c].name, x->ms_med, x->ms_min, x->ms_max, x->within, x->bytes / 1048576.0, x->sp16_med,
+               x->sp16_min, x->sp16_max, x->spfull_med, x->tasks, x->groups, x->predict_share);
+        if (cx->csv)
+            fprintf(cx->csv, "%s,%s,%u,%u,%.4f,%.4f,%.4f,%.5f,%.0f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.2f,%.0f,%.5f,%d,%s,%.4f\n",
+                    point, cf[c].name, B, max_l, x->ms_med, x->ms_min, x->ms_max, x->within, x->bytes, x->sp16_med,
+                    x->sp16_min, x->sp16_max, x->spfull_med, x->spfull_min, x->spfull_max, x->tasks, x->groups,
+                    x->predict_share, flx_pool_size(cx->pool), base_ix >= 0 ? cf[base_ix].name : "", x->gpu_idle);
+        free(v), free(rat), free(ratf);
+    }
+    fflush(stdout);
+    for (uint32_t c = 0; c < nc; c++) {
+        flx_attn_layer_destroy(L[c]);
+        free(o[c]);
+    }
+    free(q), free(ms), free(pred_ns), free(within), free(bytes), free(tasks), free(idle);
+}
+
+static void parse_list(const char *s, uint32_t *v, uint32_t *n, uint32_t max, uint64_t lo, uint64_t hi, const char *what)
+{
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", s);
+    *n = 0;
+    for (char *t = strtok(buf, ","); t && *n < max; t = strtok(NULL, ",")) {
+        uint64_t x;
+        if (flx_parse_u64(t, lo, hi, &x)) die(what);
+        v[(*n)++] = (uint32_t)x;
+    }
+}
+
+int main(int argc, char **argv)
+{
+    const char *weights = NULL, *csv_path = NULL;
+    uint32_t lens[8] = {16384, 32768, 65536, 131072}, n_lens = 4, batches[8] = {1, 4, 8, 16}, n_b = 4;
+    uint32_t layers[8] = {8, 24}, n_layers = 2, mixed_lo[4] = {16384, 32768}, mixed_hi[4] = {65536, 131072};
+    uint32_t n_mixed = 2, mixed_b = 8;
+    uint64_t reps = 3, workers = 0, distinct = 4, max_tokens = 0;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *a = argv[i], *v = argv[i + 1];
+        flx_status_t st = FLX_OK;
+        if (!strcmp(a, "--weights")) weights = v;
+        else if (!strcmp(a, "--csv")) csv_path = v;
+        else if (!strcmp(a, "--lens")) parse_list(v, lens, &n_lens, 8, 1024, 1u << 20, a);
+        else if (!strcmp(a, "--batches")) parse_list(v, batches, &n_b, 8, 1, MAX_B, a);
+        else if (!strcmp(a, "--layers")) parse_list(v, layers, &n_layers, 8, 0, 31, a);
+        else if (!strcmp(a, "--mixed")) {   /* LO-HI,LO-HI */
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", v);
+            n_mixed = 0;
+            for (char *t = strtok(buf, ","); t && n_mixed < 4; t = strtok(NULL, ",")) {
+                unsigned lo, hi;
+                if (sscanf(t, "%u-%u", &lo, &hi) != 2 || lo < 1024 || hi < lo) die("--mixed (LO-HI,...)");
+                mixed_lo[n_mixed] = lo, mixed_hi[n_mixed] = hi, n_mixed++;
+            }
+        } else if (!strcmp(a, "--mixed-batch")) {
+            uint64_t x;
+            st = flx_parse_u64(v, 1, MAX_B, &x);
+            mixed_b = (uint32_t)x;
+        } else if (!strcmp(a, "--reps")) st = flx_parse_u64(v, 1, 1000, &reps);
+        else if (!strcmp(a, "--workers")) st = flx_parse_u64(v, 0, 1024, &workers);
+        else if (!strcmp(a, "--distinct")) st = flx_parse_u64(v, 1, MAX_DISTINCT, &distinct);
+        else if (!strcmp(a, "--max-tokens")) st = flx_parse_u64(v, 0, 1ull << 32, &max_tokens);
+        else {
+            fprintf(stderr, "sched_bench: unknown flag %s\n", a);
+            return 2;
+        }
+        if (st) die(a);
+    }
+    if (!weights) {
+        fprintf(stderr, "usage: sched_bench --weights FILE [--csv FILE] [--lens L,..] [--batches B,..] [--layers l,..] "
+                        "[--mixed LO-HI,..] [--mixed-batch B] [--reps N] [--workers N] [--distinct N] "
+                        "[--max-tokens N]\n");
+        return 2;
+    }
+    ctx_t cx = {.reps = (uint32_t)reps, .tau = 0.1f, .layers = layers, .n_layers = n_layers};
+    flx_pool_params_t pp = {.field_mask = workers ? FLX_POOL_FIELD_N_WORKERS : 0, .n_workers = (uint32_t)workers};
+    if (flx_pool_create(&pp, &cx.pool)) die("worker pool");
+    if (flx_predictor_load(weights, &cx.pred)) die(weights);
+    cx.csv = csv_path ? fopen(csv_path, "w") : NULL;
+    if (cx.csv)
+        fprintf(cx.csv, "point,config,batch,max_len,ms_med,ms_min,ms_max,within_tau,host_bytes,base_over_this,"
+                        "base_over_this_min,base_over_this_max,full_over_this,full_over_this_min,"
+                        "full_over_this_max,tasks,groups,predict_share,workers,base,gpu_idle_ratio\n");
+    /* memory: a session of L tokens takes 2 x (store + replay source) x L x 8 heads x 128 x 2 bytes */
+    const long avail = flx_bench_mem_available_kb() / 1024;
+    const uint64_t budget_tokens = max_tokens ? max_tokens : avail > 0 ? (uint64_t)avail * 1048576 / 2 / 8192 : 1u << 20;
+    printf("sched_bench: Llama-3.1-8B layer shape (32 q heads, 8 kv heads, D 128), synthetic KV, %s, "
+           "%u layer(s), %llu reps; MemAvailable %ld MiB -> at most %llu tokens of sessions at once\n",
+           flx_pool_describe(cx.pool), n_layers, (unsigned long long)reps, avail, (unsigned long long)budget_tokens);
+    printf("columns: ms/layer median [min, max] over layers x reps; in-tau share vs full; host MiB read per layer;\n"
+           "  base/this: per-rep time ratio, base fixed_16_005 (mix/size points) or fluxion (abl points), median\n"
+           "  [min, max]; full/this likewise; tasks per layer / groups; pred: features+predictor+selector share\n");
+    printf("%-22s %-20s %9s %21s %8s %10s %8s %17s %8s %12s %6s\n", "point", "config", "ms/layer", "[min, max]", "in-tau",
+           "MiB/layer", "base/this", "[min, max]", "full/this", "tasks/groups", "pred");
+    double sp16_32k_b4 = NAN, sp16_128k_b8 = NAN, spfull_32k_b4 = NAN, wt_fl_32k = NAN, wt_16_32k = NAN;
+    double g_sp = NAN, g_idle_fl = NAN, g_idle_hy = NAN;
+    const int gpu = flx_cuda_device_count() > 0;
+    printf("GPU: %s\n", gpu ? "a CUDA device: the gpu points run (sessions pinned for UVA)"
+                             : "none usable: no GPU point (the GPU worker's figures need a device)");
+    uint32_t row_of[MAX_B];
+    for (uint32_t li = 0; li < n_lens; li++) {
+        const uint32_t L = lens[li];
+        uint32_t nd = (uint32_t)FLX_MIN(distinct, (uint64_t)FLX_MAX(1, budget_tokens / L));
+        uint32_t bmax = 0;
+        for (uint32_t bi = 0; bi < n_b; bi++) bmax = FLX_MAX(bmax, batches[bi]);
+        nd = FLX_MIN(nd, bmax);
+        uint32_t dl[MAX_DISTINCT];
+        for (uint32_t i = 0; i < nd; i++) dl[i] = L;
+        sess_set_t set;
+        set_open(&set, dl, nd, 1000 + L);
+        for (uint32_t bi = 0; bi < n_b; bi++) {
+            const uint32_t B = batches[bi];
+            for (uint32_t b = 0; b < B; b++) row_of[b] = b % nd;
+            char point[48];
+            snprintf(point, sizeof point, "%uK_b%u", L / 1024, B);
+            result_t res[4];
+            measure(&cx, point, &set, row_of, B, MAIN_CFG, 4, 3, 1, res);
+            if (L == 32768 && B == 4) sp16_32k_b4 = res[0].sp16_med, spfull_32k_b4 = res[0].spfull_med;
+            if (L == 131072 && B == 8) sp16_128k_b8 = res[0].sp16_med;
+            if (L == 32768 && wt_fl_32k != wt_fl_32k) wt_fl_32k = res[0].within, wt_16_32k = res[1].within;
+            if (gpu && (L == 32768 || L == 131072) && (B == 4 || B == 8)) {
+                snprintf(point, sizeof point, "gpu%uK_b%u", L / 1024, B);
+                result_t rg[4];
+                measure(&cx, point, &set, row_of, B, GPU_CFG, 4, -1, 2, rg);   /* base: the hybrid baseline */
+                if (L == 32768 && B == 4) g_sp = rg[1].sp16_med, g_idle_fl = rg[1].gpu_idle, g_idle_hy = rg[2].gpu_idle;
+            }
+        }
+        set_close(&set);
+    }
+    flx_rng_t rng;
+    flx_rng_seed(&rng, 20261124);
+    for (uint32_t mi = 0; mi < n_mixed; mi++) {
+        /* B lengths U(lo, hi), grouped into at most `distinct` sessions (sorted, each group its median) */
+        uint32_t lens_b[MAX_B], B = mixed_b;
+        for (uint32_t b = 0; b < B; b++)
+            lens_b[b] = mixed_lo[mi] + (uint32_t)flx_rng_below(&rng, (uint64_t)mixed_hi[mi] - mixed_lo[mi] + 1);
+        uint32_t idx[MAX_B];
+        for (uint32_t b = 0; b < B; b++) idx[b] = b;
+        for (uint32_t i = 1; i < B; i++)
+            for (uint32_t j = i; j > 0 && lens_b[idx[j - 1]] > lens_b[idx[j]]; j--) {
+                uint32_t t = idx[j];
+                idx[j] = idx[j - 1], idx[j - 1] = t;
+            }
+        uint64_t tot = 0;
+        for (uint32_t b = 0; b < B; b++) tot += lens_b[b];
+        uint32_t nd = (uint32_t)FLX_MIN(FLX_MIN(distinct, (uint64_t)B), (uint64_t)FLX_MAX(1, budget_tokens * B / tot));
+        uint32_t dl[MAX_DISTINCT];
+        for (uint32_t g = 0; g < nd; g++) {
+            const uint32_t i0 = g * B / nd, i1 = (g + 1) * B / nd;
+            dl[g] = lens_b[idx[(i0 + i1) / 2]];
+            for (uint32_t i = i0; i < i1; i++) row_of[idx[i]] = g;
+        }
+        sess_set_t set;
+        set_open(&set, dl, nd, 5000 + mi * 100);
+        char point[48];
+        snprintf(point, sizeof point, "mix%uK-%uK_b%u", mixed_lo[mi] / 1024, mixed_hi[mi] / 1024, B);
+        result_t res[7];
+        measure(&cx, point, &set, row_of, B, MAIN_CFG, 4, 3, 1, res);
+        snprintf(point, sizeof point, "abl%uK-%uK_b%u", mixed_lo[mi] / 1024, mixed_hi[mi] / 1024, B);
+        measure(&cx, point, &set, row_of, B, ABL_CFG, 7, -1, 0, res);
+        set_close(&set);
+    }
+    if (cx.csv) fclose(cx.csv);
+    flx_predictor_destroy(cx.pred);
+    flx_pool_destroy(cx.pool);
+    char gpu_keys[256] = "";
+    if (gpu)
+        snprintf(gpu_keys, sizeof gpu_keys, " gpu_speedup_vs_hybrid_16_005_32k_b4=%.3f gpu_idle_ratio_fluxion_32k_b4=%.4f "
+                 "gpu_idle_ratio_hybrid_16_005_32k_b4=%.4f", g_sp, g_idle_fl, g_idle_hy);
+    printf("SUMMARY speedup_vs_16_005_32k_b4=%.3f speedup_vs_16_005_128k_b8=%.3f speedup_vs_full_32k_b4=%.3f "
+           "within_tau_fluxion_32k=%.4f within_tau_16_005_32k=%.4f%s\n",
+           sp16_32k_b4, sp16_128k_b8, spfull_32k_b4, wt_fl_32k, wt_16_32k, gpu_keys);
+    return 0;
+}

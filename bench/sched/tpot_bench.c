@@ -1,0 +1,207 @@
+/*
+ * tpot_bench - time per output token of the real model (decode steps of a batch) with Fluxion's
+ * attention against the fixed (16, 0.05) baseline, in the same decode loop on the same scheduler.
+ *
+ * METHOD
+ * Two engines (FLUXION with the model's shipped predictor, FIXED (16, 0.05)) each get `batch`
+ * sequences of `len` tokens of a real text (different offsets), prefilled in-process with their
+ * prefill statistics (what a prefill node sends). Then they decode greedily, one step each in
+ * turn, the order swapped every pair (A B, B A, ...); after WARM steps each pair gives the ratio
+ * TPOT_fluxion / TPOT_fixed of two steps measured back to back, and the median and the spread of the
+ * ratios are printed, with each engine's median TPOT and Fluxion's decision share (features +
+ * predictor + selector) of its step.
+ *
+ * usage: tpot_bench -m MODEL --text FILE --predictor W [--len 8192] [--batch 4] [--steps 24]
+ *                   [--threads N]
+ * Last line: RESULT tpot_fluxion_vs_16_005=<median ratio> ... (bench/sched/run puts it in SUMMARY).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/bench_stats.h"
+#include "flx/engine.h"
+#include "flx/forward.h"
+#include "flx/model_load.h"
+#include "flx/pool.h"
+#include "flx/tokenizer.h"
+#include "flx/util.h"
+
+enum { WARM = 2, MAXB = 16 };
+
+static void die(const char *what)
+{
+    fprintf(stderr, "tpot_bench: %s: %s\n", what, flx_error_msg());
+    exit(1);
+}
+
+static char *read_file(const char *path, size_t *len_p)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "tpot_bench: %s: %s\n", path, strerror(errno));
+        exit(1);
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    if (!s || fread(s, 1, (size_t)n, f) != (size_t)n) {
+        fprintf(stderr, "tpot_bench: reading %s failed\n", path);
+        exit(1);
+    }
+    fclose(f);
+    s[n] = 0;
+    *len_p = (size_t)n;
+    return s;
+}
+
+typedef struct side {
+    flx_kv_store_h store;
+    flx_engine_h e;
+    double *ms;      /* (steps) */
+} side_t;
+
+static void on_token(void *ctx, flx_engine_seq_id_t seq, int32_t token, int is_last, flx_engine_finish_t why)
+{
+    (void)ctx, (void)seq, (void)token, (void)is_last, (void)why;
+}
+
+int main(int argc, char **argv)
+{
+    const char *model_path = NULL, *text_path = NULL, *pred_path = NULL;
+    uint64_t len = 8192, batch = 4, steps = 24, threads = 0;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        const char *a = argv[i], *v = argv[i + 1];
+        flx_status_t st = FLX_OK;
+        if (!strcmp(a, "-m")) model_path = v;
+        else if (!strcmp(a, "--text")) text_path = v;
+        else if (!strcmp(a, "--predictor")) pred_path = v;
+        else if (!strcmp(a, "--len")) st = flx_parse_u64(v, 64, 1u << 20, &len);
+        else if (!strcmp(a, "--batch")) st = flx_parse_u64(v, 1, MAXB, &batch);
+        else if (!strcmp(a, "--steps")) st = flx_parse_u64(v, WARM + 2, 10000, &steps);
+        else if (!strcmp(a, "--threads")) st = flx_parse_u64(v, 0, 1024, &threads);
+        else {
+            fprintf(stderr, "tpot_bench: unknown flag %s\n", a);
+            return 2;
+        }
+        if (st) die(a);
+    }
+    if (!model_path || !text_path || !pred_path) {
+        fprintf(stderr, "usage: tpot_bench -m MODEL --text FILE --predictor W [--len 8192] [--batch 4] [--steps 24] "
+                        "[--threads N]\n");
+        return 2;
+    }
+    flx_pool_params_t pp = {.field_mask = threads ? FLX_POOL_FIELD_N_WORKERS : 0, .n_workers = (uint32_t)threads};
+    flx_pool_h pool;
+    if (flx_pool_create(&pp, &pool)) die("worker pool");
+    flx_model_t *m;
+    flx_tok_h tok;
+    if (flx_model_load_pool(model_path, pool, &m) || flx_tok_load(model_path, &tok)) die(model_path);
+    flx_predictor_h pred;
+    if (flx_predictor_load(pred_path, &pred)) die(pred_path);
+    const flx_model_config_t *c = &m->cfg;
+    size_t text_len, n_ids = 0;
+    char *text = read_file(text_path, &text_len);
+    flx_status_t est = flx_tok_encode(tok, text, text_len, 0, NULL, 0, &n_ids);   /* the size pass */
+    if (est && est != FLX_ERR_CAPACITY) die("tokenizing");
+    int32_t *ids = malloc(n_ids * sizeof *ids);
+    if (!ids || flx_tok_encode(tok, text, text_len, 0, ids, n_ids, &n_ids)) die("tokenizing");
+    const size_t stride = 997;   /* the sequences start at different places of the text */
+    if (n_ids < len + stride * (batch - 1)) {
+        fprintf(stderr, "tpot_bench: %s has %zu tokens, %llu sequences of %llu need %llu\n", text_path, n_ids,
+                (unsigned long long)batch, (unsigned long long)len,
+                (unsigned long long)(len + stride * (batch - 1)));
+        return 1;
+    }
+    printf("tpot_bench: %s, %s; %llu sequences of %llu tokens of %s; %llu decode steps per engine, %d warm-up\n",
+           c->name, flx_pool_describe(pool), (unsigned long long)batch, (unsigned long long)len, text_path,
+           (unsigned long long)steps, WARM);
+    flx_fwd_shape_t fs = {.max_prompt = (uint32_t)len, .max_batch = 1, .pool = pool};
+    size_t wsb;
+    flx_fwd_ws_t *fws;
+    void *wsmem = NULL;
+    if (flx_fwd_plan(m, &fs, &wsb) || !(wsmem = flx_aligned_alloc(64, wsb)) || flx_fwd_ws_init(m, &fs, wsmem, wsb, &fws))
+        die("prefill workspace");
+    float *lg = malloc(c->vocab * sizeof *lg);
+    side_t sd[2];   /* 0: fluxion, 1: fixed (16, 0.05) */
+    const char *name[2] = {"fluxion", "fixed(16,0.05)"};
+    for (int k = 0; k < 2; k++) {
+        const size_t per_tok = (size_t)c->n_layers * c->n_kv_heads * c->head_dim * 2 * sizeof(flx_bf16_t);
+        flx_kv_store_params_t kp = {.field_mask = FLX_KV_STORE_FIELD_CAPACITY | FLX_KV_STORE_FIELD_SHAPE,
+                                    .capacity_bytes = per_tok * (len + steps + 64) * batch * 2 + ((size_t)64 << 20),
+                                    .n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads, .n_q_heads = c->n_heads,
+                                    .head_dim = c->head_dim};
+        if (flx_kv_store_create(&kp, &sd[k].store)) die("kvstore");
+        flx_engine_params_t ep = flx_engine_params_default();
+        ep.max_batch = (uint32_t)batch, ep.max_l_cpu = (uint32_t)len, ep.pool = pool;
+        if (k == 0) ep.mode = FLX_ENGINE_ATTN_FLUXION, ep.predictor = pred;
+        else ep.mode = FLX_ENGINE_ATTN_FIXED, ep.blk = 16, ep.bgt = 0.05f;
+        if (flx_engine_create(m, sd[k].store, &ep, &sd[k].e)) die("engine");
+        sd[k].ms = calloc(steps, sizeof(double));
+        for (uint64_t b = 0; b < batch; b++) {
+            flx_kv_session_id_t sid;
+            const uint64_t t0 = flx_now_ns();
+            if (flx_engine_prefill_with_stats(m, fws, sd[k].store, ids + b * stride, (uint32_t)len,
+                                              (uint32_t)steps + 4, 0.1f, &sid, lg))
+                die("prefill");
+            printf("  %s: prefill of sequence %llu: %.1f s\n", name[k], (unsigned long long)b,
+                   (double)(flx_now_ns() - t0) * 1e-9);
+            fflush(stdout);
+            flx_gen_params_t gp = {.max_new_tokens = (uint32_t)steps + 1, .eos_id = -1,
+                                   .sampling = flx_sampling_greedy(), .on_token = on_token};
+            flx_engine_seq_id_t id;
+            if (flx_engine_add(sd[k].e, sid, (int32_t)flx_sample_argmax(lg, c->vocab), &gp, &id)) die("add");
+        }
+    }
+    double pred_ns = 0, step_ns = 0;
+    for (uint64_t s = 0; s < steps; s++)
+        for (int j = 0; j < 2; j++) {
+            const int k = (int)((s + (uint64_t)j) % 2);   /* A B, B A, ... */
+            const uint64_t t0 = flx_now_ns();
+            flx_status_t st = flx_engine_step(sd[k].e);
+            if (st < 0) die(name[k]);
+            sd[k].ms[s] = (double)(flx_now_ns() - t0) * 1e-6;
+            if (k == 0 && s >= WARM) {
+                flx_engine_stats_t x;
+                flx_engine_last_stats(sd[0].e, &x);
+                pred_ns += (double)x.predict_ns, step_ns += (double)x.step_ns;
+            }
+        }
+    const int n = (int)(steps - WARM);   /* >= 2: --steps is at least WARM + 2 */
+    double *r = malloc((size_t)(n > 0 ? n : 1) * sizeof *r), med[2];
+    for (int i = 0; i < n; i++) r[i] = sd[0].ms[WARM + i] / sd[1].ms[WARM + i];
+    const double rmed = flx_bench_median(r, n), rmin = r[0], rmax = r[n - 1];
+    for (int k = 0; k < 2; k++) {
+        double *v = malloc((size_t)n * sizeof *v);
+        memcpy(v, sd[k].ms + WARM, (size_t)n * sizeof *v);
+        med[k] = flx_bench_median(v, n);
+        free(v);
+    }
+    flx_engine_stats_t tf, tx;
+    flx_engine_total_stats(sd[0].e, &tf);
+    flx_engine_total_stats(sd[1].e, &tx);
+    printf("%-16s TPOT median %8.2f ms, host bytes per step %8.2f MiB\n", name[0], med[0],
+           (double)tf.host_bytes / tf.n_steps / 1048576.0);
+    printf("%-16s TPOT median %8.2f ms, host bytes per step %8.2f MiB\n", name[1], med[1],
+           (double)tx.host_bytes / tx.n_steps / 1048576.0);
+    printf("ratio per step pair fluxion / fixed(16,0.05): median %.3f [%.3f, %.3f] over %d pairs; fluxion's decisions "
+           "(features + predictor + selector) %.1f%% of its step, %.0f of %u groups streaming-only per step\n",
+           rmed, rmin, rmax, n, step_ns > 0 ? 100.0 * pred_ns / step_ns : 0.0, (double)tf.n_skipped / tf.n_steps,
+           c->n_layers * c->n_kv_heads);
+    printf("RESULT tpot_fluxion_vs_16_005=%.3f tpot_fluxion_ms=%.2f tpot_16_005_ms=%.2f predictor_share=%.4f\n", rmed,
+           med[0], med[1], step_ns > 0 ? pred_ns / step_ns : 0.0);
+    for (int k = 0; k < 2; k++) {
+        flx_engine_destroy(sd[k].e);
+        flx_kv_store_destroy(sd[k].store);
+        free(sd[k].ms);
+    }
+    free(r), free(lg), free(ids), free(text);
+    flx_aligned_free(wsmem);
+    flx_predictor_destroy(pred);
+    flx_tok_destroy(tok);
+    flx_model_destroy(m);
+    flx_pool_destroy(pool);
+    return 0;
+}

@@ -1,0 +1,328 @@
+/*
+ * attn_layer.c - one decode layer's attention for a batch (flx/attn_layer.h).
+ *
+ * DESIGN
+ * This file is the only place where a mode becomes tasks: FULL and FIXED make one task per
+ * (sequence, group), FLUXION asks the features, the predictor and the selector; from there every
+ * mode is the same tasks on the same scheduler, merged by the same function. Everything is sized at
+ * create for max_batch sequences: the task array, budgets, the features' rows and window partials,
+ * one features workspace per worker, the predictor's scratch, the host parts' LSE for deferred
+ * merges. A run allocates nothing.
+ *
+ * Everything runs on the caller's worker pool: the features per (sequence, KV group) item (each
+ * worker its own workspace for the window kernel), the predictor in its row chunks, the tasks on
+ * the scheduler; the pool reports the lowest failing item's error on the driving thread.
+ */
+#include "flx/attn_layer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flx/features.h"
+#include "flx/util.h"
+
+struct flx_attn_layer {
+    flx_attn_layer_params_t p;
+    uint32_t Hq, Hkv, G, D, W;   /* W: the pool's workers */
+    flx_pool_h pool;             /* borrowed */
+    flx_sched_h sched;
+    flx_sched_task_t *tasks;     /* (max_batch * Hkv) */
+    uint32_t *l_cpu;             /* (max_batch) host tokens of each row of the run */
+    uint32_t n_tasks;
+    float *lse;                  /* (max_batch, Hq) the host parts' LSE of a deferred merge */
+    /* FLUXION */
+    float *feat;                 /* (max_batch, Hq, 41) */
+    flx_head_pred_t *pred;       /* (max_batch, Hq) */
+    float *budgets;              /* (max_batch, Hq) */
+    float *o_win, *lse_win;      /* (max_batch, Hq, D), (max_batch, Hq) */
+    const flx_bf16_t **win_ptr;  /* (max_batch, 2, Hkv) */
+    flx_feat_layer_t *feat_in;   /* (max_batch) */
+    void *fmem;                  /* W features workspaces of fws_bytes */
+    size_t fws_bytes;
+    flx_attn_ws_t *fws;          /* (W) */
+    void *pscratch;              /* the predictor's scratch for max_batch * Hq rows */
+    size_t ps_bytes;
+    /* the run in progress */
+    const flx_attn_layer_args_t *a;
+};
+
+static flx_status_t check_params(const flx_attn_layer_params_t *p)
+{
+    if (p->n_kv_heads == 0 || p->n_q_heads == 0 || p->n_q_heads % p->n_kv_heads ||
+        p->n_q_heads / p->n_kv_heads > FLX_ATTN_MAX_GROUP)
+        return flx_error_set(FLX_ERR_INVALID, "attention layer: %u query heads over %u kv heads (group at most %d)",
+                             p->n_q_heads, p->n_kv_heads, FLX_ATTN_MAX_GROUP);
+    if (p->max_batch == 0 || p->max_batch > 4096 || p->max_l_cpu == 0)
+        return flx_error_set(FLX_ERR_INVALID, "attention layer: max_batch %u not in 1..4096 or max_l_cpu 0",
+                             p->max_batch);
+    switch (p->mode) {
+    case FLX_LAYER_FULL: break;
+    case FLX_LAYER_FIXED:
+        if (flx_attn_blk_level(p->blk) < 0)
+            return flx_error_set(FLX_ERR_INVALID, "attention layer: fixed blk %u must be 16, 32, 64 or 128", p->blk);
+        if (!(p->bgt >= 0.0f && p->bgt <= 1.0f))
+            return flx_error_set(FLX_ERR_INVALID, "attention layer: fixed bgt %g must be in [0, 1]", (double)p->bgt);
+        break;
+    case FLX_LAYER_FLUXION: {
+        if (!p->predictor) return flx_error_set(FLX_ERR_INVALID, "attention layer: mode fluxion needs a predictor");
+        if ((p->field_mask & FLX_ATTN_LAYER_FIELD_SELECT) && flx_select_params_check(&p->select)) return FLX_ERR_INVALID;
+        const flx_select_opts_t o = p->opts;
+        if ((p->field_mask & FLX_ATTN_LAYER_FIELD_OPTS) &&
+            ((o.keep_streaming != 0 && o.keep_streaming != 1) ||
+             (o.fixed_blk != 0 && flx_attn_blk_level(o.fixed_blk) < 0)))
+            return flx_error_set(FLX_ERR_INVALID, "attention layer: opts keep_streaming %d (0 or 1), fixed_blk %u "
+                                                  "(0, 16, 32, 64 or 128)", o.keep_streaming, o.fixed_blk);
+        break;
+    }
+    default: return flx_error_set(FLX_ERR_INVALID, "attention layer: mode %d unknown", (int)p->mode);
+    }
+    return FLX_OK;
+}
+
+flx_status_t flx_attn_layer_create(const flx_attn_layer_params_t *params, flx_attn_layer_h *layer_p)
+{
+    if (!params || !layer_p) return flx_error_set(FLX_ERR_INVALID, "attention layer create: NULL argument");
+    flx_status_t st = check_params(params);
+    if (st) return st;
+    struct flx_attn_layer *L = calloc(1, sizeof *L);
+    if (!L) return flx_error_set(FLX_ERR_NOMEM, "attention layer");
+    L->p = *params;
+    L->Hq = params->n_q_heads, L->Hkv = params->n_kv_heads, L->G = L->Hq / L->Hkv, L->D = params->head_dim;
+    if (L->p.mode == FLX_LAYER_FLUXION) {
+        if (!(L->p.field_mask & FLX_ATTN_LAYER_FIELD_SELECT)) L->p.select = flx_predictor_select_params(params->predictor);
+        if (!(L->p.field_mask & FLX_ATTN_LAYER_FIELD_OPTS)) memset(&L->p.opts, 0, sizeof L->p.opts);
+    }
+    flx_sched_params_t sp = params->sched;
+    sp.n_q_heads = L->Hq, sp.n_kv_heads = L->Hkv, sp.head_dim = L->D, sp.max_l_cpu = params->max_l_cpu;
+    sp.max_tasks = params->max_batch * L->Hkv;
+    if ((st = flx_sched_create(&sp, &L->sched))) goto fail;
+    L->pool = sp.pool;
+    L->W = flx_pool_size(sp.pool);
+    const uint32_t B = params->max_batch;
+    const size_t rows = (size_t)B * L->Hq;
+    L->tasks = calloc((size_t)B * L->Hkv, sizeof *L->tasks);
+    L->lse = malloc(rows * sizeof *L->lse);
+    L->l_cpu = calloc(B, sizeof *L->l_cpu);
+    if (!L->tasks || !L->lse || !L->l_cpu) {
+        st = flx_error_set(FLX_ERR_NOMEM, "attention layer: tasks of %u sequences", B);
+        goto fail;
+    }
+    if (L->p.mode == FLX_LAYER_FLUXION) {
+        flx_attn_shape_t fs = {.group = L->G, .head_dim = L->D, .max_l_cpu = 1, .pool = NULL};
+        if ((st = flx_attn_plan(&fs, &L->fws_bytes))) goto fail;
+        L->fws_bytes = FLX_ALIGN_UP(L->fws_bytes, FLX_CACHELINE);
+        L->ps_bytes = FLX_ALIGN_UP(flx_predictor_scratch_bytes((uint32_t)FLX_MIN(rows, (size_t)UINT32_MAX)) + 1,
+                                   FLX_CACHELINE);
+        L->feat_in = calloc(B, sizeof *L->feat_in);
+        L->feat = malloc(rows * FLX_FEAT_COUNT * sizeof(float));
+        L->pred = malloc(rows * sizeof *L->pred);
+        L->budgets = malloc(rows * sizeof(float));
+        L->o_win = malloc(rows * L->D * sizeof(float));
+        L->lse_win = malloc(rows * sizeof(float));
+        L->win_ptr = malloc((size_t)B * 2 * L->Hkv * sizeof *L->win_ptr);
+        L->fmem = flx_aligned_alloc(FLX_CACHELINE, L->fws_bytes * L->W);
+        L->fws = calloc(L->W, sizeof *L->fws);
+        L->pscratch = flx_aligned_alloc(FLX_CACHELINE, L->ps_bytes);
+        if (!L->feat || !L->pred || !L->budgets || !L->o_win || !L->lse_win || !L->win_ptr || !L->feat_in || !L->fmem ||
+            !L->fws || !L->pscratch) {
+            st = flx_error_set(FLX_ERR_NOMEM, "attention layer: fluxion buffers for %u sequences", B);
+            goto fail;
+        }
+        for (uint32_t w = 0; w < L->W; w++)
+            if ((st = flx_attn_ws_init(&L->fws[w], &fs, (uint8_t *)L->fmem + (size_t)w * L->fws_bytes, L->fws_bytes)))
+                goto fail;
+    }
+    *layer_p = L;
+    return FLX_OK;
+fail:
+    flx_attn_layer_destroy(L);
+    return st;
+}
+
+void flx_attn_layer_destroy(flx_attn_layer_h L)
+{
+    if (!L) return;
+    flx_sched_destroy(L->sched);
+    free(L->tasks);
+    free(L->lse);
+    free(L->l_cpu);
+    free(L->feat_in);
+    free(L->feat);
+    free(L->pred);
+    free(L->budgets);
+    free(L->o_win);
+    free(L->lse_win);
+    free(L->win_ptr);
+    flx_aligned_free(L->fmem);
+    free(L->fws);
+    flx_aligned_free(L->pscratch);
+    free(L);
+}
+
+/* Items b * Hkv + g: the features (and window partials) of KV group g of sequence b. */
+static flx_status_t feat_items(void *arg, const flx_pool_worker_t *w, uint64_t i0, uint64_t i1)
+{
+    struct flx_attn_layer *L = arg;
+    const uint32_t wi = w ? w->index : 0;
+    if (FLX_NEVER(wi >= L->W)) return flx_error_set(FLX_ERR_INTERNAL, "attention layer: worker %u of %u", wi, L->W);
+    for (uint64_t id = i0; id < i1; id++) {
+        const uint32_t b = (uint32_t)(id / L->Hkv), g = (uint32_t)(id % L->Hkv);
+        flx_feat_layer_t in = L->feat_in[b];
+        in.ws = &L->fws[wi];
+        const size_t r0 = (size_t)b * L->Hq;
+        flx_status_t st = flx_features_decode_groups(&in, g, g + 1, L->feat + r0 * FLX_FEAT_COUNT,
+                                                     L->o_win + r0 * L->D, L->lse_win + r0);
+        if (st)
+            return flx_error_set(st, "layer %u batch row %u kv group %u: features: %s", L->a->layer, b, g,
+                                 flx_error_msg());
+    }
+    return FLX_OK;
+}
+
+/* ---- the run ---- */
+
+/* Eq. 3's V of a group: metadata rows at blk (none for FULL) plus K and V rows of every head. */
+static float volume(uint32_t l_cpu, uint32_t blk, const float *budgets, float budget, uint32_t G)
+{
+    double sum = 0;
+    for (uint32_t h = 0; h < G; h++) sum += budgets ? budgets[h] : budget;
+    return (float)((blk ? 2.0 * l_cpu / blk : 0.0) + 2.0 * l_cpu * sum);
+}
+
+/* Checks args; L->l_cpu gets each row's host tokens (at most max_l_cpu). */
+static flx_status_t check_args(struct flx_attn_layer *L, const flx_attn_layer_args_t *a)
+{
+    if (!a) return flx_error_set(FLX_ERR_INVALID, "attention layer run: args is NULL");
+    if (a->batch == 0 || a->batch > L->p.max_batch)
+        return flx_error_set(FLX_ERR_INVALID, "attention layer run: batch %u not in 1..%u (max_batch)", a->batch,
+                             L->p.max_batch);
+    if (!a->sess || !a->q || !a->o) return flx_error_set(FLX_ERR_INVALID, "attention layer run: NULL sess, q or o");
+    if (a->window != FLX_LAYER_WIN_COMPUTE && a->window != FLX_LAYER_WIN_DEFERRED)
+        return flx_error_set(FLX_ERR_INVALID, "attention layer run: window %d unknown", (int)a->window);
+    if (a->window == FLX_LAYER_WIN_DEFERRED) {
+        if (L->p.mode == FLX_LAYER_FLUXION)
+            return flx_error_set(FLX_ERR_INVALID, "attention layer run: deferred window partials in mode fluxion (its "
+                                                  "features compute them)");
+        if (!a->o_win || !a->lse_win || !a->win_wait)
+            return flx_error_set(FLX_ERR_INVALID, "attention layer run: deferred window without o_win, lse_win or "
+                                                  "win_wait");
+    }
+    for (uint32_t b = 0; b < a->batch; b++) {
+        if (!a->sess[b]) return flx_error_set(FLX_ERR_INVALID, "attention layer run: session of batch row %u is NULL", b);
+        flx_kv_session_shape_t sh;
+        flx_status_t st = flx_kv_session_shape(a->sess[b], &sh);
+        if (st) return st;
+        if (sh.l_cpu > L->p.max_l_cpu)
+            return flx_error_set(FLX_ERR_INVALID, "attention layer run: batch row %u has %u host tokens, above "
+                                                  "max_l_cpu %u", b, sh.l_cpu, L->p.max_l_cpu);
+        L->l_cpu[b] = sh.l_cpu;
+    }
+    return FLX_OK;
+}
+
+flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t *a, flx_attn_layer_stats_t *stats)
+{
+    if (!L) return flx_error_set(FLX_ERR_INVALID, "attention layer run: NULL layer");
+    flx_status_t st = check_args(L, a);
+    if (st) return st;
+    const uint64_t t0 = flx_now_ns();
+    const uint32_t B = a->batch, Hq = L->Hq, Hkv = L->Hkv, G = L->G, D = L->D;
+    L->a = a;
+    uint64_t predict_ns = 0, merge_ns = 0;
+    uint32_t n = 0;
+    flx_sched_layer_t sl = {.layer = a->layer, .batch = B, .sess = a->sess, .q = a->q, .o = a->o};
+    if (L->p.mode == FLX_LAYER_FLUXION) {
+        for (uint32_t b = 0; b < B; b++) {
+            const flx_bf16_t **wk = L->win_ptr + (size_t)b * 2 * Hkv, **wv = wk + Hkv;
+            if ((st = flx_features_layer_from_session(a->sess[b], a->layer, a->q + (size_t)b * Hq * D, wk, wv,
+                                                      &L->feat_in[b]))) {
+                st = flx_error_set(st, "layer %u batch row %u: features: %s", a->layer, b, flx_error_msg());
+                goto out;
+            }
+        }
+        if ((st = flx_pool_for(L->pool, (uint64_t)B * Hkv, 1, feat_items, L))) goto out;
+        for (uint32_t b = 0; b < B; b++)
+            flx_features_decode_finish(&L->feat_in[b], L->feat + (size_t)b * Hq * FLX_FEAT_COUNT);
+        if ((st = flx_predictor_run(L->p.predictor, L->feat, B * Hq, L->pred, L->pscratch, L->ps_bytes, L->pool))) {
+            st = flx_error_set(st, "layer %u: predictor: %s", a->layer, flx_error_msg());
+            goto out;
+        }
+        for (uint32_t b = 0; b < B; b++) {
+            for (uint32_t g = 0; g < Hkv; g++) {
+                const size_t r0 = (size_t)b * Hq + (size_t)g * G;
+                flx_selection_t sel;
+                if ((st = flx_select_group_opts(L->pred + r0, G, L->l_cpu[b], &L->p.select, &L->p.opts,
+                                                L->budgets + r0, &sel)))
+                    goto out;
+                if (sel.skip) {   /* streaming only: the window partial is the output */
+                    memcpy(a->o + r0 * D, L->o_win + r0 * D, (size_t)G * D * sizeof(float));
+                    continue;
+                }
+                flx_sched_task_t *t = &L->tasks[n++];
+                memset(t, 0, sizeof *t);
+                t->seq = b, t->kv_group = g, t->blk = sel.blk, t->budgets = L->budgets + r0, t->priority = sel.v;
+                t->l_cpu = L->l_cpu[b];
+            }
+        }
+        predict_ns = flx_now_ns() - t0;
+        sl.window = FLX_SCHED_WIN_GIVEN, sl.o_win = L->o_win, sl.lse_win = L->lse_win;
+    } else {
+        const uint32_t blk = L->p.mode == FLX_LAYER_FIXED ? L->p.blk : 0;
+        const float bgt = L->p.mode == FLX_LAYER_FIXED ? L->p.bgt : 1.0f;
+        for (uint32_t b = 0; b < B; b++) {
+            for (uint32_t g = 0; g < Hkv; g++) {
+                flx_sched_task_t *t = &L->tasks[n++];
+                memset(t, 0, sizeof *t);
+                t->seq = b, t->kv_group = g, t->blk = blk, t->budget = bgt, t->l_cpu = L->l_cpu[b];
+                t->priority = volume(L->l_cpu[b], blk, NULL, bgt, G);
+            }
+        }
+        if (a->window == FLX_LAYER_WIN_DEFERRED) sl.window = FLX_SCHED_WIN_NONE, sl.lse = L->lse;
+        else sl.window = FLX_SCHED_WIN_COMPUTE;
+    }
+    L->n_tasks = n;
+    sl.tasks = L->tasks, sl.n_tasks = n;
+    flx_sched_layer_stats_t ss;
+    st = flx_sched_run(L->sched, &sl, &ss);
+    if (a->window == FLX_LAYER_WIN_DEFERRED) {
+        /* waited for even when a task failed: the caller's copies into o_win may still be in flight */
+        flx_status_t wst = a->win_wait(a->win_ctx);
+        if (st) goto out;
+        if ((st = wst)) goto out;
+        const uint64_t m0 = flx_now_ns();
+        for (uint32_t i = 0; i < n; i++) {
+            const flx_sched_task_t *t = &L->tasks[i];
+            const size_t r0 = (size_t)t->seq * Hq + (size_t)t->kv_group * G;
+            flx_attn_merge(G, D, a->o_win + r0 * D, a->lse_win + r0, a->o + r0 * D, L->lse + r0, a->o + r0 * D,
+                           L->lse + r0);
+        }
+        merge_ns = flx_now_ns() - m0;
+    }
+    if (st) goto out;
+    if (stats) {
+        memset(stats, 0, sizeof *stats);
+        stats->sched = ss;
+        stats->wall_ns = flx_now_ns() - t0;
+        stats->predict_ns = predict_ns;
+        stats->merge_ns = merge_ns;
+        stats->n_groups = B * Hkv;
+        stats->n_tasks = n;
+    }
+out:
+    L->a = NULL;
+    return st;
+}
+
+const flx_sched_task_t *flx_attn_layer_tasks(flx_attn_layer_h L, uint32_t *n_p)
+{
+    if (!L) return NULL;
+    if (n_p) *n_p = L->n_tasks;
+    return L->tasks;
+}
+
+flx_sched_h flx_attn_layer_sched(flx_attn_layer_h L)
+{
+    return L ? L->sched : NULL;
+}
