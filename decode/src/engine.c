@@ -136,6 +136,8 @@ struct flx_engine {
     seq_t **bseq;                /* (max_batch) */
     int32_t *btok;               /* (max_batch) */
     uint32_t *bpos;              /* (max_batch) */
+    flx_engine_seq_stats_t *bstats; /* (max_batch) per-sequence statistics of the last step */
+    uint64_t *task_bytes;        /* (max_batch, Hkv) host bytes of each task of the layer in progress */
 
     flx_engine_stats_t last, total, cur;
 };
@@ -394,6 +396,8 @@ flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, c
     e->bseq = calloc(B, sizeof *e->bseq);
     e->btok = calloc(B, sizeof *e->btok);
     e->bpos = calloc(B, sizeof *e->bpos);
+    e->bstats = calloc(B, sizeof *e->bstats);
+    e->task_bytes = calloc((size_t)B * e->Hkv, sizeof *e->task_bytes);
     if (e->p.mode == FLX_ENGINE_ATTN_FLUXION) {
         const size_t rows = (size_t)B * e->Hq;
         e->feat = malloc(rows * FLX_FEAT_COUNT * sizeof(float));
@@ -415,7 +419,7 @@ flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, c
         }
     }
     if (!e->fwd_mem || !e->attn_mem || !e->aws || !e->lse || !e->thr || !e->logits || !e->sample_scratch ||
-        !e->kv_bf16 || !e->seqs || !e->order || !e->bseq || !e->btok || !e->bpos) {
+        !e->kv_bf16 || !e->seqs || !e->order || !e->bseq || !e->btok || !e->bpos || !e->bstats || !e->task_bytes) {
         st = flx_error_set(FLX_ERR_NOMEM, "engine create: workspaces for max_batch %u, %u threads, vocab %u", B, T,
                            e->vocab);
         goto fail;
@@ -457,6 +461,8 @@ void flx_engine_destroy(flx_engine_h e)
     free(e->bseq);
     free(e->btok);
     free(e->bpos);
+    free(e->bstats);
+    free(e->task_bytes);
     free(e->feat);
     free(e->o_win);
     free(e->lse_win);
@@ -649,6 +655,26 @@ void flx_engine_total_stats(flx_engine_h e, flx_engine_stats_t *stats_p)
     if (e && stats_p) *stats_p = e->total;
 }
 
+flx_status_t flx_engine_last_seq_stats(flx_engine_h e, flx_engine_seq_id_t seq, flx_engine_seq_stats_t *stats_p)
+{
+    if (!e || !stats_p)
+        return flx_error_set(FLX_ERR_INVALID, "engine seq stats: NULL argument");
+    for (uint32_t b = 0; b < e->last.n_tokens && seq; b++)
+        if (e->bstats[b].seq == seq) {
+            *stats_p = e->bstats[b];
+            return FLX_OK;
+        }
+    return flx_error_set(FLX_ERR_NOT_FOUND, "sequence %llu was not in the last step", (unsigned long long)seq);
+}
+
+/* Index into groups_by_blk of a logical block size (16 -> 0 ... 128 -> 3). */
+static uint32_t blk_index(uint32_t blk)
+{
+    uint32_t i = 0;
+    while (i < 3 && (16u << i) < blk) i++;
+    return i;
+}
+
 /* ---- the attention entry point ---- */
 
 static void timing_add(flx_attn_timing_t *a, const flx_attn_timing_t *b)
@@ -695,11 +721,15 @@ static flx_status_t fluxion_plan(struct flx_engine *e, uint32_t layer, uint32_t 
             return st;
         if ((st = flx_select_group(e->pred + r0, G, view.l_cpu, &e->select, e->budgets + r0, &e->sel[id])))
             return st;
+        flx_engine_seq_stats_t *bs = &e->bstats[b];
+        bs->streaming_heads += G - e->sel[id].n_retrieval;
         if (e->sel[id].skip) {
             memcpy(o + r0 * D, e->o_win + r0 * D, (size_t)G * D * sizeof(float));
             e->cur.n_skipped++;
+            bs->skipped_groups++;
             continue;
         }
+        bs->groups_by_blk[blk_index(e->sel[id].blk)]++;
         /* insertion into the list kept in descending V (B * Hkv is small) */
         uint32_t i = n++;
         while (i > 0 && e->sel[e->tasks[i - 1]].v < e->sel[id].v) {
@@ -781,6 +811,7 @@ static flx_status_t tasks_run(struct flx_engine *e, uint32_t layer, const float 
             }
             timing_add(&ts->t, &tim);
             ts->n_tasks++;
+            e->task_bytes[task] = tim.score_bytes + tim.attn_bytes;
         }
     }
     flx_status_t st = FLX_OK;
@@ -795,6 +826,13 @@ static flx_status_t tasks_run(struct flx_engine *e, uint32_t layer, const float 
         e->cur.merge_ns += x->merge_ns;
         e->cur.host_bytes += x->score_bytes + x->attn_bytes;
         e->cur.n_tasks += e->thr[t].n_tasks;
+    }
+    /* per-sequence figures of the layer (FLUXION counts its blk choices in fluxion_plan) */
+    for (uint32_t task = 0; task < n_tasks && !st; task++) {
+        const uint32_t b = (fluxion ? e->tasks[task] : task) / Hkv;
+        e->bstats[b].host_bytes += e->task_bytes[task];
+        if (!fluxion && e->cfg.mode == FLX_ATTN_FIXED)
+            e->bstats[b].groups_by_blk[blk_index(e->cfg.blk)]++;
     }
     return st;
 }
@@ -812,6 +850,10 @@ static flx_status_t attn_layer(void *ctx, uint32_t layer, uint32_t B, const floa
         return st;
     uint64_t t1 = flx_now_ns();
     uint32_t n_tasks = B * e->Hkv;
+    for (uint32_t b = 0; b < B; b++) {
+        e->bstats[b].heads += e->Hq;
+        e->bstats[b].groups += e->Hkv;
+    }
     if (e->p.mode == FLX_ENGINE_ATTN_FLUXION && (st = fluxion_plan(e, layer, B, q, o, &n_tasks)))
         return st;
     st = tasks_run(e, layer, q, o, n_tasks);
@@ -838,6 +880,10 @@ static flx_status_t attn_layer_gpu(void *ctx, const flx_gpu_attn_args_t *a)
     if (st)
         return st;
     const uint64_t t1 = flx_now_ns();
+    for (uint32_t b = 0; b < B; b++) {
+        e->bstats[b].heads += Hq;
+        e->bstats[b].groups += Hkv;
+    }
     for (uint32_t id = 0; id < B * Hkv; id++) {
         const uint32_t b = id / Hkv, g = id % Hkv;
         const size_t r0 = (size_t)b * Hq + (size_t)g * G;
@@ -936,6 +982,8 @@ flx_status_t flx_engine_step(flx_engine_h e)
         e->bseq[b] = s;
         e->btok[b] = s->next;
         e->bpos[b] = s->prompt_len + s->n_fed;
+        memset(&e->bstats[b], 0, sizeof e->bstats[b]);
+        e->bstats[b].seq = s->id;
     }
     e->batch = B;
     flx_status_t st;
