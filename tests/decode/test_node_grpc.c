@@ -22,7 +22,8 @@
  *   - a READY session whose lease passes fails with the reason;
  *   - /metrics over HTTP holds the counters, histograms and Fluxion's statistics;
  *   - the Python client gets the same tokens;
- *   - SIGTERM during a Generate: health NOT_SERVING, new sessions UNAVAILABLE, the stream ends
+ *   - SIGTERM during a Generate: health NOT_SERVING (Check, and a Watch stream that said SERVING
+ *     before), new sessions UNAVAILABLE, the stream ends
  *     UNAVAILABLE at the drain timeout, the daemon exits 0; exit 2 on bad flags, 1 when it cannot
  *     start.
  * Real model: Generate's text pieces concatenate to what flx-generate prints for the same prompt.
@@ -287,6 +288,23 @@ static double metric(const char *text, const char *name)
         if ((p == text || p[-1] == '\n') && p[nl] == ' ') return atof(p + nl + 1);
     fprintf(stderr, "metric %s missing\n", name);
     exit(1);
+}
+
+/* The next status a Health.Watch stream sends (-1 when it ended). */
+static int watch_status(flx_rpc_stream_h w)
+{
+    void *m;
+    size_t len;
+    flx_rpc_result_t res;
+    flx_status_t st = flx_rpc_stream_next(w, &m, &len, &res);
+    CHECK(st >= 0);
+    if (st == 0) return -1;
+    Grpc__Health__V1__HealthCheckResponse *h = grpc__health__v1__health_check_response__unpack(NULL, len, m);
+    free(m);
+    CHECK(h);
+    int s = h->status;
+    grpc__health__v1__health_check_response__free_unpacked(h, NULL);
+    return s;
 }
 
 /* ---- tests ---- */
@@ -606,6 +624,15 @@ static void test_random(void)
     CHECK(daemon_start(g_daemon, args2, err, &d, &code) == 0);
     CHECK_OK(flx_rpc_client_create(d.target, 0, &c));
     {
+        /* a health watcher: SERVING now, NOT_SERVING once the drain starts */
+        Grpc__Health__V1__HealthCheckRequest wq = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+        size_t wl;
+        uint8_t *wb = pb_pack(&wq.base, &wl);
+        flx_rpc_stream_h watch;
+        CHECK_OK(flx_rpc_stream_open(c, "/grpc.health.v1.Health/Watch", wb, wl, 0, &watch));
+        free(wb);
+        CHECK(watch_status(watch) == GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING);
+
         flx_rpc_result_t res;
         uint64_t sid = ready_session(c, prompt, 100, 3900, NULL);
         Fluxion__Decode__V1__GenerateRequest g = FLUXION__DECODE__V1__GENERATE_REQUEST__INIT;
@@ -625,6 +652,7 @@ static void test_random(void)
             free(m);
             if (++n == 5) {
                 CHECK(kill(d.pid, SIGTERM) == 0);
+                CHECK(watch_status(watch) == GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING);
                 usleep(100000);   /* inside the drain: health and new sessions */
                 Grpc__Health__V1__HealthCheckRequest hq = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
                 size_t hl;
@@ -650,6 +678,7 @@ static void test_random(void)
             }
         }
         flx_rpc_stream_close(s);
+        flx_rpc_stream_close(watch);
         fprintf(stderr, "SIGTERM after 5 tokens: the stream got %u tokens\n", n);
         expect_code("Generate across SIGTERM", &res, FLX_RPC_UNAVAILABLE, "draining");
         CHECK(n >= 5 && n < 3900);
