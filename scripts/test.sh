@@ -20,7 +20,7 @@ echo "== build: asan+ubsan"
 
 echo "== build: tsan (concurrency tests)"
 ./scripts/build.sh build-tsan -DFLX_SANITIZE=thread -DFLX_BENCH=OFF -DFLX_CUDA=OFF
-(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j"$jobs" -L concurrency) || fail=1
+(cd build-tsan && TSAN_OPTIONS="halt_on_error=1 suppressions=$here/tests/tsan.supp" ctest --output-on-failure -j"$jobs" -L concurrency) || fail=1
 
 if [ "$fail" -ne 0 ]; then echo "test.sh: FAILED"; exit 1; fi
 echo "test.sh: all suites passed"

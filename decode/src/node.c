@@ -382,6 +382,9 @@ flx_status_t flx_node_create(const flx_node_config_t *cfg, flx_node_h *node_p)
     }
     /* The engines size their workspaces from n_threads: "all" resolved once here. */
     n->n_threads = cfg->threads ? cfg->threads : (uint32_t)omp_get_max_threads();
+#ifdef FLX_TSAN
+    n->n_threads = 1;   /* libgomp is not TSan-instrumented (the engine does the same) */
+#endif
     if (cfg->prefill == FLX_NODE_PREFILL_LOCAL) {
         flx_fwd_shape_t fs = {.max_prompt = n->lim.max_prompt_len, .max_batch = 1, .n_threads = n->n_threads};
         size_t bytes = 0;
@@ -1007,17 +1010,10 @@ static void on_engine_token(void *ctx, flx_engine_seq_id_t seq, int32_t token, i
     }
 }
 
-/* Ends a call: the sink's on_end, the session's record, its KV closed, the call freed. */
+/* Ends a call: the session's record and its KV first (a client that sees the stream end and asks
+ * GetSession finds it CLOSED), then the sink's on_end, then the call is freed. */
 static void gen_end(flx_node_h n, struct flx_node_gen *g, flx_status_t st, const char *msg)
 {
-    g->sink.on_end(g->sink.ctx, st, msg ? msg : "");
-    pthread_mutex_lock(&n->stats_mu);
-    if (st == FLX_OK) n->c_gen_ok++;
-    else if (st == FLX_ERR_CANCELED) n->c_gen_cancelled++;
-    else if (st == FLX_ERR_TIMEOUT) n->c_gen_deadline++;
-    else if (st == FLX_ERR_UNAVAILABLE) n->c_gen_unavailable++;
-    else n->c_gen_error++;
-    pthread_mutex_unlock(&n->stats_mu);
     pthread_mutex_lock(&n->mu);
     sess_t *s = find(n, g->sid);
     if (s && s->gen == g) {
@@ -1026,9 +1022,19 @@ static void gen_end(flx_node_h n, struct flx_node_gen *g, flx_status_t st, const
         close_record_locked(n, s);
         s->kv = 0;
     }
-    n->n_gen--;
     pthread_mutex_unlock(&n->mu);
     flx_kv_session_close(n->store, g->kv);
+    pthread_mutex_lock(&n->stats_mu);
+    if (st == FLX_OK) n->c_gen_ok++;
+    else if (st == FLX_ERR_CANCELED) n->c_gen_cancelled++;
+    else if (st == FLX_ERR_TIMEOUT) n->c_gen_deadline++;
+    else if (st == FLX_ERR_UNAVAILABLE) n->c_gen_unavailable++;
+    else n->c_gen_error++;
+    pthread_mutex_unlock(&n->stats_mu);
+    g->sink.on_end(g->sink.ctx, st, msg ? msg : "");
+    pthread_mutex_lock(&n->mu);
+    n->n_gen--;
+    pthread_mutex_unlock(&n->mu);
     free(g);
 }
 

@@ -229,6 +229,7 @@ static void request_one(flx_rpc_server_h srv)
     c->t_send = (rpc_tag_t){T_SEND, c};
     c->t_status = (rpc_tag_t){T_STATUS, c};
     c->refs = 1;   /* the request */
+    FLX_TSAN_RELEASE(&c->t_new);
     grpc_call_error e = grpc_server_request_call(srv->srv, &c->gc, &c->details, &c->md, srv->cq, srv->cq, &c->t_new);
     if (e != GRPC_CALL_OK) {
         flx_log_error("rpc", "grpc_server_request_call: %s", grpc_call_error_to_string(e));
@@ -258,6 +259,7 @@ static void start_status_locked(struct flx_rpc_call *c)
     c->status_pending = 0;
     c->status_started = 1;
     c->refs++;
+    FLX_TSAN_RELEASE(&c->t_status);
     grpc_call_error e = grpc_call_start_batch(c->gc, ops, n, &c->t_status, NULL);
     grpc_slice_unref(details);
     if (e != GRPC_CALL_OK) {
@@ -283,6 +285,7 @@ static void start_send_locked(struct flx_rpc_call *c)
     ops[n++].data.send_message.send_message = c->inflight;
     c->send_inflight = 1;
     c->refs++;
+    FLX_TSAN_RELEASE(&c->t_send);
     grpc_call_error e = grpc_call_start_batch(c->gc, ops, n, &c->t_send, NULL);
     if (e != GRPC_CALL_OK) {
         flx_log_error("rpc", "%s: send batch refused: %s", c->path, grpc_call_error_to_string(e));
@@ -473,6 +476,7 @@ static void on_new(struct flx_rpc_call *c, int ok)
     op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
     op.data.recv_close_on_server.cancelled = &c->close_cancelled;
     c->refs++;
+    FLX_TSAN_RELEASE(&c->t_close);
     grpc_call_error e = grpc_call_start_batch(c->gc, &op, 1, &c->t_close, NULL);
     if (e != GRPC_CALL_OK) {
         c->refs--;
@@ -487,6 +491,7 @@ static void on_new(struct flx_rpc_call *c, int ok)
     op.op = GRPC_OP_RECV_MESSAGE;
     op.data.recv_message.recv_message = &c->recv_buf;
     c->refs++;
+    FLX_TSAN_RELEASE(&c->t_recv);
     e = grpc_call_start_batch(c->gc, &op, 1, &c->t_recv, NULL);
     if (e != GRPC_CALL_OK) {
         c->refs--;
@@ -572,6 +577,7 @@ static void dispatch(flx_rpc_server_h srv, grpc_event ev)
 {
     if (ev.type != GRPC_OP_COMPLETE)
         return;
+    FLX_TSAN_ACQUIRE(ev.tag);
     rpc_tag_t *t = ev.tag;
     switch (t->kind) {
     case T_NEW: on_new(t->call, ev.success); break;
@@ -738,8 +744,10 @@ void flx_rpc_server_shutdown(flx_rpc_server_h s)
     int first = !s->shutting_down;
     s->shutting_down = 1;
     pthread_mutex_unlock(&s->mu);
-    if (first)
+    if (first) {
+        FLX_TSAN_RELEASE(&s->t_shutdown);
         grpc_server_shutdown_and_notify(s->srv, s->cq, &s->t_shutdown);
+    }
 }
 
 /* Waits until every call is freed and the shutdown tag came, or the absolute CLOCK_REALTIME
