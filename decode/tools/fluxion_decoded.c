@@ -57,7 +57,8 @@ static int healthy(void *ctx)
     return !flx_node_draining(ctx);
 }
 
-int main(int argc, char **argv)
+/* Flags (and the config file --config names) into cfg. Returns -1 to go on, else the exit code. */
+static int parse_args(int argc, char **argv, flx_node_config_t *cfg, int *print_p)
 {
     const char *const *keys = flx_node_config_keys();
     size_t n_keys = 0;
@@ -65,53 +66,67 @@ int main(int argc, char **argv)
     enum { O_CONFIG = 1000, O_PRINT, O_HELP, O_VERSION };
     struct option *opts = calloc(n_keys + 5, sizeof *opts);
     const char **flag_vals = calloc(n_keys, sizeof *flag_vals);
+    int rc = -1, c;
+    const char *config_path = NULL;
     if (!opts || !flag_vals) {
         fprintf(stderr, PROG ": out of memory\n");
-        return 1;
+        rc = 1;
+        goto out;
     }
     for (size_t i = 0; i < n_keys; i++) opts[i] = (struct option){keys[i], required_argument, NULL, (int)i};
     opts[n_keys] = (struct option){"config", required_argument, NULL, O_CONFIG};
     opts[n_keys + 1] = (struct option){"print-config", no_argument, NULL, O_PRINT};
     opts[n_keys + 2] = (struct option){"help", no_argument, NULL, O_HELP};
     opts[n_keys + 3] = (struct option){"version", no_argument, NULL, O_VERSION};
-
-    const char *config_path = NULL;
-    int print = 0, c;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    while (rc < 0 && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         if (c >= 0 && (size_t)c < n_keys) {
             flag_vals[c] = optarg;
             continue;
         }
         switch (c) {
         case O_CONFIG: config_path = optarg; break;
-        case O_PRINT: print = 1; break;
+        case O_PRINT: *print_p = 1; break;
         case 'h':
-        case O_HELP: usage(stdout); return 0;
-        case O_VERSION: printf(PROG " %s\n", FLX_VERSION); return 0;
+        case O_HELP: usage(stdout); rc = 0; break;
+        case O_VERSION: printf(PROG " %s\n", FLX_VERSION); rc = 0; break;
         default:
             fprintf(stderr, PROG ": unknown option or missing value: %s\n", argv[optind - 1]);
             usage(stderr);
-            return 2;
+            rc = 2;
         }
     }
+    if (rc >= 0)
+        goto out;
     if (optind != argc) {
         fprintf(stderr, PROG ": unexpected argument '%s'\n", argv[optind]);
-        return 2;
+        rc = 2;
+        goto out;
     }
-    flx_node_config_t cfg;
-    flx_node_config_default(&cfg);
-    if (config_path && flx_node_config_load(&cfg, config_path)) {
+    flx_node_config_default(cfg);
+    if (config_path && flx_node_config_load(cfg, config_path)) {
         fprintf(stderr, PROG ": --config: %s\n", flx_error_msg());
-        return 2;
+        rc = 2;
+        goto out;
     }
-    for (size_t i = 0; i < n_keys; i++)
-        if (flag_vals[i] && flx_node_config_set(&cfg, keys[i], flag_vals[i])) {
+    for (size_t i = 0; i < n_keys && rc < 0; i++)
+        if (flag_vals[i] && flx_node_config_set(cfg, keys[i], flag_vals[i])) {
             fprintf(stderr, PROG ": --%s: %s\n", keys[i], flx_error_msg());
-            return 2;
+            rc = 2;
         }
+out:
     free(opts);
     free(flag_vals);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    flx_node_config_t cfg;
+    int print = 0;
+    int prc = parse_args(argc, argv, &cfg, &print);
+    if (prc >= 0)
+        return prc;
     if (print) {
         size_t need = flx_node_config_format(&cfg, NULL, 0);
         char *buf = malloc(need + 1);
