@@ -927,7 +927,7 @@ static flx_status_t attn_layer_gpu(void *ctx, const flx_gpu_attn_args_t *a)
 
 /* ---- the step ---- */
 
-static void stats_add(flx_engine_stats_t *a, const flx_engine_stats_t *b)
+void flx_engine_stats_add(flx_engine_stats_t *a, const flx_engine_stats_t *b)
 {
     a->n_steps += b->n_steps;
     a->n_tokens += b->n_tokens;
@@ -1040,7 +1040,7 @@ flx_status_t flx_engine_step(flx_engine_h e)
         e->bseq[b]->n_steps++;
     }
     e->last = e->cur;
-    stats_add(&e->total, &e->cur);
+    flx_engine_stats_add(&e->total, &e->cur);
     retire_finished(e);
     return e->n_live ? FLX_INPROGRESS : FLX_OK;
 }

@@ -1213,27 +1213,6 @@ static uint64_t timers(flx_node_h n, uint64_t now)
     return next;
 }
 
-static void stats_add(flx_engine_stats_t *a, const flx_engine_stats_t *b)
-{
-    a->n_steps += b->n_steps;
-    a->n_tokens += b->n_tokens;
-    a->step_ns += b->step_ns;
-    a->dense_ns += b->dense_ns;
-    a->attn_ns += b->attn_ns;
-    a->append_ns += b->append_ns;
-    a->sample_ns += b->sample_ns;
-    a->n_tasks += b->n_tasks;
-    a->window_ns += b->window_ns;
-    a->score_ns += b->score_ns;
-    a->topk_ns += b->topk_ns;
-    a->host_attn_ns += b->host_attn_ns;
-    a->merge_ns += b->merge_ns;
-    a->host_bytes += b->host_bytes;
-    a->dense_bytes += b->dense_bytes;
-    a->predict_ns += b->predict_ns;
-    a->n_skipped += b->n_skipped;
-}
-
 /* One step of every engine with live sequences; each call's token goes out after its step. */
 static void step_engines(flx_node_h n)
 {
@@ -1256,7 +1235,7 @@ static void step_engines(flx_node_h n)
             flx_engine_stats_t last;
             flx_engine_last_stats(e, &last);
             pthread_mutex_lock(&n->stats_mu);
-            stats_add(&n->eng_total, &last);
+            flx_engine_stats_add(&n->eng_total, &last);
             pthread_mutex_unlock(&n->stats_mu);
         }
         for (struct flx_node_gen **pp = &n->active; *pp;) {

@@ -43,33 +43,48 @@ struct flx_node_service {
 
 /* ---- packing ---- */
 
-/* Packs msg and sends it as the unary reply. */
-static void reply_msg(flx_rpc_call_h call, const ProtobufCMessage *msg)
+/* Packs msg into stack (cap bytes) when it fits, else into a malloc'd buffer; NULL when out of
+ * memory. Free with pack_free. */
+static uint8_t *pack(const ProtobufCMessage *msg, uint8_t *stack, size_t cap, size_t *len_p)
 {
-    uint8_t stack[512];
     size_t len = protobuf_c_message_get_packed_size(msg);
-    uint8_t *buf = len <= sizeof stack ? stack : malloc(len);
-    if (!buf) {
-        flx_rpc_finish(call, FLX_ERR_NOMEM, "response of %zu bytes", len);
-        return;
-    }
-    protobuf_c_message_pack(msg, buf);
-    flx_rpc_reply(call, buf, len);
+    uint8_t *buf = len <= cap ? stack : malloc(len);
+    if (buf)
+        protobuf_c_message_pack(msg, buf);
+    *len_p = len;
+    return buf;
+}
+
+static void pack_free(uint8_t *buf, const uint8_t *stack)
+{
     if (buf != stack)
         free(buf);
 }
 
+/* Packs msg and sends it as the unary reply. */
+static void reply_msg(flx_rpc_call_h call, const ProtobufCMessage *msg)
+{
+    uint8_t stack[512];
+    size_t len;
+    uint8_t *buf = pack(msg, stack, sizeof stack, &len);
+    if (!buf) {
+        flx_rpc_finish(call, FLX_ERR_NOMEM, "response of %zu bytes", len);
+        return;
+    }
+    flx_rpc_reply(call, buf, len);
+    pack_free(buf, stack);
+}
+
+/* Packs msg and sends it as one message of a stream. */
 static flx_status_t send_msg(flx_rpc_call_h call, const ProtobufCMessage *msg)
 {
     uint8_t stack[512];
-    size_t len = protobuf_c_message_get_packed_size(msg);
-    uint8_t *buf = len <= sizeof stack ? stack : malloc(len);
+    size_t len;
+    uint8_t *buf = pack(msg, stack, sizeof stack, &len);
     if (!buf)
         return flx_error_set(FLX_ERR_NOMEM, "stream message of %zu bytes", len);
-    protobuf_c_message_pack(msg, buf);
     flx_status_t st = flx_rpc_send(call, buf, len);
-    if (buf != stack)
-        free(buf);
+    pack_free(buf, stack);
     return st;
 }
 

@@ -84,6 +84,30 @@ static void result_set(flx_rpc_result_t *res, grpc_status_code code, grpc_slice 
     res->msg[n] = '\0';
 }
 
+/* A call of method on the client's channel, its completions on cq. */
+static grpc_call *make_call(flx_rpc_client_h c, const char *method, uint32_t timeout_ms, grpc_completion_queue *cq)
+{
+    grpc_slice m = grpc_slice_from_copied_string(method);
+    grpc_call *call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, m, NULL,
+                                               flx_rpc_ms_from_now(timeout_ms), NULL);
+    grpc_slice_unref(m);
+    return call;
+}
+
+/* The four ops that send a request and close the client's side: initial metadata, the message,
+ * the half-close, and the server's initial metadata (without it the status can wait until the
+ * deadline). */
+static void request_ops(grpc_op ops[4], grpc_byte_buffer *req, grpc_metadata_array *md_init)
+{
+    memset(ops, 0, 4 * sizeof *ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = req;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = md_init;
+}
+
 static void cq_drain_destroy(grpc_completion_queue *cq)
 {
     grpc_completion_queue_shutdown(cq);
@@ -115,10 +139,7 @@ flx_status_t flx_rpc_unary(flx_rpc_client_h c, const char *method, const void *r
     if (!c || !method || (!req && len) || !resp_p || !resp_len_p || !res)
         return flx_error_set(FLX_ERR_INVALID, "rpc unary: NULL argument");
     grpc_completion_queue *cq = grpc_completion_queue_create_for_next(NULL);
-    grpc_slice m = grpc_slice_from_copied_string(method);
-    grpc_call *call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, m, NULL,
-                                               flx_rpc_ms_from_now(timeout_ms), NULL);
-    grpc_slice_unref(m);
+    grpc_call *call = make_call(c, method, timeout_ms, cq);
     grpc_byte_buffer *bb = flx_rpc_bb_make(req, len), *rb = NULL;
     grpc_metadata_array md_init, md_trail;
     grpc_metadata_array_init(&md_init);
@@ -126,13 +147,8 @@ flx_status_t flx_rpc_unary(flx_rpc_client_h c, const char *method, const void *r
     grpc_status_code code = GRPC_STATUS_UNKNOWN;
     grpc_slice details = grpc_empty_slice();
     grpc_op ops[6];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = bb;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &md_init;
+    request_ops(ops, bb, &md_init);
+    memset(&ops[4], 0, 2 * sizeof ops[0]);
     ops[4].op = GRPC_OP_RECV_MESSAGE;
     ops[4].data.recv_message.recv_message = &rb;
     ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
@@ -179,23 +195,14 @@ flx_status_t flx_rpc_stream_open(flx_rpc_client_h c, const char *method, const v
     if (!s)
         return flx_error_set(FLX_ERR_NOMEM, "rpc stream");
     s->cq = grpc_completion_queue_create_for_next(NULL);
-    grpc_slice m = grpc_slice_from_copied_string(method);
-    s->call = grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, s->cq, m, NULL,
-                                       flx_rpc_ms_from_now(timeout_ms), NULL);
-    grpc_slice_unref(m);
+    s->call = make_call(c, method, timeout_ms, s->cq);
     grpc_metadata_array_init(&s->md_init);
     grpc_metadata_array_init(&s->md_trail);
     s->details = grpc_empty_slice();
     s->code = GRPC_STATUS_UNKNOWN;
-    grpc_byte_buffer *bb = s->req = flx_rpc_bb_make(req, len);
+    s->req = flx_rpc_bb_make(req, len);
     grpc_op ops[4];
-    memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = bb;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
-    ops[3].data.recv_initial_metadata.recv_initial_metadata = &s->md_init;
+    request_ops(ops, s->req, &s->md_init);
     grpc_call_error e1 = grpc_call_start_batch(s->call, ops, 4, &s->tag_start, NULL);
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_RECV_STATUS_ON_CLIENT;

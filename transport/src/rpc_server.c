@@ -238,58 +238,64 @@ static void request_one(flx_rpc_server_h srv)
     }
 }
 
+/* The ops every send batch starts with: the initial metadata (once per call), then msg if any.
+ * Returns how many ops it wrote into ops (room for 2). */
+static size_t ops_begin_locked(struct flx_rpc_call *c, grpc_op *ops, grpc_byte_buffer *msg)
+{
+    size_t n = 0;
+    if (!c->md_sent) {
+        memset(&ops[n], 0, sizeof ops[n]);
+        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+        c->md_sent = 1;
+    }
+    if (msg) {
+        memset(&ops[n], 0, sizeof ops[n]);
+        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        ops[n++].data.send_message.send_message = msg;
+    }
+    return n;
+}
+
+/* Starts a batch tagged tag, counting its reference; 0, or -1 (logged, reference dropped) when
+ * gRPC refuses it. c->mu held. */
+static int start_batch_locked(struct flx_rpc_call *c, const grpc_op *ops, size_t n, rpc_tag_t *tag)
+{
+    c->refs++;
+    FLX_TSAN_RELEASE(tag);
+    grpc_call_error e = grpc_call_start_batch(c->gc, ops, n, tag, NULL);
+    if (e == GRPC_CALL_OK)
+        return 0;
+    flx_log_error("rpc", "%s: batch refused: %s", c->path, grpc_call_error_to_string(e));
+    c->refs--;
+    return -1;
+}
+
 /* Starts the status batch (with a unary reply's message); c->mu held. */
 static void start_status_locked(struct flx_rpc_call *c)
 {
     grpc_op ops[3];
-    memset(ops, 0, sizeof ops);
-    size_t n = 0;
-    if (!c->md_sent) {
-        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
-        c->md_sent = 1;
-    }
-    if (c->final_msg) {
-        ops[n].op = GRPC_OP_SEND_MESSAGE;
-        ops[n++].data.send_message.send_message = c->final_msg;
-    }
+    size_t n = ops_begin_locked(c, ops, c->final_msg);
     grpc_slice details = grpc_slice_from_copied_string(c->status_msg);
+    memset(&ops[n], 0, sizeof ops[n]);
     ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
     ops[n].data.send_status_from_server.status = (grpc_status_code)c->status_code;
     ops[n++].data.send_status_from_server.status_details = c->status_code ? &details : NULL;
     c->status_pending = 0;
     c->status_started = 1;
-    c->refs++;
-    FLX_TSAN_RELEASE(&c->t_status);
-    grpc_call_error e = grpc_call_start_batch(c->gc, ops, n, &c->t_status, NULL);
+    start_batch_locked(c, ops, n, &c->t_status);
     grpc_slice_unref(details);
-    if (e != GRPC_CALL_OK) {
-        flx_log_error("rpc", "%s: status batch refused: %s", c->path, grpc_call_error_to_string(e));
-        c->refs--;
-    }
 }
 
 /* Starts the next queued message; c->mu held, no send in flight. */
 static void start_send_locked(struct flx_rpc_call *c)
 {
     grpc_op ops[2];
-    memset(ops, 0, sizeof ops);
-    size_t n = 0;
-    if (!c->md_sent) {
-        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
-        c->md_sent = 1;
-    }
     c->inflight = c->q[c->q_head];
     c->q_head = (c->q_head + 1) % c->q_cap;
     c->q_n--;
-    ops[n].op = GRPC_OP_SEND_MESSAGE;
-    ops[n++].data.send_message.send_message = c->inflight;
+    size_t n = ops_begin_locked(c, ops, c->inflight);
     c->send_inflight = 1;
-    c->refs++;
-    FLX_TSAN_RELEASE(&c->t_send);
-    grpc_call_error e = grpc_call_start_batch(c->gc, ops, n, &c->t_send, NULL);
-    if (e != GRPC_CALL_OK) {
-        flx_log_error("rpc", "%s: send batch refused: %s", c->path, grpc_call_error_to_string(e));
-        c->refs--;
+    if (start_batch_locked(c, ops, n, &c->t_send)) {
         c->send_inflight = 0;
         grpc_byte_buffer_destroy(c->inflight);
         c->inflight = NULL;
@@ -475,13 +481,7 @@ static void on_new(struct flx_rpc_call *c, int ok)
     memset(&op, 0, sizeof op);
     op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
     op.data.recv_close_on_server.cancelled = &c->close_cancelled;
-    c->refs++;
-    FLX_TSAN_RELEASE(&c->t_close);
-    grpc_call_error e = grpc_call_start_batch(c->gc, &op, 1, &c->t_close, NULL);
-    if (e != GRPC_CALL_OK) {
-        c->refs--;
-        flx_log_error("rpc", "%s: close batch refused: %s", c->path, grpc_call_error_to_string(e));
-    }
+    start_batch_locked(c, &op, 1, &c->t_close);
     if (!c->method) {
         pthread_mutex_unlock(&c->mu);
         flx_rpc_finish(c, FLX_ERR_UNSUPPORTED, "method %s is not served here", c->path);
@@ -490,13 +490,9 @@ static void on_new(struct flx_rpc_call *c, int ok)
     memset(&op, 0, sizeof op);
     op.op = GRPC_OP_RECV_MESSAGE;
     op.data.recv_message.recv_message = &c->recv_buf;
-    c->refs++;
-    FLX_TSAN_RELEASE(&c->t_recv);
-    e = grpc_call_start_batch(c->gc, &op, 1, &c->t_recv, NULL);
-    if (e != GRPC_CALL_OK) {
-        c->refs--;
+    if (start_batch_locked(c, &op, 1, &c->t_recv)) {
         pthread_mutex_unlock(&c->mu);
-        flx_rpc_finish(c, FLX_ERR_INTERNAL, "receive batch refused: %s", grpc_call_error_to_string(e));
+        flx_rpc_finish(c, FLX_ERR_INTERNAL, "the request could not be read (receive batch refused)");
         return;
     }
     pthread_mutex_unlock(&c->mu);
@@ -608,6 +604,17 @@ static void *poll_thread(void *arg)
 
 /* ---- server ---- */
 
+/* The server's own memory (gRPC's objects are gone or were never made). */
+static void server_free(struct flx_rpc_server *s)
+{
+    for (uint32_t i = 0; i < s->n_methods; i++) free((char *)s->methods[i].path);
+    free(s->methods);
+    free(s->thr);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}
+
 flx_status_t flx_rpc_server_create(const flx_rpc_server_params_t *p, flx_rpc_server_h *server_p)
 {
     if (!p || !server_p)
@@ -712,12 +719,7 @@ flx_status_t flx_rpc_server_create(const flx_rpc_server_params_t *p, flx_rpc_ser
     return FLX_OK;
 
 fail_mem:
-    for (uint32_t i = 0; i < s->n_methods; i++) free((char *)s->methods[i].path);
-    free(s->methods);
-    free(s->thr);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
-    free(s);
+    server_free(s);
     return st;
 }
 
@@ -795,10 +797,5 @@ void flx_rpc_server_destroy(flx_rpc_server_h s, uint32_t grace_ms)
     grpc_server_destroy(s->srv);
     grpc_completion_queue_destroy(s->cq);
     grpc_shutdown();
-    for (uint32_t i = 0; i < s->n_methods; i++) free((char *)s->methods[i].path);
-    free(s->methods);
-    free(s->thr);
-    pthread_mutex_destroy(&s->mu);
-    pthread_cond_destroy(&s->cv);
-    free(s);
+    server_free(s);
 }

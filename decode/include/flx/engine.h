@@ -240,6 +240,8 @@ typedef struct flx_engine_stats {
 /* Stats of the last step that ran, and the sums since create. */
 void flx_engine_last_stats(flx_engine_h engine, flx_engine_stats_t *stats_p);
 void flx_engine_total_stats(flx_engine_h engine, flx_engine_stats_t *stats_p);
+/* a += b, field by field (sums of several engines, for a server's totals). */
+void flx_engine_stats_add(flx_engine_stats_t *a, const flx_engine_stats_t *b);
 
 /* One sequence's share of a step, summed over the layers: what a server streams with the token
  * the step computed. */
