@@ -156,6 +156,7 @@ struct flx_node {
     /* decode thread only */
     engine_slot_t eng[FLX_NODE_MAX_ENGINES];
     uint32_t n_eng;
+    uint32_t eng_next;             /* the engine that steps first in the next round (rotates) */
     struct flx_node_gen *active;
 
     pthread_mutex_t stats_mu;      /* guards the sums below (written by the decode thread) */
@@ -1213,12 +1214,14 @@ static uint64_t timers(flx_node_h n, uint64_t now)
     return next;
 }
 
-/* One step of every engine with live sequences; each call's token goes out after its step. */
+/* One step of every engine with live sequences, starting one engine later each round (no
+ * configuration always waits behind another); each call's token goes out after its step. */
 static void step_engines(flx_node_h n)
 {
     uint32_t live = 0;
-    for (uint32_t i = 0; i < n->n_eng; i++) {
-        flx_engine_h e = n->eng[i].e;
+    const uint32_t first = n->n_eng ? n->eng_next++ % n->n_eng : 0;
+    for (uint32_t k = 0; k < n->n_eng; k++) {
+        flx_engine_h e = n->eng[(first + k) % n->n_eng].e;
         if (!flx_engine_n_live(e))
             continue;
         flx_engine_stats_t before;
