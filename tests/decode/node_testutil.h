@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,7 @@ static int daemon_start(const char *exe, const char *const *args, const char *er
     pid_t pid = fork();
     CHECK(pid >= 0);
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);   /* a test that fails half way leaves no daemon behind */
         dup2(pfd[1], STDOUT_FILENO);
         int efd = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (efd >= 0) dup2(efd, STDERR_FILENO);
