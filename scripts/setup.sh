@@ -12,7 +12,7 @@ cd "$here"
 pkgs=(build-essential cmake pkg-config libnuma-dev numactl libucx-dev ucx-utils libgrpc-dev
       protobuf-c-compiler libprotobuf-c-dev libprotobuf-dev protobuf-compiler libopenblas-dev
       libcjson-dev libxxhash-dev python3 python3-venv python3-grpcio python3-protobuf unzip
-      python3-numpy python3-matplotlib clang libclang-rt-14-dev)
+      python3-numpy python3-matplotlib clang libclang-rt-14-dev libmicrohttpd-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

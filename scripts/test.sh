@@ -23,7 +23,7 @@ echo "== build: asan+ubsan"
 
 echo "== build: tsan (concurrency tests)"
 ./scripts/build.sh build-tsan -DFLX_SANITIZE=thread -DFLX_BENCH=OFF -DFLX_CUDA=OFF
-(cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j"$jobs" -L concurrency) || fail=1
+(cd build-tsan && TSAN_OPTIONS="halt_on_error=1 suppressions=$here/tests/tsan.supp" ctest --output-on-failure -j"$jobs" -L concurrency) || fail=1
 
 echo "== fuzz: every parser of outside bytes, bounded"
 ./scripts/fuzz.sh || fail=1

@@ -32,6 +32,7 @@ const char *flx_status_name(flx_status_t st)
     case FLX_ERR_DEVICE: return "device";
     case FLX_ERR_CANCELED: return "canceled";
     case FLX_ERR_INTERNAL: return "internal";
+    case FLX_ERR_UNAVAILABLE: return "unavailable";
     default: return st > 0 ? "in_progress" : "unknown";
     }
 }

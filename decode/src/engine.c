@@ -128,6 +128,7 @@ struct flx_engine {
     seq_t **bseq;                /* (max_batch) */
     int32_t *btok;               /* (max_batch) */
     uint32_t *bpos;              /* (max_batch) */
+    flx_engine_seq_stats_t *bstats; /* (max_batch) per-sequence statistics of the step */
     flx_engine_stats_t last, total, cur;
 };
 
@@ -426,8 +427,9 @@ flx_status_t flx_engine_create(const flx_model_t *model, flx_kv_store_h store, c
     e->bseq = calloc(B, sizeof *e->bseq);
     e->btok = calloc(B, sizeof *e->btok);
     e->bpos = calloc(B, sizeof *e->bpos);
+    e->bstats = calloc(B, sizeof *e->bstats);
     if (!e->fwd_mem || !e->lstats || !e->bsess || !e->logits || !e->samples || !e->kv_bf16 || !e->seqs ||
-        !e->order || !e->bseq || !e->btok || !e->bpos) {
+        !e->order || !e->bseq || !e->btok || !e->bpos || !e->bstats) {
         st = flx_error_set(FLX_ERR_NOMEM, "engine create: workspaces for max_batch %u, vocab %u", B, e->vocab);
         goto fail;
     }
@@ -465,6 +467,7 @@ void flx_engine_destroy(flx_engine_h e)
     free(e->bseq);
     free(e->btok);
     free(e->bpos);
+    free(e->bstats);
     if (e->pool_owned) flx_pool_destroy(e->pool);
     free(e);
 }
@@ -652,6 +655,17 @@ void flx_engine_total_stats(flx_engine_h e, flx_engine_stats_t *stats_p)
     if (e && stats_p) *stats_p = e->total;
 }
 
+flx_status_t flx_engine_last_seq_stats(flx_engine_h e, flx_engine_seq_id_t seq, flx_engine_seq_stats_t *stats_p)
+{
+    if (!e || !stats_p) return flx_error_set(FLX_ERR_INVALID, "engine seq stats: NULL argument");
+    for (uint32_t b = 0; b < e->last.n_tokens && seq; b++)
+        if (e->bstats[b].seq == seq) {
+            *stats_p = e->bstats[b];
+            return FLX_OK;
+        }
+    return flx_error_set(FLX_ERR_NOT_FOUND, "sequence %llu was not in the last step", (unsigned long long)seq);
+}
+
 flx_status_t flx_engine_layer_stats(flx_engine_h e, uint32_t layer, flx_attn_layer_stats_t *stats_p)
 {
     if (!e || !stats_p) return flx_error_set(FLX_ERR_INVALID, "engine layer stats: NULL argument");
@@ -701,6 +715,36 @@ static void layer_stats_add(struct flx_engine *e, uint32_t layer, const flx_attn
     e->cur.sched_wall_ns += s->wall_ns;
 }
 
+/* Index into groups_by_blk of a logical block size (16 -> 0 ... 128 -> 3). */
+static uint32_t blk_index(uint32_t blk)
+{
+    uint32_t i = 0;
+    while (i < 3 && (16u << i) < blk) i++;
+    return i;
+}
+
+/* Each batch row's share of the layer that just ran: its tasks' host bytes and block sizes, its
+ * streaming heads and skipped groups (FLUXION). */
+static void seq_stats_add(struct flx_engine *e, uint32_t B)
+{
+    for (uint32_t b = 0; b < B; b++) {
+        flx_engine_seq_stats_t *bs = &e->bstats[b];
+        uint32_t streaming = 0, skipped = 0;
+        flx_attn_layer_row_stats(e->attn, b, &streaming, &skipped);
+        bs->heads += e->Hq;
+        bs->groups += e->Hkv;
+        bs->streaming_heads += streaming;
+        bs->skipped_groups += skipped;
+    }
+    uint32_t n = 0;
+    const flx_sched_task_t *t = flx_attn_layer_tasks(e->attn, &n);
+    for (uint32_t i = 0; i < n; i++) {
+        flx_engine_seq_stats_t *bs = &e->bstats[t[i].seq];
+        bs->host_bytes += t[i].host_bytes;
+        if (t[i].blk) bs->groups_by_blk[blk_index(t[i].blk)]++;
+    }
+}
+
 /* DEFERRED window partials: the stream that computes them is past their copies to the host. */
 static flx_status_t window_wait(void *ctx)
 {
@@ -723,7 +767,10 @@ static flx_status_t layer_run(struct flx_engine *e, uint32_t layer, uint32_t B, 
     a.win_wait = window_wait, a.win_ctx = e;
     flx_attn_layer_stats_t x;
     flx_status_t st = flx_attn_layer_run(e->attn, &a, &x);
-    if (!st) layer_stats_add(e, layer, &x);
+    if (!st) {
+        layer_stats_add(e, layer, &x);
+        seq_stats_add(e, B);
+    }
     return st;
 }
 
@@ -796,7 +843,7 @@ static flx_status_t attn_layer_gpu(void *ctx, const flx_gpu_attn_args_t *a)
 
 /* ---- the step ---- */
 
-static void stats_add(flx_engine_stats_t *a, const flx_engine_stats_t *b)
+void flx_engine_stats_add(flx_engine_stats_t *a, const flx_engine_stats_t *b)
 {
     a->n_steps += b->n_steps;
     a->n_tokens += b->n_tokens;
@@ -868,6 +915,8 @@ flx_status_t flx_engine_step(flx_engine_h e)
         e->bseq[b] = s;
         e->btok[b] = s->next;
         e->bpos[b] = s->prompt_len + s->n_fed;
+        memset(&e->bstats[b], 0, sizeof e->bstats[b]);
+        e->bstats[b].seq = s->id;
     }
     e->batch = B;
     flx_status_t st;
@@ -924,7 +973,7 @@ flx_status_t flx_engine_step(flx_engine_h e)
         e->bseq[b]->n_steps++;
     }
     e->last = e->cur;
-    stats_add(&e->total, &e->cur);
+    flx_engine_stats_add(&e->total, &e->cur);
     retire_finished(e);
     return e->n_live ? FLX_INPROGRESS : FLX_OK;
 }

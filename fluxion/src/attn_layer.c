@@ -31,6 +31,9 @@ struct flx_attn_layer {
     flx_sched_task_t *tasks;     /* (max_batch * Hkv) */
     uint32_t *l_cpu;             /* (max_batch) host tokens of each row of the run */
     uint32_t n_tasks;
+    uint32_t *row_streaming;     /* (max_batch) FLUXION: window-only query heads of each row of the run */
+    uint32_t *row_skipped;       /* (max_batch) FLUXION: KV groups of each row with no host task */
+    uint32_t last_batch;
     float *lse;                  /* (max_batch, Hq) the host parts' LSE of a deferred merge */
     /* FLUXION */
     float *feat;                 /* (max_batch, Hq, 41) */
@@ -105,7 +108,9 @@ flx_status_t flx_attn_layer_create(const flx_attn_layer_params_t *params, flx_at
     L->tasks = calloc((size_t)B * L->Hkv, sizeof *L->tasks);
     L->lse = malloc(rows * sizeof *L->lse);
     L->l_cpu = calloc(B, sizeof *L->l_cpu);
-    if (!L->tasks || !L->lse || !L->l_cpu) {
+    L->row_streaming = calloc(B, sizeof *L->row_streaming);
+    L->row_skipped = calloc(B, sizeof *L->row_skipped);
+    if (!L->tasks || !L->lse || !L->l_cpu || !L->row_streaming || !L->row_skipped) {
         st = flx_error_set(FLX_ERR_NOMEM, "attention layer: tasks of %u sequences", B);
         goto fail;
     }
@@ -148,6 +153,8 @@ void flx_attn_layer_destroy(flx_attn_layer_h L)
     free(L->tasks);
     free(L->lse);
     free(L->l_cpu);
+    free(L->row_streaming);
+    free(L->row_skipped);
     free(L->feat_in);
     free(L->feat);
     free(L->pred);
@@ -230,6 +237,9 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
     const uint64_t t0 = flx_now_ns();
     const uint32_t B = a->batch, Hq = L->Hq, Hkv = L->Hkv, G = L->G, D = L->D;
     L->a = a;
+    L->last_batch = B;
+    memset(L->row_streaming, 0, B * sizeof *L->row_streaming);
+    memset(L->row_skipped, 0, B * sizeof *L->row_skipped);
     uint64_t predict_ns = 0, merge_ns = 0;
     uint32_t n = 0;
     flx_sched_layer_t sl = {.layer = a->layer, .batch = B, .sess = a->sess, .q = a->q, .o = a->o};
@@ -256,7 +266,9 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
                 if ((st = flx_select_group_opts(L->pred + r0, G, L->l_cpu[b], &L->p.select, &L->p.opts,
                                                 L->budgets + r0, &sel)))
                     goto out;
+                L->row_streaming[b] += G - sel.n_retrieval;
                 if (sel.skip) {   /* streaming only: the window partial is the output */
+                    L->row_skipped[b]++;
                     memcpy(a->o + r0 * D, L->o_win + r0 * D, (size_t)G * D * sizeof(float));
                     continue;
                 }
@@ -320,6 +332,13 @@ const flx_sched_task_t *flx_attn_layer_tasks(flx_attn_layer_h L, uint32_t *n_p)
     if (!L) return NULL;
     if (n_p) *n_p = L->n_tasks;
     return L->tasks;
+}
+
+void flx_attn_layer_row_stats(flx_attn_layer_h L, uint32_t row, uint32_t *streaming_heads, uint32_t *skipped_groups)
+{
+    const int in = L && row < L->last_batch;
+    if (streaming_heads) *streaming_heads = in ? L->row_streaming[row] : 0;
+    if (skipped_groups) *skipped_groups = in ? L->row_skipped[row] : 0;
 }
 
 flx_sched_h flx_attn_layer_sched(flx_attn_layer_h L)

@@ -533,6 +533,7 @@ static void cpu_end(struct flx_sched *s, uint32_t w, uint32_t i)
     }
     const uint64_t b = flx_now_ns();
     t->end_ns = b - s->t0;
+    t->host_bytes = tim.score_bytes + tim.attn_bytes;
     slot_t *sl = &s->slots[w];
     sl->busy_ns += b - a;
     sl->n_tasks++;
@@ -716,6 +717,7 @@ static void gpu_finish(struct flx_sched *s, uint32_t k)
     }
     t->end_ns = flx_now_ns() - s->t0;
     t->worker = FLX_SCHED_GPU;
+    t->host_bytes = tim.score_bytes + tim.attn_bytes;
     tim.attn_ns = dev_ns;
     timing_add(&s->slots[w].tim, &tim);
     s->slots[w].n_tasks++;

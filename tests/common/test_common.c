@@ -1,6 +1,6 @@
 /*
  * test_common.c - bf16/f16 conversions, safetensors round trip and refusals, RNG determinism,
- * CPU dispatch capping, the arena's sizing pass.
+ * CPU dispatch capping, the arena's sizing pass, the JSON log format.
  */
 #define _GNU_SOURCE
 #include <stdint.h>
@@ -8,8 +8,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "flx/bf16.h"
 #include "flx/cpu.h"
+#include "flx/log.h"
 #include "flx/safetensors.h"
 #include "flx/util.h"
 #include "flx_test.h"
@@ -209,9 +212,45 @@ static void test_names(void)
     CHECK(strcmp(dup, "x") == 0);
 }
 
+/* A JSON log line is one object per line with the message escaped, whatever it holds. */
+static void test_log_json(void)
+{
+    CHECK(flx_log_format_parse("json") == FLX_LOG_JSON && flx_log_format_parse("xml") == -1);
+    CHECK(flx_log_level_parse("info") == FLX_LOG_INFO && flx_log_level_parse("loud") == -1);
+    char path[] = "/tmp/flx-test-log-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    int saved = dup(STDERR_FILENO);
+    CHECK(dup2(fd, STDERR_FILENO) >= 0);
+    flx_log_level_t lvl = flx_log_get_level();
+    flx_log_set_level(FLX_LOG_INFO);
+    flx_log_set_format(FLX_LOG_JSON);
+    flx_log_info("node", "session %d said \"hi\\\n\ttab\x01\" ok", 7);
+    flx_log_set_format(FLX_LOG_TEXT);
+    flx_log_set_level(lvl);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    char buf[2048] = {0};
+    CHECK(pread(fd, buf, sizeof buf - 1, 0) > 0);
+    close(fd);
+    unlink(path);
+    char *nl = strchr(buf, '\n');
+    CHECK(nl && nl[1] == '\0');   /* one line */
+    *nl = '\0';
+    cJSON *j = cJSON_Parse(buf);
+    if (!j) fprintf(stderr, "not JSON: %s\n", buf);
+    CHECK(j);
+    CHECK(!strcmp(cJSON_GetObjectItem(j, "level")->valuestring, "info"));
+    CHECK(!strcmp(cJSON_GetObjectItem(j, "module")->valuestring, "node"));
+    CHECK(!strcmp(cJSON_GetObjectItem(j, "msg")->valuestring, "session 7 said \"hi\\\n\ttab\x01\" ok"));
+    CHECK(strlen(cJSON_GetObjectItem(j, "ts")->valuestring) == 24);
+    cJSON_Delete(j);
+}
+
 int main(void)
 {
     test_names();
+    test_log_json();
     test_bf16();
     test_safetensors();
     test_rng_cpu_arena();

@@ -15,11 +15,12 @@ enum { FLX_TEST_REC_MAX = 64 };
 
 /* One sequence's generation as its callbacks saw it: the first FLX_TEST_REC_MAX tokens, how many
  * logits rows came (n_logits) and, where logits is set, the first logits_cap of them as (., vocab)
- * rows there. */
+ * rows there; sum: the sequence's statistics summed over its steps (for tests that add them). */
 typedef struct flx_test_rec {
     int32_t tok[FLX_TEST_REC_MAX];
     uint32_t n, n_logits, logits_cap;
     float *logits;
+    flx_engine_seq_stats_t sum;
 } flx_test_rec_t;
 
 static inline void flx_test_rec_on_token(void *ctx, flx_engine_seq_id_t seq, int32_t token, int is_last,

@@ -15,7 +15,9 @@
  * prefill statistics pass the store's checks (the session becomes READY). And with a predictor of
  * random weights (budgets and streaming decisions differing from head to head, tasks ordered by
  * priority), a batch of 2 sampled sequences gives the same tokens and logit bits on pools of 1, 2,
- * 3 and 7 workers, prefill statistics included (label concurrency: TSan runs it).
+ * 3 and 7 workers, prefill statistics included (label concurrency: TSan runs it). In every run the
+ * sequence's per-step statistics (flx_engine_last_seq_stats) add up to the engine's and count
+ * what each case implies (streaming heads, skipped groups, blk of the host tasks).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -36,6 +38,22 @@ static uint32_t V;
 static flx_pool_h g_pool;   /* 2 workers */
 
 typedef flx_test_rec_t rec_t;
+
+static uint32_t c_layers(void)
+{
+    return g_m->cfg.n_layers;
+}
+
+/* Host tasks of a run by blk: want[j] tasks at blk 16 << j. */
+static void check_blk(const rec_t *r, uint32_t w16, uint32_t w32, uint32_t w64, uint32_t w128)
+{
+    const uint32_t want[4] = {w16, w32, w64, w128};
+    for (int j = 0; j < 4; j++)
+        if (r->sum.groups_by_blk[j] != want[j]) {
+            fprintf(stderr, "host tasks at blk %d: %u, want %u\n", 16 << j, r->sum.groups_by_blk[j], want[j]);
+            CHECK(0);
+        }
+}
 
 static flx_kv_store_h make_store(void)
 {
@@ -69,12 +87,30 @@ static void run(const int32_t *prompt, flx_engine_params_t ep, int with_stats, r
                            .on_token = flx_test_rec_on_token, .ctx = r};
     flx_engine_seq_id_t id;
     CHECK_OK(flx_engine_add(e, sid, (int32_t)flx_sample_argmax(lg, V), &gp, &id));
+    flx_engine_seq_stats_t ss;
+    CHECK_ST(flx_engine_last_seq_stats(e, id, &ss), FLX_ERR_NOT_FOUND);   /* no step yet */
     flx_status_t st;
     int guard = 0;
-    while ((st = flx_engine_step(e)) == FLX_INPROGRESS) CHECK(++guard < 100);
+    do {
+        st = flx_engine_step(e);
+        CHECK(++guard < 100);
+        CHECK_OK(flx_engine_last_seq_stats(e, id, &ss));   /* also in the step it retired */
+        flx_engine_stats_t last;
+        flx_engine_last_stats(e, &last);
+        CHECK(ss.seq == id && ss.host_bytes == last.host_bytes);   /* batch of one */
+        CHECK(ss.heads == c_layers() * g_m->cfg.n_heads && ss.groups == c_layers() * g_m->cfg.n_kv_heads);
+        CHECK(ss.skipped_groups == last.n_skipped);
+        r->sum.host_bytes += ss.host_bytes;
+        r->sum.heads += ss.heads;
+        r->sum.streaming_heads += ss.streaming_heads;
+        r->sum.groups += ss.groups;
+        r->sum.skipped_groups += ss.skipped_groups;
+        for (int j = 0; j < 4; j++) r->sum.groups_by_blk[j] += ss.groups_by_blk[j];
+    } while (st == FLX_INPROGRESS);
     CHECK_OK(st);
     CHECK(r->n == NGEN);
     flx_engine_total_stats(e, st_p);
+    CHECK(r->sum.host_bytes == st_p->host_bytes);
     flx_engine_destroy(e);
     flx_kv_store_destroy(store);
     free(lg);
@@ -210,6 +246,12 @@ int main(void)
     ep.predictor = all;
     run(prompt, ep, 1, &flx, &st_flx);
     same(&flx, &full, "fluxion with budget 1 vs full");
+    const uint32_t groups = (uint32_t)st_full.n_steps * c.n_layers * c.n_kv_heads;
+    check_blk(&full, 0, 0, 0, 0);   /* FULL reads every block: no blk is chosen */
+    CHECK(full.sum.streaming_heads == 0 && full.sum.skipped_groups == 0 && full.sum.groups == groups);
+    CHECK(flx.sum.streaming_heads == 0 && flx.sum.skipped_groups == 0);
+    CHECK(flx.sum.groups_by_blk[0] + flx.sum.groups_by_blk[1] + flx.sum.groups_by_blk[2] +
+          flx.sum.groups_by_blk[3] == groups);
     CHECK(st_flx.n_skipped == 0 && st_flx.n_tasks == st_flx.n_steps * c.n_layers * c.n_kv_heads);
     CHECK(st_flx.host_bytes > 0 && st_flx.predict_ns > 0);
     /* Every task's merge with its window partial is timed; the window itself is the features' work. */
@@ -238,6 +280,8 @@ int main(void)
     run(prompt, ep, 1, &win, &st_win);
     CHECK(st_win.host_bytes == 0 && st_win.n_tasks == 0);
     CHECK(st_win.n_skipped == (uint64_t)st_win.n_steps * c.n_layers * c.n_kv_heads);
+    CHECK(win.sum.skipped_groups == groups && win.sum.streaming_heads == win.sum.heads);
+    check_blk(&win, 0, 0, 0, 0);
     ep = flx_engine_params_default();
     ep.mode = FLX_ENGINE_ATTN_FIXED;
     ep.blk = 16;
@@ -256,6 +300,9 @@ int main(void)
     run(prompt, ep, 0, &fix, &st_fix);
     same(&x, &fix, "fluxion bgt 0.1 vs fixed (128, 0.1)");
     CHECK(st_x.host_bytes == st_fix.host_bytes);
+    check_blk(&x, 0, 0, 0, groups);
+    check_blk(&fix, 0, 0, 0, groups);
+    CHECK(x.sum.streaming_heads == 0 && x.sum.host_bytes == fix.sum.host_bytes);
 
     flx_predictor_destroy(all);
     flx_predictor_destroy(stream);

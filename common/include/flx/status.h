@@ -48,6 +48,7 @@ enum {
     FLX_ERR_DEVICE       = -12, /* a GPU call failed */
     FLX_ERR_CANCELED     = -13,
     FLX_ERR_INTERNAL     = -14, /* an invariant of this program was broken: a bug */
+    FLX_ERR_UNAVAILABLE  = -15, /* the service is draining or shutting down: go elsewhere */
 };
 
 /* Short machine-readable name ("FLX_ERR_CAPACITY" -> "capacity"); never NULL. */

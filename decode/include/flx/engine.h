@@ -274,6 +274,26 @@ typedef struct flx_engine_stats {
 /* Stats of the last step that ran, and the sums since create. */
 void flx_engine_last_stats(flx_engine_h engine, flx_engine_stats_t *stats_p);
 void flx_engine_total_stats(flx_engine_h engine, flx_engine_stats_t *stats_p);
+/* a += b, field by field (sums of several engines, for a server's totals). */
+void flx_engine_stats_add(flx_engine_stats_t *a, const flx_engine_stats_t *b);
+
+/* One sequence's share of a step, summed over the layers: what a server streams with the token
+ * the step computed. */
+typedef struct flx_engine_seq_stats {
+    flx_engine_seq_id_t seq;
+    uint64_t host_bytes;        /* host-resident bytes its attention read: Quest metadata + K/V blocks */
+    uint32_t heads;             /* (layer, query head)s: n_layers * n_q_heads */
+    uint32_t streaming_heads;   /* FLUXION: of those, heads the selector left window-only */
+    uint32_t groups;            /* (layer, kv group)s: n_layers * n_kv_heads */
+    uint32_t skipped_groups;    /* FLUXION: of those, groups with no host task (every head streaming) */
+    uint32_t groups_by_blk[4];  /* host tasks at logical block 16, 32, 64, 128 (FIXED: its blk;
+                                   FLUXION: the selector's choice; FULL: none counted) */
+} flx_engine_seq_stats_t;
+
+/* The statistics of seq in the last step, also when seq retired in it (its last token); valid
+ * until the next step. FLX_ERR_NOT_FOUND when seq was not in the last step's batch (a first token
+ * is delivered before any step computes for it). Driving thread only, outside callbacks. */
+flx_status_t flx_engine_last_seq_stats(flx_engine_h engine, flx_engine_seq_id_t seq, flx_engine_seq_stats_t *stats_p);
 
 /* Per-layer figures of the last step (GPU busy / idle and idle ratio, CPU busy, where tasks ran,
  * the decisions' time): layer < n_layers. FLX_ERR_INVALID for a layer out of range. */

@@ -115,6 +115,11 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h layer, const flx_attn_layer_arg
 /* The tasks of the last run (who ran each, when): valid until the next run. */
 const flx_sched_task_t *flx_attn_layer_tasks(flx_attn_layer_h layer, uint32_t *n_p);
 
+/* Batch row `row` of the last run: its query heads the selector left window-only and its KV groups
+ * with no host task (FLUXION; 0 in the other modes, and for a row beyond the last batch). */
+void flx_attn_layer_row_stats(flx_attn_layer_h layer, uint32_t row, uint32_t *streaming_heads,
+                              uint32_t *skipped_groups);
+
 /* Its scheduler: the caller marks its device window launch with flx_sched_gpu_span on it. */
 flx_sched_h flx_attn_layer_sched(flx_attn_layer_h layer);
 

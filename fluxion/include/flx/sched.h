@@ -136,6 +136,7 @@ typedef struct flx_sched_task {
                                worker's thread, FLX_SCHED_GPU, or FLX_SCHED_NOT_RUN */
     uint64_t start_ns;      /* out: host time the worker took it (from the run's start) */
     uint64_t end_ns;        /* out: host time its result was in place */
+    uint64_t host_bytes;    /* out: host-resident bytes it read (Quest metadata + K/V blocks) */
 } flx_sched_task_t;
 
 typedef enum {

@@ -1,0 +1,224 @@
+/*
+ * fluxion-decoded - the decode node daemon: the gRPC control service (fluxion.decode.v1 and
+ * grpc.health.v1) in front of a decode node, and its Prometheus metrics page.
+ *
+ *   fluxion-decoded --model M.gguf [--config FILE] [--grpc-listen HOST:PORT] ...
+ *
+ * Settings come from the config file (--config; docs/node.md has the format and every key), then
+ * from flags of the same names, which win. Once serving it prints one line on stdout:
+ *   fluxion-decoded: serving grpc=HOST:PORT metrics=HOST:PORT|off pid=PID
+ * (the bound ports, so port 0 works) and logs to stderr (--log-format json for collectors).
+ *
+ * SIGTERM / SIGINT drain: health turns NOT_SERVING, new sessions and Generate calls are refused
+ * with UNAVAILABLE, sessions still receiving fail, running Generate calls finish (or end with
+ * UNAVAILABLE after drain-timeout-ms); then the server stops and the process exits 0. A second
+ * signal ends the drain at once.
+ *
+ * Exit codes: 0 after a drain, --help, --version, --print-config; 1 when the node cannot start
+ * (model, address in use...); 2 for a usage error (unknown flag, bad value, bad config file).
+ */
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "flx/log.h"
+#include "flx/metrics_http.h"
+#include "flx/node.h"
+#include "flx/node_config.h"
+#include "flx/node_service.h"
+#include "flx/rpc.h"
+#include "flx/util.h"
+
+#define PROG "fluxion-decoded"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: " PROG " --model PATH [--config FILE] [--KEY VALUE ...] [--print-config]\n"
+               "       " PROG " -h | --help | --version\n\n"
+               "  --config FILE   settings, one 'key = value' per line (docs/node.md); flags win over it\n"
+               "  --print-config  print the effective settings in the config file format and exit\n\n"
+               "settings (as flags --KEY VALUE or in the config file as 'KEY = VALUE'):\n");
+    for (const char *const *k = flx_node_config_keys(); *k; k++)
+        fprintf(f, "  --%-22s %s\n", *k, flx_node_config_help(*k));
+}
+
+static flx_status_t render(void *ctx, char **text_p, size_t *len_p)
+{
+    return flx_node_metrics_text(ctx, text_p, len_p);
+}
+
+static int healthy(void *ctx)
+{
+    return !flx_node_draining(ctx);
+}
+
+/* Flags (and the config file --config names) into cfg. Returns -1 to go on, else the exit code. */
+static int parse_args(int argc, char **argv, flx_node_config_t *cfg, int *print_p)
+{
+    const char *const *keys = flx_node_config_keys();
+    size_t n_keys = 0;
+    while (keys[n_keys]) n_keys++;
+    enum { O_CONFIG = 1000, O_PRINT, O_HELP, O_VERSION };
+    struct option *opts = calloc(n_keys + 5, sizeof *opts);
+    const char **flag_vals = calloc(n_keys, sizeof *flag_vals);
+    int rc = -1, c;
+    const char *config_path = NULL;
+    if (!opts || !flag_vals) {
+        fprintf(stderr, PROG ": out of memory\n");
+        rc = 1;
+        goto out;
+    }
+    for (size_t i = 0; i < n_keys; i++) opts[i] = (struct option){keys[i], required_argument, NULL, (int)i};
+    opts[n_keys] = (struct option){"config", required_argument, NULL, O_CONFIG};
+    opts[n_keys + 1] = (struct option){"print-config", no_argument, NULL, O_PRINT};
+    opts[n_keys + 2] = (struct option){"help", no_argument, NULL, O_HELP};
+    opts[n_keys + 3] = (struct option){"version", no_argument, NULL, O_VERSION};
+    opterr = 0;
+    while (rc < 0 && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        if (c >= 0 && (size_t)c < n_keys) {
+            flag_vals[c] = optarg;
+            continue;
+        }
+        switch (c) {
+        case O_CONFIG: config_path = optarg; break;
+        case O_PRINT: *print_p = 1; break;
+        case 'h':
+        case O_HELP: usage(stdout); rc = 0; break;
+        case O_VERSION: printf(PROG " %s\n", FLX_VERSION); rc = 0; break;
+        default:
+            fprintf(stderr, PROG ": unknown option or missing value: %s\n", argv[optind - 1]);
+            usage(stderr);
+            rc = 2;
+        }
+    }
+    if (rc >= 0)
+        goto out;
+    if (optind != argc) {
+        fprintf(stderr, PROG ": unexpected argument '%s'\n", argv[optind]);
+        rc = 2;
+        goto out;
+    }
+    flx_node_config_default(cfg);
+    if (config_path && flx_node_config_load(cfg, config_path)) {
+        fprintf(stderr, PROG ": --config: %s\n", flx_error_msg());
+        rc = 2;
+        goto out;
+    }
+    for (size_t i = 0; i < n_keys && rc < 0; i++)
+        if (flag_vals[i] && flx_node_config_set(cfg, keys[i], flag_vals[i])) {
+            fprintf(stderr, PROG ": --%s: %s\n", keys[i], flx_error_msg());
+            rc = 2;
+        }
+out:
+    free(opts);
+    free(flag_vals);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    flx_node_config_t cfg;
+    int print = 0;
+    int prc = parse_args(argc, argv, &cfg, &print);
+    if (prc >= 0)
+        return prc;
+    if (print) {
+        size_t need = flx_node_config_format(&cfg, NULL, 0);
+        char *buf = malloc(need + 1);
+        if (!buf)
+            return 1;
+        flx_node_config_format(&cfg, buf, need + 1);
+        fputs(buf, stdout);
+        free(buf);
+        return 0;
+    }
+    if (flx_node_config_check(&cfg)) {
+        fprintf(stderr, PROG ": %s\n", flx_error_msg());
+        usage(stderr);
+        return 2;
+    }
+    flx_log_set_level((flx_log_level_t)cfg.log_level);
+    flx_log_set_format((flx_log_format_t)cfg.log_format);
+
+    /* Signals go to this thread only (sigwait below); every thread started later inherits the mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int rc = 1;
+    flx_node_h node = NULL;
+    flx_node_service_h svc = NULL;
+    flx_rpc_server_h srv = NULL;
+    flx_metrics_http_h http = NULL;
+    if (flx_node_create(&cfg, &node) || flx_node_service_create(node, &svc)) {
+        flx_log_error("daemon", "cannot start the node: %s", flx_error_msg());
+        goto out;
+    }
+    uint32_t n_methods;
+    const flx_rpc_method_t *methods = flx_node_service_methods(svc, &n_methods);
+    flx_rpc_server_params_t sp = {
+        .field_mask = FLX_RPC_SERVER_FIELD_LISTEN | FLX_RPC_SERVER_FIELD_METHODS | FLX_RPC_SERVER_FIELD_MAX_RECV |
+                      FLX_RPC_SERVER_FIELD_THREADS,
+        .listen = cfg.grpc_listen, .methods = methods, .n_methods = n_methods,
+        .max_recv_bytes = cfg.max_message_bytes, .n_threads = cfg.grpc_threads};
+    if (flx_rpc_server_create(&sp, &srv)) {
+        flx_log_error("daemon", "grpc-listen %s: %s", cfg.grpc_listen, flx_error_msg());
+        goto out;
+    }
+    char metrics_at[FLX_NODE_ADDR_MAX + 16] = "off";
+    if (strcmp(cfg.metrics_listen, "off")) {
+        if (flx_metrics_http_start(cfg.metrics_listen, render, healthy, node, &http)) {
+            flx_log_error("daemon", "metrics-listen %s: %s", cfg.metrics_listen, flx_error_msg());
+            goto out;
+        }
+        char host[FLX_NODE_ADDR_MAX];
+        snprintf(host, sizeof host, "%s", cfg.metrics_listen);
+        *strrchr(host, ':') = '\0';
+        snprintf(metrics_at, sizeof metrics_at, "%s:%d", host, flx_metrics_http_port(http));
+    }
+    {
+        char host[FLX_NODE_ADDR_MAX];
+        snprintf(host, sizeof host, "%s", cfg.grpc_listen);
+        *strrchr(host, ':') = '\0';
+        printf(PROG ": serving grpc=%s:%d metrics=%s pid=%d\n", host, flx_rpc_server_port(srv), metrics_at,
+               (int)getpid());
+        fflush(stdout);
+    }
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    flx_log_info("daemon", "signal %d: draining (up to %u ms for running Generate calls)", sig, cfg.drain_timeout_ms);
+    flx_node_service_drain(svc);
+    flx_node_drain(node, cfg.drain_timeout_ms);
+    /* wait for the Generate calls to end (the node ends them at the drain deadline); a second
+     * signal shortens the drain to the next step */
+    while (flx_node_n_generating(node)) {
+        struct timespec ts = {0, 50 * 1000000L};
+        if (sigtimedwait(&sigs, NULL, &ts) > 0) {
+            flx_log_warn("daemon", "second signal: ending the running Generate calls now");
+            flx_node_drain(node, 0);
+        }
+    }
+    rc = 0;
+out:
+    /* The node outlives the server: handlers still running call it, and calls it holds end first. */
+    if (node)
+        flx_node_drain(node, 0);
+    while (node && flx_node_n_generating(node)) usleep(10000);
+    flx_node_service_shutdown(svc);
+    flx_rpc_server_destroy(srv, 1000);
+    flx_metrics_http_stop(http);
+    flx_node_service_destroy(svc);
+    flx_node_destroy(node);
+    if (rc == 0)
+        flx_log_info("daemon", "stopped");
+    return rc;
+}
