@@ -1008,6 +1008,8 @@ flx_status_t flx_kv_session_wait(flx_kv_store_h s, flx_kv_session_id_t sid, uint
         flx_kv_state_t state = x->state;
         pthread_mutex_unlock(&x->lock);
         session_unref(x);
+        if (state == FLX_KV_CLOSED) /* closing: its state changed before it left the table */
+            return flx_error_set(FLX_ERR_NOT_FOUND, "session %#llx closed", (unsigned long long)sid);
         if (state != FLX_KV_RESERVED && state != FLX_KV_RECEIVING) {
             *state_p = state;
             return FLX_OK;
