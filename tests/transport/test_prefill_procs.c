@@ -247,19 +247,24 @@ static void test_faults(void)
 }
 
 /* A READY session that no decode claims within its lease is reclaimed; one claimed in time is not. */
+enum { LEASE_MS = 3000 };
 static void test_lease(void)
 {
     flx_kv_store_h store = new_store();
     flx_tp_node_h node = tp_test_node(store, em, 20000, 500);
-    flx_tp_session_desc_t a = tp_test_open(node, store, 900, 0, 30000, 300);
-    flx_tp_session_desc_t b = tp_test_open(node, store, 900, 0, 30000, 300);
+    /* 3 s: long enough for a stub on a loaded machine (ASan, shared cores) to hear READY before the
+     * reclaim; with 300 ms one heard FAILED instead and exited 1 */
+    flx_tp_session_desc_t a = tp_test_open(node, store, 900, 0, 30000, LEASE_MS);
+    flx_tp_session_desc_t b = tp_test_open(node, store, 900, 0, 30000, LEASE_MS);
     proc_t pa = push(&a, "lease-a", 900, 1, NULL, NULL), pb = push(&b, "lease-b", 900, 2, NULL, NULL);
-    CHECK(proc_wait(&pa, 60000) == 0 && proc_wait(&pb, 60000) == 0);
+    const int rc_a = proc_wait(&pa, 60000), rc_b = proc_wait(&pb, 60000);
+    if (rc_a || rc_b) fprintf(stderr, "lease stubs -> %d, %d\n%s%s", rc_a, rc_b, proc_output(&pa), proc_output(&pb));
+    CHECK(rc_a == 0 && rc_b == 0);
     flx_tp_session_info_t info;
     CHECK_OK(flx_tp_session_wait(node, b.sid, 10000, &info));
     CHECK(info.kv.state == FLX_KV_READY && info.kv.flags & FLX_KV_SESSION_NO_STATS);
     CHECK_OK(flx_kv_session_begin_decode(store, b.sid)); /* claimed: what flx_engine_add does */
-    for (int i = 0; i < 1000; i++) { /* the lease is 300 ms; the node's sweep runs at least every second */
+    for (int i = 0; i < 1000; i++) { /* the node's sweep runs at least every second */
         CHECK_OK(flx_tp_session_info(node, a.sid, &info));
         if (info.kv.state != FLX_KV_READY) break;
         usleep(10000);
@@ -267,7 +272,7 @@ static void test_lease(void)
     fprintf(stderr, "lease: %s '%s' %.0f ms after READY\n", flx_kv_state_name(info.kv.state), info.kv.fail_reason,
             (double)(info.kv.t_end_ns - info.kv.t_ready_ns) / 1e6);
     CHECK(info.kv.state == FLX_KV_FAILED && strstr(info.kv.fail_reason, "lease") && !info.kv.memory_held);
-    CHECK(info.kv.t_end_ns - info.kv.t_ready_ns >= 300000000ull); /* not before its lease */
+    CHECK(info.kv.t_end_ns - info.kv.t_ready_ns >= LEASE_MS * 1000000ull); /* not before its lease */
     CHECK_OK(flx_tp_session_info(node, b.sid, &info));
     CHECK(info.kv.state == FLX_KV_DECODING);
     CHECK_OK(flx_tp_session_close(node, a.sid));
