@@ -14,7 +14,8 @@
  *   - three stubs and three Generate clients at once, one of the stubs corrupting a chunk: each good
  *     session streams exactly the tokens it streams alone, the corrupt one ends FAILED with the hash
  *     reason and never decodes (WaitReady and Generate say FAILED_PRECONDITION with the reason);
- *   - a stalled stub ends FAILED at its transfer deadline, a killed one FAILED naming the peer; the
+ *   - a stalled stub (heartbeating) ends FAILED at its transfer deadline, not as silent, a killed one
+ *     FAILED with UCX's reason; the
  *     pool gets every byte back; the node serves the next session as before;
  *   - a cancelled Generate and one past its deadline free the session early (CANCELLED,
  *     DEADLINE_EXCEEDED); OpenSession with local_prefill on a ucx node, bytes that are no message
@@ -193,7 +194,7 @@ static void test_random(void)
     const char *args[] = {"--model", model_dir, "--model-id", "test-model", "--grpc-listen", "127.0.0.1:0",
                           "--metrics-listen", "127.0.0.1:0", "--kv-capacity", "64M", "--max-batch", "4",
                           "--threads", "2", "--max-message-bytes", "64K", "--drain-timeout-ms", "500",
-                          "--lease-ms", "60000", NULL};
+                          "--lease-ms", "60000", "--ucx-liveness-ms", "3000", NULL};
     daemon_proc_t d;
     int code;
     CHECK(daemon_start(g_daemon, args, err, &d, &code) == 0);
@@ -257,10 +258,11 @@ static void test_random(void)
         expect_failed(c, stub_session(&s[3]), "hash");
     }
 
-    /* a stalled stub: FAILED at its deadline; a killed one: FAILED naming the peer */
+    /* a stalled stub (alive: it beats every 750 ms) FAILED at its deadline, past the 3 s liveness; a
+     * killed one FAILED with UCX's reason */
     {
         const char *stall[] = {"--synthetic", "--prompt-len", PROMPT_LEN, "--stall-after-bytes", "8192",
-                               "--transfer-timeout-ms", "1500", NULL};
+                               "--transfer-timeout-ms", "4500", NULL};
         const char *die[] = {"--synthetic", "--prompt-len", PROMPT_LEN, "--die-after-bytes", "8192", NULL};
         stub_t s1 = stub_start(d.target, "stall", stall), s2 = stub_start(d.target, "die", die);
         CHECK(stub_wait(&s1, 1) == 1 && stub_wait(&s2, -1) == 128 + SIGKILL);
