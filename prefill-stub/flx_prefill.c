@@ -3,12 +3,16 @@
  * real model, or the synthetic workload at any shape up to 128K tokens) with the statistics Fluxion
  * needs, and pushes it to a decode node over UCX layer by layer while it computes.
  *
- *   flx-prefill --node HOST:PORT --session ID --token HEX  (--model M --prompt-file F [--chat] |
- *               --synthetic --prompt-len N [--seed S]) [options]
+ *   flx-prefill (--control HOST:PORT | --node HOST:PORT --session ID --token HEX)
+ *               (--model M --prompt-file F [--chat] | --synthetic --prompt-len N [--seed S]) [options]
  *
  * DESIGN
  * The session's shape and window segments come from the node (HELLO -> WELCOME), so the command
- * line needs only what a router hands out: the node's address, the session id and its token. The
+ * line needs only what a router hands out: the node's address, the session id and its token. With
+ * --control it is its own router: NodeStatus (model id, shape), then OpenSession over gRPC with the
+ * length of the prompt it tokenized (the model is loaded and the text tokenized first, so the
+ * session's deadline is not spent on loading), then "SESSION ID" on stdout for a client's Generate.
+ * The
  * prefill is the engine's own (flx_engine_prefill_run: the same forward pass and the same
  * statistics as the in-process path), with a sink that packs each layer into the wire's GRANULE
  * order, cuts it on the node's segments (flx_tp_plan_layer: host-resident parts rendezvous, window
@@ -21,13 +25,13 @@
  * payload of chunk I after its hash was taken, a wrong token, a chunk outside the session, chunk I
  * twice.
  *
- * Exit status: 0 when the node reports the session READY; 1 when it fails (the node's reason is
- * printed), the connection fails or the model cannot run; 2 for a usage error.
+ * Exit status (flx/cli.h): 0 when the node reports the session READY; 1 when it fails (the node's
+ * reason is printed), OpenSession is refused, the connection fails or the model cannot run; 2 for a
+ * usage error.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
-#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
