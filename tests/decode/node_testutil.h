@@ -288,4 +288,22 @@ static inline double metric(const char *text, const char *name)
     exit(1);
 }
 
+/* Runs cmd (a tool that prints text into ofile: flx-generate) and checks the text, less its final
+ * newline, equals got. */
+static inline void same_text_as(const char *cmd, const char *ofile, const char *got)
+{
+    CHECK(system(cmd) == 0);
+    FILE *f = fopen(ofile, "r");
+    CHECK(f);
+    char want[8192];
+    size_t wl = fread(want, 1, sizeof want - 1, f);
+    fclose(f);
+    want[wl] = '\0';
+    if (wl && want[wl - 1] == '\n') want[wl - 1] = '\0';
+    if (strcmp(want, got)) {
+        fprintf(stderr, "the tool printed '%s'\nthe node streamed '%s'\n", want, got);
+        exit(1);
+    }
+}
+
 #endif
