@@ -407,8 +407,8 @@ static flx_status_t layer_send(push_t *p, prepared_t *pl)
         }
         if (!st && idx == o->dup_chunk) {
             chunk_ctx_t *c2 = malloc(sizeof *c2);
-            if (c2) {
-                *c2 = *cc;
+            if (c2) {   /* not from *cc: its send may have completed and freed it already */
+                c2->buf = b;
                 c2->bytes = 0;
                 atomic_fetch_add(&b->refs, 1);
                 fprintf(stderr, PROG ": --duplicate-chunk %" PRIu64 ": layer %u tokens [%u, %u) sent twice\n", idx,
