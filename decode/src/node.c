@@ -670,12 +670,14 @@ flx_status_t flx_node_open(flx_node_h n, const flx_node_open_params_t *p, flx_no
     uint64_t id = 0;
     flx_node_open_result_t r;
     memset(&r, 0, sizeof r);
-    do {   /* LOCAL mode; in UCX mode the transport gives both */
-        if ((st = random_bytes(&id, sizeof id)))
+    if (!n->tp) {   /* LOCAL mode; in UCX mode the transport gives both */
+        do {
+            if ((st = random_bytes(&id, sizeof id)))
+                return st;
+        } while (id == 0);
+        if ((st = random_bytes(r.token, sizeof r.token)))
             return st;
-    } while (id == 0);
-    if (!n->tp && (st = random_bytes(r.token, sizeof r.token)))
-        return st;
+    }
     int32_t *toks = NULL;
     if (p->local_tokens) {
         toks = malloc((size_t)p->prompt_len * sizeof *toks);
