@@ -1,4 +1,4 @@
-# cmake --install: the daemon and the tools (bin/), the libraries (lib/, static archives), the
+# cmake --install: the daemon, the tools and the router's Python client fluxion-client (bin/), the libraries (lib/, static archives), the
 # public headers with the generated protobuf-c ones (include/), the .proto files and the shipped
 # predictor weights (share/fluxion/), and lib/pkgconfig/fluxion.pc. The container images
 # (docker/) are built from exactly this tree; tests/install checks it with a program compiled
@@ -34,6 +34,9 @@ foreach(m common kvstore fluxion transport decode)
           FILES_MATCHING PATTERN "*.h")
 endforeach()
 install(DIRECTORY ${FLX_PROTO_GEN}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.pb-c.h")
+# The router's client on python3-grpcio; it finds the .proto files in ../share/fluxion/proto.
+install(PROGRAMS ${PROJECT_SOURCE_DIR}/scripts/fluxion_client.py DESTINATION ${CMAKE_INSTALL_BINDIR}
+        RENAME fluxion-client)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/proto/ DESTINATION ${CMAKE_INSTALL_DATADIR}/fluxion/proto
         FILES_MATCHING PATTERN "*.proto")
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/fluxion/weights/ DESTINATION ${CMAKE_INSTALL_DATADIR}/fluxion/weights

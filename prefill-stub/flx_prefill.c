@@ -3,12 +3,16 @@
  * real model, or the synthetic workload at any shape up to 128K tokens) with the statistics Fluxion
  * needs, and pushes it to a decode node over UCX layer by layer while it computes.
  *
- *   flx-prefill --node HOST:PORT --session ID --token HEX  (--model M --prompt-file F [--chat] |
- *               --synthetic --prompt-len N [--seed S]) [options]
+ *   flx-prefill (--control HOST:PORT | --node HOST:PORT --session ID --token HEX)
+ *               (--model M --prompt-file F [--chat] | --synthetic --prompt-len N [--seed S]) [options]
  *
  * DESIGN
  * The session's shape and window segments come from the node (HELLO -> WELCOME), so the command
- * line needs only what a router hands out: the node's address, the session id and its token. The
+ * line needs only what a router hands out: the node's address, the session id and its token. With
+ * --control it is its own router: NodeStatus (model id, shape), then OpenSession over gRPC with the
+ * length of the prompt it tokenized (the model is loaded and the text tokenized first, so the
+ * session's deadline is not spent on loading), then "SESSION ID" on stdout for a client's Generate.
+ * The
  * prefill is the engine's own (flx_engine_prefill_run: the same forward pass and the same
  * statistics as the in-process path), with a sink that packs each layer into the wire's GRANULE
  * order, cuts it on the node's segments (flx_tp_plan_layer: host-resident parts rendezvous, window
@@ -21,13 +25,13 @@
  * payload of chunk I after its hash was taken, a wrong token, a chunk outside the session, chunk I
  * twice.
  *
- * Exit status: 0 when the node reports the session READY; 1 when it fails (the node's reason is
- * printed), the connection fails or the model cannot run; 2 for a usage error.
+ * Exit status (flx/cli.h): 0 when the node reports the session READY; 1 when it fails (the node's
+ * reason is printed), OpenSession is refused, the connection fails or the model cannot run; 2 for a
+ * usage error.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <inttypes.h>
-#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -43,195 +47,157 @@
 #include "flx/log.h"
 #include "flx/model_load.h"
 #include "flx/pool.h"
+#include "flx/rpc.h"
 #include "flx/sampling.h"
 #include "flx/synth.h"
 #include "flx/tokenizer.h"
 #include "flx/transport.h"
 #include "flx/util.h"
+#include "fluxion/decode/v1/decode.pb-c.h"
 
 #define PROG "flx-prefill"
 
 typedef struct opts {
-    const char *node, *model, *prompt_file, *token_hex;
+    const char *node, *control, *model, *prompt_file, *token_hex, *session, *model_id;
     char host[FLX_TP_HOST_MAX];
     uint16_t port;
     uint64_t sid;
-    int chat, synthetic, quiet, pregenerate, no_hash;
+    int chat, synthetic, quiet, pregenerate, no_hash, mode, blk_i;
     uint64_t prompt_len, seed, threads, max_chunk_mib, progress_ms, timeout_ms;
-    float tau, temp, top_p;
+    uint64_t max_new, transfer_timeout_ms, lease_ms;
+    double tau, temp, top_p, bgt;
     uint64_t top_k;
+    int err_mode_i;
     flx_tp_err_mode_t err_mode;
     /* faults (UINT64_MAX: off) */
     uint64_t die_after, stall_after, corrupt_chunk, dup_chunk;
     int wrong_token, outside_chunk;
 } opts_t;
 
-static void usage(FILE *f)
+static const char *const MODES[] = {"full", "fixed", "fluxion", NULL};
+static const char *const BLKS[] = {"16", "32", "64", "128", NULL};
+static const char *const ERR_MODES[] = {"peer", "none", NULL};
+
+/* "HOST:PORT" with a port in [1, 65535] into host (cap bytes) and *port. */
+static flx_status_t parse_hostport(const char *opt, const char *v, char *host, size_t cap, uint16_t *port)
 {
-    fprintf(f,
-            "usage: " PROG " --node HOST:PORT --session ID --token HEX\n"
-            "                 (--model M --prompt-file F [--chat] | --synthetic --prompt-len N [--seed S]) [options]\n"
-            "Computes a prompt's KV cache and statistics and pushes them to a decode node over UCX, layer by\n"
-            "layer. The node's WELCOME gives the shape and window; UCX_TLS / UCX_NET_DEVICES pick the transport.\n"
-            "  --node           the node's listener (flx_tp_session_desc_t host:port)\n"
-            "  --session        the session id (decimal or 0x hex)\n"
-            "  --token          the session's 128-bit transfer token, 32 hex digits\n"
-            "  --model          a .gguf file or Hugging Face folder (a real prefill); --prompt-file F the text ('-':\n"
-            "                   stdin); --chat wraps it with the model's chat template (as flx-generate --chat)\n"
-            "  --synthetic      the synthetic workload (flx/synth.h) at the node's shape; --prompt-len N tokens\n"
-            "  --seed           synthetic workload seed / first-token sampling seed (default 1)\n"
-            "  --pregenerate    synthetic: compute every layer first, then push them all (a transfer measured at\n"
-            "                   the transport's speed, not the generator's; memory: the whole session)\n"
-            "  --tau            Eq. 2 threshold of the statistics (default 0.1); sent when the node asks for them\n"
-            "  --temp, --top-k, --top-p  sampling of the first token (default greedy, as flx-generate)\n"
-            "  --threads        prefill workers (default: FLX_THREADS, else the CPU budget)\n"
-            "  --max-chunk-mib  largest chunk, MiB (default 16)\n"
-            "  --no-payload-hash  send KV payloads without their XXH3 (a node that requires them refuses them)\n"
-            "  --err-mode       peer (default) or none: UCX peer-failure detection; the node's must match\n"
-            "                   (none for shared memory on UCX 1.13)\n"
-            "  --timeout-ms     wait this long for the node's answers (default 60000)\n"
-            "  --progress-ms    print progress this often (default 1000); --quiet prints only the result\n"
-            "fault injection:\n"
-            "  --die-after-bytes N      SIGKILL itself once N KV bytes have been sent\n"
-            "  --stall-after-bytes N    stop sending after N KV bytes, stay connected until the node gives up\n"
-            "  --corrupt-chunk I        flip a payload byte of KV chunk I (0-based) after hashing it\n"
-            "  --wrong-token            send the chunks with a wrong token\n"
-            "  --outside-chunk          send one chunk past the session's prompt\n"
-            "  --duplicate-chunk I      send KV chunk I twice\n"
-            "  -h, --help, --version\n"
-            "exit status: 0 the node has the session READY, 1 it failed or could not be pushed, 2 usage error\n");
+    const char *colon = strrchr(v, ':');
+    uint64_t pt;
+    if (!colon || colon == v || (size_t)(colon - v) >= cap || flx_parse_u64(colon + 1, 1, 65535, &pt))
+        return flx_error_set(FLX_ERR_INVALID, "--%s '%s' is not HOST:PORT with a port in 1..65535", opt, v);
+    memcpy(host, v, (size_t)(colon - v));
+    host[colon - v] = 0;
+    *port = (uint16_t)pt;
+    return FLX_OK;
 }
 
-static int bad(const char *flag, const char *val, const char *want)
-{
-    fprintf(stderr, PROG ": %s '%s': %s\n", flag, val ? val : "", want);
-    return 2;
-}
-
-static int parse_float(const char *flag, const char *s, double lo, double hi, float *out)
-{
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (!*s || *end || errno || !isfinite(v) || v < lo || v > hi) {
-        fprintf(stderr, PROG ": %s '%s': not a number in [%g, %g]\n", flag, s, lo, hi);
-        return 2;
-    }
-    *out = (float)v;
-    return 0;
-}
-
+/* Parses the command line (flx/cli.h); returns FLX_CLI_PROCEED or the exit code. */
 static int parse_args(int argc, char **argv, opts_t *o)
 {
     memset(o, 0, sizeof *o);
-    o->seed = 1, o->max_chunk_mib = 16, o->progress_ms = 1000, o->timeout_ms = 60000, o->tau = 0.1f;
-    o->top_p = 1.0f, o->err_mode = FLX_TP_ERR_PEER;
+    o->seed = 1, o->max_chunk_mib = 16, o->progress_ms = 1000, o->timeout_ms = 60000, o->tau = 0.1;
+    o->top_p = 1.0, o->max_new = 256, o->bgt = 0.05;
     o->die_after = o->stall_after = o->corrupt_chunk = o->dup_chunk = UINT64_MAX;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            exit(0);
-        }
-        if (!strcmp(a, "--version")) {
-            printf(PROG " (fluxion) %s, wire format version %u\n", FLX_VERSION, FLX_TP_VERSION);
-            exit(0);
-        }
-        /* flags without a value */
-        if (!strcmp(a, "--chat")) { o->chat = 1; continue; }
-        if (!strcmp(a, "--synthetic")) { o->synthetic = 1; continue; }
-        if (!strcmp(a, "--quiet")) { o->quiet = 1; continue; }
-        if (!strcmp(a, "--pregenerate")) { o->pregenerate = 1; continue; }
-        if (!strcmp(a, "--no-payload-hash")) { o->no_hash = 1; continue; }
-        if (!strcmp(a, "--wrong-token")) { o->wrong_token = 1; continue; }
-        if (!strcmp(a, "--outside-chunk")) { o->outside_chunk = 1; continue; }
-        static const char *with_value[] = {"--node", "--session", "--token", "--model", "--prompt-file",
-                                           "--prompt-len", "--seed", "--tau", "--temp", "--top-k", "--top-p",
-                                           "--threads", "--max-chunk-mib", "--err-mode", "--timeout-ms",
-                                           "--progress-ms", "--die-after-bytes", "--stall-after-bytes",
-                                           "--corrupt-chunk", "--duplicate-chunk"};
-        int known = 0;
-        for (size_t k = 0; k < FLX_ARRAY_SIZE(with_value); k++) known |= !strcmp(a, with_value[k]);
-        if (!known) {
-            fprintf(stderr, PROG ": unknown option '%s' (--help lists them)\n", a);
-            return 2;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, PROG ": %s needs a value\n", a);
-            return 2;
-        }
-        const char *v = argv[++i];
-        uint64_t *u = NULL, lo = 0, hi = UINT64_MAX;
-        if (!strcmp(a, "--node")) {
-            const char *colon = strrchr(v, ':');
-            uint64_t port;
-            if (!colon || colon == v || (size_t)(colon - v) >= sizeof o->host ||
-                flx_parse_u64(colon + 1, 1, 65535, &port))
-                return bad(a, v, "expected HOST:PORT with a port in [1, 65535]");
-            memcpy(o->host, v, (size_t)(colon - v));
-            o->host[colon - v] = 0;
-            o->port = (uint16_t)port;
-            o->node = v;
-        } else if (!strcmp(a, "--session")) {
-            char *end;
-            errno = 0;
-            unsigned long long x = strtoull(v, &end, 0);
-            if (!*v || *end || errno || x == 0 || v[0] == '-') return bad(a, v, "expected a non-zero session id");
-            o->sid = x;
-        } else if (!strcmp(a, "--token")) {
-            if (strlen(v) != 2 * FLX_TP_TOKEN_BYTES || strspn(v, "0123456789abcdefABCDEF") != strlen(v))
-                return bad(a, v, "expected 32 hex digits");
-            o->token_hex = v;
-        } else if (!strcmp(a, "--model")) {
-            o->model = v;
-        } else if (!strcmp(a, "--prompt-file")) {
-            o->prompt_file = v;
-        } else if (!strcmp(a, "--err-mode")) {
-            if (flx_tp_err_mode_parse(v, &o->err_mode)) return bad(a, v, "expected peer or none");
-        } else if (!strcmp(a, "--tau")) {
-            if (parse_float(a, v, 1e-6, 0.999999, &o->tau)) return 2;
-        } else if (!strcmp(a, "--temp")) {
-            if (parse_float(a, v, 0, 1e6, &o->temp)) return 2;
-        } else if (!strcmp(a, "--top-p")) {
-            if (parse_float(a, v, 1e-6, 1, &o->top_p)) return 2;
-        } else {
-            if (!strcmp(a, "--prompt-len")) u = &o->prompt_len, lo = 1, hi = 1u << 30;
-            else if (!strcmp(a, "--seed")) u = &o->seed;
-            else if (!strcmp(a, "--top-k")) u = &o->top_k, hi = 1u << 30;
-            else if (!strcmp(a, "--threads")) u = &o->threads, lo = 1, hi = 1024;
-            else if (!strcmp(a, "--max-chunk-mib")) u = &o->max_chunk_mib, lo = 1, hi = 1u << 20;
-            else if (!strcmp(a, "--timeout-ms")) u = &o->timeout_ms, lo = 1, hi = 86400000;
-            else if (!strcmp(a, "--progress-ms")) u = &o->progress_ms, lo = 1, hi = 86400000;
-            else if (!strcmp(a, "--die-after-bytes")) u = &o->die_after;
-            else if (!strcmp(a, "--stall-after-bytes")) u = &o->stall_after;
-            else if (!strcmp(a, "--corrupt-chunk")) u = &o->corrupt_chunk, hi = UINT32_MAX;
-            else u = &o->dup_chunk, hi = UINT32_MAX; /* --duplicate-chunk */
-            char want[64];
-            snprintf(want, sizeof want, "expected an integer in [%" PRIu64 ", %" PRIu64 "]", lo, hi);
-            if (flx_parse_u64(v, lo, hi, u)) return bad(a, v, want);
-        }
+    flx_cli_opt_t opts[] = {
+        FLX_CLI_STR(0, "control", "HOST:PORT", &o->control, 0,
+                    "the decode node's gRPC control service: open the session with OpenSession (as a router\n"
+                    "would), then push its KV; prints 'SESSION ID' on stdout first"),
+        FLX_CLI_STR(0, "node", "HOST:PORT", &o->node, 0,
+                    "the node's UCX listener, for a session someone else opened (with --session, --token)"),
+        FLX_CLI_STR(0, "session", "ID", &o->session, 0, "the session id (decimal or 0x hex)"),
+        FLX_CLI_STR(0, "token", "HEX", &o->token_hex, 0, "the session's 128-bit transfer token, 32 hex digits"),
+        FLX_CLI_PATH('m', "model", "M", &o->model, 0, "a .gguf file or Hugging Face folder: a real prefill"),
+        FLX_CLI_PATH('f', "prompt-file", "F", &o->prompt_file, 0, "the text of the real prefill ('-': stdin)"),
+        FLX_CLI_FLAG(0, "chat", &o->chat, "wrap the text with the model's chat template (as flx-generate --chat)"),
+        FLX_CLI_FLAG(0, "synthetic", &o->synthetic, "the synthetic workload (flx/synth.h) at the node's shape"),
+        FLX_CLI_UINT(0, "prompt-len", "N", &o->prompt_len, 1, 1u << 30, 0, "synthetic: tokens"),
+        FLX_CLI_UINT('s', "seed", "S", &o->seed, 0, UINT64_MAX, 0,
+                     "synthetic workload seed / first-token sampling seed (default 1)"),
+        FLX_CLI_FLAG(0, "pregenerate", &o->pregenerate,
+                     "compute every layer first, then push them all (a transfer measured at the transport's\n"
+                     "speed, not the prefill's; memory: the whole session's KV)"),
+        FLX_CLI_ENUM(0, "mode", &o->mode, MODES, 0,
+                     "--control: the session's attention (default full; fluxion makes the node ask for the\n"
+                     "statistics)"),
+        FLX_CLI_ENUM(0, "blk", &o->blk_i, BLKS, 0, "--control --mode fixed: logical block size (default 16)"),
+        FLX_CLI_FLOAT(0, "bgt", "X", &o->bgt, 0.0, 1.0, 0, "--control --mode fixed: budget (default 0.05)"),
+        FLX_CLI_UINT('n', "max-new", "N", &o->max_new, 1, 1u << 20, 0,
+                     "--control: tokens the session reserves room for (default 256)"),
+        FLX_CLI_STR(0, "model-id", "ID", &o->model_id, 0, "--control: the model id (default: the node's)"),
+        FLX_CLI_UINT(0, "transfer-timeout-ms", "MS", &o->transfer_timeout_ms, 1, 3600000, 0,
+                     "--control: the session must be READY within this (default: the node's)"),
+        FLX_CLI_UINT(0, "lease-ms", "MS", &o->lease_ms, 1, 3600000, 0,
+                     "--control: a READY session waits this long for its Generate (default: the node's)"),
+        FLX_CLI_FLOAT(0, "tau", "X", &o->tau, 0.0, 1.0, FLX_CLI_LO_OPEN | FLX_CLI_HI_OPEN,
+                      "Eq. 2 threshold of the statistics (default 0.1); sent when the node asks for them"),
+        FLX_CLI_FLOAT(0, "temp", "T", &o->temp, 0.0, 1e6, 0, "first-token sampling temperature (default 0: greedy)"),
+        FLX_CLI_UINT(0, "top-k", "K", &o->top_k, 0, 1u << 30, 0, "first-token top-k (0: all)"),
+        FLX_CLI_FLOAT(0, "top-p", "P", &o->top_p, 0.0, 1.0, FLX_CLI_LO_OPEN, "first-token nucleus mass (default 1)"),
+        FLX_CLI_UINT('t', "threads", "N", &o->threads, 1, 1024, 0,
+                     "prefill workers (default: FLX_THREADS, else the CPU budget)"),
+        FLX_CLI_UINT(0, "max-chunk-mib", "N", &o->max_chunk_mib, 1, 1u << 20, 0, "largest chunk, MiB (default 16)"),
+        FLX_CLI_FLAG(0, "no-payload-hash", &o->no_hash,
+                     "send KV payloads without their XXH3 (a node that requires them refuses them)"),
+        FLX_CLI_ENUM(0, "err-mode", &o->err_mode_i, ERR_MODES, 0,
+                     "UCX peer-failure detection; the node's ucx-err-mode must match (none for shared\n"
+                     "memory on UCX 1.13; default peer)"),
+        FLX_CLI_UINT(0, "timeout-ms", "MS", &o->timeout_ms, 1, 86400000, 0,
+                     "wait this long for the node's answers (default 60000)"),
+        FLX_CLI_UINT(0, "progress-ms", "MS", &o->progress_ms, 1, 86400000, 0, "print progress this often (default 1000)"),
+        FLX_CLI_FLAG(0, "quiet", &o->quiet, "print only the result"),
+        FLX_CLI_UINT(0, "die-after-bytes", "N", &o->die_after, 0, UINT64_MAX, 0,
+                     "fault: SIGKILL itself once N KV bytes have been sent"),
+        FLX_CLI_UINT(0, "stall-after-bytes", "N", &o->stall_after, 0, UINT64_MAX, 0,
+                     "fault: stop sending after N KV bytes, stay connected until the node gives up"),
+        FLX_CLI_UINT(0, "corrupt-chunk", "I", &o->corrupt_chunk, 0, UINT32_MAX, 0,
+                     "fault: flip a payload byte of KV chunk I (0-based) after hashing it"),
+        FLX_CLI_FLAG(0, "wrong-token", &o->wrong_token, "fault: send the chunks with a wrong token"),
+        FLX_CLI_FLAG(0, "outside-chunk", &o->outside_chunk, "fault: send one chunk past the session's prompt"),
+        FLX_CLI_UINT(0, "duplicate-chunk", "I", &o->dup_chunk, 0, UINT32_MAX, 0, "fault: send KV chunk I twice"),
+    };
+    flx_cli_t cli = FLX_CLI_INIT(PROG, "Computes a prompt's KV cache and statistics and pushes them to a decode node "
+                                       "over UCX, layer by layer, as a prefill node does.",
+                                 opts);
+    cli.synopsis = "(--control HOST:PORT | --node HOST:PORT --session ID --token HEX)\n"
+                   "       (--model M --prompt-file F [--chat] | --synthetic --prompt-len N) [options]";
+    cli.epilog = "The node's WELCOME gives the session's shape and window; UCX_TLS / UCX_NET_DEVICES pick the "
+                 "transport.\nstdout: 'SESSION ID' (--control, before the push), then 'READY 0xID BYTES bytes "
+                 "first_token T'.\nexit 1 also when the node reports the session FAILED (its reason on stderr).";
+    int rc = flx_cli_main(&cli, argc, argv);
+    if (rc != FLX_CLI_PROCEED) return rc;
+    const int control = o->control != NULL;
+    if (flx_cli_exclusive(&cli, "control", "node", 1) || flx_cli_exclusive(&cli, "model", "synthetic", 1) ||
+        flx_cli_applies(&cli, !control, "with --control (OpenSession gives them)", "session", "token", NULL) ||
+        flx_cli_applies(&cli, control, "without --control (the session is opened already)", "mode", "blk", "bgt",
+                        "max-new", "model-id", "transfer-timeout-ms", "lease-ms", NULL) ||
+        flx_cli_applies(&cli, o->mode == 1, "unless --mode fixed", "blk", "bgt", NULL) ||
+        flx_cli_applies(&cli, o->synthetic, "without --synthetic", "prompt-len", NULL) ||
+        flx_cli_applies(&cli, !o->synthetic, "with --synthetic", "prompt-file", "chat", NULL))
+        return flx_cli_usage_error(&cli, NULL);
+    if (!control && (!o->session || !o->token_hex))
+        return flx_cli_usage_error(&cli, "--node needs --session and --token");
+    if (o->model && !o->prompt_file) return flx_cli_usage_error(&cli, "--model needs --prompt-file");
+    if (o->synthetic && !o->prompt_len) return flx_cli_usage_error(&cli, "--synthetic needs --prompt-len");
+    if (o->node && parse_hostport("node", o->node, o->host, sizeof o->host, &o->port))
+        return flx_cli_usage_error(&cli, NULL);
+    if (control) {
+        char h[FLX_TP_HOST_MAX];
+        uint16_t pt;
+        if (parse_hostport("control", o->control, h, sizeof h, &pt)) return flx_cli_usage_error(&cli, NULL);
     }
-    if (!o->node || !o->sid || !o->token_hex) {
-        fprintf(stderr, PROG ": --node, --session and --token are required\n");
-        return 2;
+    if (o->session) {
+        char *end;
+        errno = 0;
+        unsigned long long x = strtoull(o->session, &end, 0);
+        if (!o->session[0] || *end || errno || x == 0 || o->session[0] == '-')
+            return flx_cli_usage_error(&cli, "--session '%s' is not a non-zero session id", o->session);
+        o->sid = x;
     }
-    if (o->synthetic == !!o->model) {
-        fprintf(stderr, PROG ": give either --model (with --prompt-file) or --synthetic (with --prompt-len)\n");
-        return 2;
-    }
-    if (o->model && !o->prompt_file) {
-        fprintf(stderr, PROG ": --model needs --prompt-file\n");
-        return 2;
-    }
-    if (o->pregenerate && !o->synthetic) {
-        fprintf(stderr, PROG ": --pregenerate is for --synthetic\n");
-        return 2;
-    }
-    if (o->synthetic && (!o->prompt_len || o->prompt_file || o->chat)) {
-        fprintf(stderr, PROG ": --synthetic needs --prompt-len and takes no --prompt-file or --chat\n");
-        return 2;
-    }
-    return 0;
+    if (o->token_hex &&
+        (strlen(o->token_hex) != 2 * FLX_TP_TOKEN_BYTES || strspn(o->token_hex, "0123456789abcdefABCDEF") != 32))
+        return flx_cli_usage_error(&cli, "--token '%s' is not 32 hex digits", o->token_hex);
+    o->err_mode = o->err_mode_i ? FLX_TP_ERR_NONE : FLX_TP_ERR_PEER;
+    return FLX_CLI_PROCEED;
 }
 
 /* ---- pushing ---- */
@@ -258,6 +224,7 @@ typedef struct push {
     uint32_t hash_flag;          /* FLX_TP_SEND_NO_HASH with --no-payload-hash */
     uint32_t layers_inflight;    /* guarded by lock */
     int stalled;
+    struct prepared *all;        /* --pregenerate: (n_layers) packed layers, pushed after the prefill */
 } push_t;
 
 static void layer_unref(layer_buf_t *b)
@@ -440,8 +407,8 @@ static flx_status_t layer_send(push_t *p, prepared_t *pl)
         }
         if (!st && idx == o->dup_chunk) {
             chunk_ctx_t *c2 = malloc(sizeof *c2);
-            if (c2) {
-                *c2 = *cc;
+            if (c2) {   /* not from *cc: its send may have completed and freed it already */
+                c2->buf = b;
                 c2->bytes = 0;
                 atomic_fetch_add(&b->refs, 1);
                 fprintf(stderr, PROG ": --duplicate-chunk %" PRIu64 ": layer %u tokens [%u, %u) sent twice\n", idx,
@@ -485,32 +452,81 @@ static flx_status_t on_layer(void *ctx, uint32_t layer, uint32_t n, const flx_bf
                              const flx_head_stats_t *stats, const float *mean_k, const float *q_anchor)
 {
     push_t *p = ctx;
+    if (p->all) return layer_pack(p, layer, n, k, v, stats, mean_k, q_anchor, &p->all[layer]);
     throttle(p, 2);
     prepared_t pl;
     flx_status_t st = layer_pack(p, layer, n, k, v, stats, mean_k, q_anchor, &pl);
     return st ? st : layer_send(p, &pl);
 }
 
+/* --pregenerate: every layer computed and packed; now pushed one after the other. */
+static flx_status_t push_all(push_t *p, uint64_t t_compute_ns)
+{
+    const opts_t *o = p->o;
+    if (!o->quiet)
+        fprintf(stderr, PROG ": --pregenerate: %u layers computed in %.1f s; pushing them all now\n", p->w.n_layers,
+                (double)t_compute_ns / 1e9);
+    p->t_start = p->t_last_print = flx_now_ns();
+    flx_status_t st = FLX_OK;
+    for (uint32_t l = 0; l < p->w.n_layers; l++) {
+        if (!st && !p->stalled && p->all[l].buf) st = layer_send(p, &p->all[l]);
+        else prepared_free(&p->all[l]);
+    }
+    free(p->all);
+    p->all = NULL;
+    return st;
+}
+
 /* ---- sources ---- */
 
-static flx_status_t run_model(push_t *p, const opts_t *o, int32_t *first_token)
+/* A real prefill's inputs, ready before the session is opened (its length is the prompt's). */
+typedef struct model_src {
+    flx_pool_h pool;
+    flx_model_t *m;
+    flx_tok_h tok;
+    int32_t *ids;
+    size_t n_ids;
+} model_src_t;
+
+static void model_src_free(model_src_t *ms)
 {
-    flx_model_t *m = NULL;
-    flx_tok_h tok = NULL;
+    free(ms->ids);
+    flx_tok_destroy(ms->tok);
+    flx_model_destroy(ms->m);
+    flx_pool_destroy(ms->pool);
+    memset(ms, 0, sizeof *ms);
+}
+
+/* Loads the model and its tokenizer and tokenizes the prompt file. */
+static flx_status_t model_src_load(const opts_t *o, model_src_t *ms)
+{
+    memset(ms, 0, sizeof *ms);
     char *text = NULL;
-    int32_t *ids = NULL;
-    void *pmem = NULL;
-    float *logits = NULL;
-    void *scratch = NULL;
-    size_t text_len = 0, n_ids = 0;
-    flx_pool_h pool = NULL;
+    size_t text_len = 0;
     flx_pool_params_t pp = {.field_mask = o->threads ? FLX_POOL_FIELD_N_WORKERS : 0, .n_workers = (uint32_t)o->threads};
     flx_status_t st;
-    if ((st = flx_pool_create(&pp, &pool))) goto out;
-    if ((st = flx_model_load_pool(o->model, pool, &m)) || (st = flx_tok_load(o->model, &tok))) {
+    if ((st = flx_pool_create(&pp, &ms->pool))) goto out;
+    if ((st = flx_model_load_pool(o->model, ms->pool, &ms->m)) || (st = flx_tok_load(o->model, &ms->tok))) {
         st = flx_error_set(st, "loading %s: %s", o->model, flx_error_msg());
         goto out;
     }
+    if ((st = flx_cli_read_file(o->prompt_file, (size_t)1 << 30, &text, &text_len)) ||
+        (st = flx_tok_encode_prompt(ms->tok, text, text_len, o->chat, &ms->ids, &ms->n_ids)))
+        goto out;
+    if (ms->n_ids == 0 || ms->n_ids > UINT32_MAX) st = flx_error_set(FLX_ERR_INVALID, "the prompt has %zu tokens", ms->n_ids);
+out:
+    free(text);
+    if (st) model_src_free(ms);
+    return st;
+}
+
+static flx_status_t run_model(push_t *p, const opts_t *o, const model_src_t *ms, int32_t *first_token)
+{
+    const flx_model_t *m = ms->m;
+    void *pmem = NULL;
+    float *logits = NULL;
+    void *scratch = NULL;
+    flx_status_t st;
     const flx_model_config_t *cfg = &m->cfg;
     if (cfg->n_layers != p->w.n_layers || cfg->n_kv_heads != p->w.n_kv_heads || cfg->n_heads != p->w.n_q_heads ||
         cfg->head_dim != p->w.head_dim) {
@@ -521,16 +537,13 @@ static flx_status_t run_model(push_t *p, const opts_t *o, int32_t *first_token)
                            p->w.n_kv_heads, p->w.head_dim);
         goto out;
     }
-    if ((st = flx_cli_read_file(o->prompt_file, (size_t)1 << 30, &text, &text_len)) ||
-        (st = flx_tok_encode_prompt(tok, text, text_len, o->chat, &ids, &n_ids)))
-        goto out;
-    if (n_ids != p->w.prompt_len) {
-        st = flx_error_set(FLX_ERR_INVALID, "the prompt has %zu tokens, the session was opened for %u", n_ids,
+    if (ms->n_ids != p->w.prompt_len) {
+        st = flx_error_set(FLX_ERR_INVALID, "the prompt has %zu tokens, the session was opened for %u", ms->n_ids,
                            p->w.prompt_len);
         goto out;
     }
-    const uint32_t n = (uint32_t)n_ids;
-    flx_fwd_shape_t fs = {.max_prompt = n, .max_batch = 1, .pool = pool};
+    const uint32_t n = (uint32_t)ms->n_ids;
+    flx_fwd_shape_t fs = {.max_prompt = n, .max_batch = 1, .pool = ms->pool};
     size_t pbytes = 0;
     flx_fwd_ws_t *ws;
     if ((st = flx_fwd_plan(m, &fs, &pbytes))) goto out;
@@ -539,6 +552,10 @@ static flx_status_t run_model(push_t *p, const opts_t *o, int32_t *first_token)
         goto out;
     }
     if ((st = flx_fwd_ws_init(m, &fs, pmem, pbytes, &ws))) goto out;
+    if (o->pregenerate && !(p->all = calloc(p->w.n_layers, sizeof *p->all))) {
+        st = flx_error_set(FLX_ERR_NOMEM, "%u layers", p->w.n_layers);
+        goto out;
+    }
     logits = malloc((size_t)cfg->vocab * sizeof *logits);
     scratch = malloc(flx_sample_scratch_bytes(cfg->vocab));
     if (!logits || !scratch) {
@@ -547,10 +564,16 @@ static flx_status_t run_model(push_t *p, const opts_t *o, int32_t *first_token)
     }
     /* The node's segments, as the in-process path uses its store's (flx_engine_prefill_with_stats). */
     flx_prefill_out_t out = {.on_layer = on_layer, .ctx = p,
-                             .tau = (p->w.flags & FLX_TP_WELCOME_STATS) ? o->tau : -1.0f,
+                             .tau = (p->w.flags & FLX_TP_WELCOME_STATS) ? (float)o->tau : -1.0f,
                              .sink = p->w.n_sink, .local = p->w.n_local};
-    if ((st = flx_engine_prefill_run(m, ws, ids, n, &out, logits))) goto out;
-    flx_sampling_params_t sp = {.temperature = o->temp, .top_k = (uint32_t)o->top_k, .top_p = o->top_p,
+    const uint64_t t0 = flx_now_ns();
+    st = flx_engine_prefill_run(m, ws, ms->ids, n, &out, logits);
+    if (p->all) {
+        flx_status_t st2 = push_all(p, flx_now_ns() - t0);
+        if (!st) st = st2;
+    }
+    if (st) goto out;
+    flx_sampling_params_t sp = {.temperature = (float)o->temp, .top_k = (uint32_t)o->top_k, .top_p = (float)o->top_p,
                                 .seed = o->seed};
     flx_sampler_t sampler;
     if ((st = flx_sampler_init(&sampler, &sp, cfg->vocab)) ||
@@ -560,11 +583,6 @@ out:
     free(scratch);
     free(logits);
     flx_aligned_free(pmem);
-    free(ids);
-    free(text);
-    flx_tok_destroy(tok);
-    flx_model_destroy(m);
-    flx_pool_destroy(pool);
     return st;
 }
 
@@ -594,30 +612,22 @@ static flx_status_t run_synthetic(push_t *p, const opts_t *o)
     float *qa = malloc((size_t)w->n_q_heads * D * sizeof *qa);
     if (!k || !v || !q || !stats || !mean_k || !qa) st = flx_error_set(FLX_ERR_NOMEM, "synthetic layer of %zu tokens", L);
     const int with_stats = (w->flags & FLX_TP_WELCOME_STATS) != 0;
-    prepared_t *all = o->pregenerate ? calloc(w->n_layers, sizeof *all) : NULL;
-    if (o->pregenerate && !all) st = flx_error_set(FLX_ERR_NOMEM, "%u layers", w->n_layers);
+    if (o->pregenerate && !(p->all = calloc(w->n_layers, sizeof *p->all)))
+        st = flx_error_set(FLX_ERR_NOMEM, "%u layers", w->n_layers);
     const uint64_t t0 = flx_now_ns();
     for (uint32_t l = 0; l < w->n_layers && !st && !p->stalled; l++) {
         if ((st = flx_synth_layer(syn, l, k, v, q, pool))) break;
         if (with_stats) {
             flx_prefill_layer_t pl = {.n_q_heads = w->n_q_heads, .n_kv_heads = w->n_kv_heads, .head_dim = w->head_dim,
                                       .prompt_len = w->prompt_len, .sink = w->n_sink, .local = w->n_local, .k = k,
-                                      .v = v, .tok_stride = w->prompt_len, .q_anchor = q, .tau = o->tau, .pool = pool};
+                                      .v = v, .tok_stride = w->prompt_len, .q_anchor = q, .tau = (float)o->tau, .pool = pool};
             if ((st = flx_prefill_stats(&pl, stats, mean_k, qa))) break;
         }
-        if (all) st = layer_pack(p, l, w->prompt_len, k, v, with_stats ? stats : NULL, mean_k, qa, &all[l]);
-        else st = on_layer(p, l, w->prompt_len, k, v, with_stats ? stats : NULL, mean_k, qa);
+        st = on_layer(p, l, w->prompt_len, k, v, with_stats ? stats : NULL, mean_k, qa);
     }
-    if (all) {
-        if (!o->quiet)
-            fprintf(stderr, PROG ": --pregenerate: %u layers computed in %.1f s; pushing them all now\n", w->n_layers,
-                    (double)(flx_now_ns() - t0) / 1e9);
-        p->t_start = p->t_last_print = flx_now_ns();
-        for (uint32_t l = 0; l < w->n_layers; l++) {
-            if (!st && !p->stalled) st = layer_send(p, &all[l]);
-            else prepared_free(&all[l]);
-        }
-        free(all);
+    if (p->all) {
+        flx_status_t st2 = push_all(p, flx_now_ns() - t0);
+        if (!st) st = st2;
     }
     free(k);
     free(v);
@@ -630,29 +640,148 @@ static flx_status_t run_synthetic(push_t *p, const opts_t *o)
     return st;
 }
 
+/* ---- --control: the session opened over gRPC, as a router would ---- */
+
+#define SVC "/fluxion.decode.v1.DecodeNode/"
+
+/* A unary DecodeNode call: the response unpacked with desc, or FLX_ERR_STATE naming the method and
+ * the node's status. */
+static flx_status_t node_call(flx_rpc_client_h c, const char *method, const ProtobufCMessage *req,
+                              const ProtobufCMessageDescriptor *desc, uint32_t timeout_ms, ProtobufCMessage **resp_p)
+{
+    const size_t len = protobuf_c_message_get_packed_size(req);
+    uint8_t *buf = malloc(len ? len : 1);
+    if (!buf) return flx_error_set(FLX_ERR_NOMEM, "%s request", method);
+    protobuf_c_message_pack(req, buf);
+    char path[96];
+    snprintf(path, sizeof path, SVC "%s", method);
+    void *resp = NULL;
+    size_t resp_len = 0;
+    flx_rpc_result_t res;
+    flx_status_t st = flx_rpc_unary(c, path, buf, len, timeout_ms, &resp, &resp_len, &res);
+    free(buf);
+    if (st) return st;
+    if (res.code != FLX_RPC_OK)
+        return flx_error_set(FLX_ERR_STATE, "%s: %s: %s", method, flx_rpc_code_name(res.code), res.msg);
+    ProtobufCMessage *m = protobuf_c_message_unpack(desc, NULL, resp_len, resp);
+    free(resp);
+    if (!m) return flx_error_set(FLX_ERR_FORMAT, "%s: the node's answer is not a %s", method, desc->name);
+    *resp_p = m;
+    return FLX_OK;
+}
+
+/* NodeStatus (the model id and shape the session must name), then OpenSession with this prompt's
+ * length; on success the UCX endpoint, the id and the token are in o and ref. */
+static flx_status_t control_open(opts_t *o, const model_src_t *ms, flx_tp_ref_t *ref)
+{
+    flx_rpc_client_h c = NULL;
+    Fluxion__Decode__V1__NodeStatusResponse *ns = NULL;
+    Fluxion__Decode__V1__OpenSessionResponse *os = NULL;
+    const uint32_t tmo = (uint32_t)FLX_MIN(o->timeout_ms, UINT32_MAX);
+    flx_status_t st = flx_rpc_client_create(o->control, 0, &c);
+    if (st) return st;
+    Fluxion__Decode__V1__NodeStatusRequest nreq;
+    fluxion__decode__v1__node_status_request__init(&nreq);
+    if ((st = node_call(c, "NodeStatus", &nreq.base, &fluxion__decode__v1__node_status_response__descriptor, tmo,
+                        (ProtobufCMessage **)&ns)))
+        goto out;
+    if (!ns->shape) {
+        st = flx_error_set(FLX_ERR_FORMAT, "NodeStatus: the node sent no shape");
+        goto out;
+    }
+    if (ms->m && (ms->m->cfg.n_layers != ns->shape->n_layers || ms->m->cfg.n_kv_heads != ns->shape->n_kv_heads ||
+                  ms->m->cfg.n_heads != ns->shape->n_q_heads || ms->m->cfg.head_dim != ns->shape->head_dim)) {
+        st = flx_error_set(FLX_ERR_INVALID, "the model (%u layers, %u/%u heads of %u) is not the node's (%u layers, "
+                                            "%u/%u heads of %u)",
+                           ms->m->cfg.n_layers, ms->m->cfg.n_heads, ms->m->cfg.n_kv_heads, ms->m->cfg.head_dim,
+                           ns->shape->n_layers, ns->shape->n_q_heads, ns->shape->n_kv_heads, ns->shape->head_dim);
+        goto out;
+    }
+    Fluxion__Decode__V1__OpenSessionRequest req;
+    Fluxion__Decode__V1__AttentionConfig attn;
+    fluxion__decode__v1__open_session_request__init(&req);
+    fluxion__decode__v1__attention_config__init(&attn);
+    static const Fluxion__Decode__V1__AttentionMode modes[] = {
+        FLUXION__DECODE__V1__ATTENTION_MODE__ATTENTION_MODE_FULL, FLUXION__DECODE__V1__ATTENTION_MODE__ATTENTION_MODE_FIXED,
+        FLUXION__DECODE__V1__ATTENTION_MODE__ATTENTION_MODE_FLUXION};
+    attn.mode = modes[o->mode];
+    if (o->mode == 1) {
+        attn.blk = 16u << o->blk_i;
+        attn.budget = (float)o->bgt;
+    } else if (o->mode == 2) {
+        attn.tau = (float)o->tau;
+    }
+    req.model_id = (char *)(o->model_id ? o->model_id : ns->model_id);
+    req.shape = ns->shape;
+    req.prompt_len = ms->m ? (uint32_t)ms->n_ids : (uint32_t)FLX_MIN(o->prompt_len, UINT32_MAX);
+    req.max_new_tokens = (uint32_t)o->max_new;
+    req.kv_dtype = FLUXION__DECODE__V1__KV_DTYPE__KV_DTYPE_BF16;
+    req.attention = &attn;
+    req.transfer_timeout_ms = (uint32_t)o->transfer_timeout_ms;
+    req.lease_ms = (uint32_t)o->lease_ms;
+    if ((st = node_call(c, "OpenSession", &req.base, &fluxion__decode__v1__open_session_response__descriptor, tmo,
+                        (ProtobufCMessage **)&os)))
+        goto out;
+    if (os->session_id == 0 || os->transfer_token.len != FLX_TP_TOKEN_BYTES || !os->ucx || !os->ucx->listener_host ||
+        !os->ucx->listener_host[0] || os->ucx->listener_port == 0 || os->ucx->listener_port > 65535 ||
+        strlen(os->ucx->listener_host) >= sizeof o->host) {
+        st = flx_error_set(FLX_ERR_FORMAT, "OpenSession: the node's answer has no session id, 16-byte token or UCX "
+                                           "listener (is it running --prefill local?)");
+        goto out;
+    }
+    snprintf(o->host, sizeof o->host, "%s", os->ucx->listener_host);
+    o->port = (uint16_t)os->ucx->listener_port;
+    o->sid = os->session_id;
+    ref->sid = os->session_id;
+    memcpy(ref->token, os->transfer_token.data, FLX_TP_TOKEN_BYTES);
+out:
+    if (ns) protobuf_c_message_free_unpacked(&ns->base, NULL);
+    if (os) protobuf_c_message_free_unpacked(&os->base, NULL);
+    flx_rpc_client_destroy(c);
+    return st;
+}
+
 int main(int argc, char **argv)
 {
     opts_t o;
     int rc = parse_args(argc, argv, &o);
-    if (rc) return rc;
+    if (rc != FLX_CLI_PROCEED) return rc;
     push_t p = {.o = &o, .max_chunk = o.max_chunk_mib << 20, .hash_flag = o.no_hash ? FLX_TP_SEND_NO_HASH : 0};
     pthread_mutex_init(&p.lock, NULL);
     pthread_cond_init(&p.cv, NULL);
-    p.ref.sid = o.sid;
-    for (uint32_t i = 0; i < FLX_TP_TOKEN_BYTES; i++) {
-        unsigned x;
-        sscanf(o.token_hex + 2 * i, "%2x", &x);
-        p.ref.token[i] = (uint8_t)x;
-    }
-    flx_tp_sender_params_t sp = {.field_mask = FLX_TP_SENDER_FIELD_ERR_MODE | FLX_TP_SENDER_FIELD_TIMEOUT,
-                                 .host = o.host, .port = o.port, .err_mode = o.err_mode,
-                                 .connect_timeout_ms = (uint32_t)FLX_MIN(o.timeout_ms, UINT32_MAX)};
-    flx_status_t st = flx_tp_sender_create(&sp, &p.snd);
-    if (st) {
+    model_src_t ms = {0};
+    flx_status_t st;
+    rc = 1;
+    if (o.model && (st = model_src_load(&o, &ms))) {
         fprintf(stderr, PROG ": %s\n", flx_error_msg());
         return 1;
     }
-    rc = 1;
+    if (o.control) {
+        if ((st = control_open(&o, &ms, &p.ref))) {
+            fprintf(stderr, PROG ": --control %s: %s\n", o.control, flx_error_msg());
+            model_src_free(&ms);
+            return 1;
+        }
+        printf("SESSION %" PRIu64 "\n", o.sid);   /* a router or client can WaitReady on it now */
+        fflush(stdout);
+    } else {
+        p.ref.sid = o.sid;
+        for (uint32_t i = 0; i < FLX_TP_TOKEN_BYTES; i++) {
+            unsigned x;
+            sscanf(o.token_hex + 2 * i, "%2x", &x);
+            p.ref.token[i] = (uint8_t)x;
+        }
+    }
+    char where[FLX_TP_HOST_MAX + 8];
+    snprintf(where, sizeof where, "%s:%u", o.host, o.port);
+    flx_tp_sender_params_t sp = {.field_mask = FLX_TP_SENDER_FIELD_ERR_MODE | FLX_TP_SENDER_FIELD_TIMEOUT,
+                                 .host = o.host, .port = o.port, .err_mode = o.err_mode,
+                                 .connect_timeout_ms = (uint32_t)FLX_MIN(o.timeout_ms, UINT32_MAX)};
+    if ((st = flx_tp_sender_create(&sp, &p.snd))) {
+        fprintf(stderr, PROG ": %s\n", flx_error_msg());
+        model_src_free(&ms);
+        return 1;
+    }
     if ((st = flx_tp_sender_hello(p.snd, &p.ref, &p.w))) {
         fprintf(stderr, PROG ": %s\n", flx_error_msg());
         goto out;
@@ -661,13 +790,13 @@ int main(int argc, char **argv)
         fprintf(stderr,
                 PROG ": session %#" PRIx64 " on %s: %u layers, %u/%u heads of %u, %u tokens (sink %u, local %u), "
                      "statistics %s, deadline in %.1f s\n",
-                o.sid, o.node, p.w.n_layers, p.w.n_q_heads, p.w.n_kv_heads, p.w.head_dim, p.w.prompt_len, p.w.n_sink,
+                o.sid, where, p.w.n_layers, p.w.n_q_heads, p.w.n_kv_heads, p.w.head_dim, p.w.prompt_len, p.w.n_sink,
                 p.w.n_local, p.w.flags & FLX_TP_WELCOME_STATS ? "wanted" : "not wanted",
                 (double)p.w.deadline_left_ns / 1e9);
     if (o.wrong_token) p.ref.token[0] ^= 0xff; /* HELLO went with the right one: the chunks carry this */
     p.t_start = p.t_last_print = flx_now_ns();
     int32_t first = 0; /* the synthetic workload has no vocabulary: token 0 */
-    st = o.synthetic ? run_synthetic(&p, &o) : run_model(&p, &o, &first);
+    st = o.synthetic ? run_synthetic(&p, &o) : run_model(&p, &o, &ms, &first);
     if (st) {
         fprintf(stderr, PROG ": %s\n", flx_error_msg());
         goto out;
@@ -707,5 +836,6 @@ int main(int argc, char **argv)
     }
 out:
     flx_tp_sender_destroy(p.snd);
+    model_src_free(&ms);
     return rc;
 }

@@ -21,8 +21,13 @@
  * that (the prefill thread, the timers): an append into a session closed under the engine would
  * fail the whole batch.
  *
- * Session ids and transfer tokens come from getrandom(2): ids that cannot be guessed from one
- * another, tokens with 128 bits of entropy.
+ * In LOCAL mode session ids and tokens come from getrandom(2). In UCX mode the session id is the
+ * transport's (the id the prefill node's HELLO names) and the token the transport's, 128 bits from
+ * getrandom(2): the token, not the id, is what keeps others' bytes out of a session. The
+ * transport moves a session to READY or FAILED in the store; the store's state callback wakes the
+ * decode thread, which (like every call that looks at a session) brings the node's record in line
+ * with the store (sync_locked) under node->mu; the order of locks is node->mu, then the
+ * transport's and the store's, and the callback takes only wake_mu, which nests in nothing.
  *
  * Closed sessions keep a record for CLOSED_KEEP_NS so that GetSession / CloseSession after the end
  * of a Generate answer with the final state instead of NOT_FOUND; the table has room for
@@ -47,6 +52,7 @@
 #include "flx/prom.h"
 #include "flx/sampling.h"
 #include "flx/tokenizer.h"
+#include "flx/transport.h"
 #include "flx/util.h"
 
 #define MOD "node"
@@ -123,6 +129,7 @@ struct flx_node {
     flx_tok_h tok;                 /* NULL: no tokenizer, no text pieces */
     flx_predictor_h pred;
     flx_kv_store_h store;
+    flx_tp_node_h tp;              /* UCX mode: the KV receiver over the store; NULL in LOCAL mode */
     int32_t eog[FLX_ENGINE_MAX_STOP];
     uint32_t n_eog;
     uint32_t n_threads;            /* the pool's workers */
@@ -255,11 +262,36 @@ static void info_of(const sess_t *s, flx_node_session_info_t *out)
     out->tokens_generated = s->tokens_generated;
 }
 
-/* OPEN/RECEIVING/READY -> FAILED with a reason; the KV (if any) goes back to the pool. */
+static void mark_failed_locked(flx_node_h n, sess_t *s, const char *reason)
+{
+    s->state = FLX_NODE_FAILED;
+    snprintf(s->fail_reason, sizeof s->fail_reason, "%s", reason);
+    n->c_failed++;
+    flx_log_info(MOD, "session %llu failed: %s", (unsigned long long)s->id, reason);
+}
+
+/* Closes a session's KV: through the transport in UCX mode (its senders hear CLOSED, its record
+ * goes), in the store otherwise. */
+static void kv_close(flx_node_h n, flx_kv_session_id_t kv)
+{
+    if (!kv)
+        return;
+    if (n->tp)
+        flx_tp_session_close(n->tp, kv);
+    else
+        flx_kv_session_close(n->store, kv);
+}
+
+/* OPEN/RECEIVING/READY -> FAILED with a reason; the KV (if any) goes back to the pool. In UCX mode
+ * a transfer still running is failed in the transport (its senders hear the reason) and the id
+ * stays open until CloseSession; one that got READY meanwhile is closed. */
 static void fail_locked(flx_node_h n, sess_t *s, const char *reason)
 {
-    if (s->kv) {
-        flx_kv_session_close(n->store, s->kv);
+    if (s->kv && n->tp && (s->state == FLX_NODE_OPEN || s->state == FLX_NODE_RECEIVING) &&
+        flx_tp_session_fail(n->tp, s->kv, reason) == FLX_OK) {
+        /* failed in the store: its memory returns once no receive holds it */
+    } else if (s->kv) {
+        kv_close(n, s->kv);
         s->kv = 0;
     }
     if (s->local_tokens) {   /* never prefilled: its reservation was only counted */
@@ -267,10 +299,7 @@ static void fail_locked(flx_node_h n, sess_t *s, const char *reason)
         s->local_tokens = NULL;
         n->pending_bytes -= s->reserved_bytes;
     }
-    s->state = FLX_NODE_FAILED;
-    snprintf(s->fail_reason, sizeof s->fail_reason, "%s", reason);
-    n->c_failed++;
-    flx_log_info(MOD, "session %llu failed: %s", (unsigned long long)s->id, reason);
+    mark_failed_locked(n, s, reason);
 }
 
 static void close_record_locked(flx_node_h n, sess_t *s)
@@ -281,6 +310,63 @@ static void close_record_locked(flx_node_h n, sess_t *s)
         n->n_open--;
         n->c_closed++;
     }
+}
+
+/* UCX mode: an OPEN/RECEIVING session's record brought in line with the store (the transport moves
+ * it on): bytes so far, RECEIVING, READY with the committed first token, or FAILED with the
+ * transport's reason. node->mu held. */
+static void sync_locked(flx_node_h n, sess_t *s)
+{
+    if (!n->tp || !s->kv || (s->state != FLX_NODE_OPEN && s->state != FLX_NODE_RECEIVING))
+        return;
+    flx_kv_session_info_t ki;
+    if (flx_kv_session_info(n->store, s->kv, &ki) != FLX_OK) {
+        s->kv = 0;
+        fail_locked(n, s, "the transfer session was closed by the transport");
+        return;
+    }
+    s->bytes_expected = ki.bytes_expected;
+    s->bytes_received = ki.bytes_received;
+    switch (ki.state) {
+    case FLX_KV_RESERVED: break;
+    case FLX_KV_RECEIVING: s->state = FLX_NODE_RECEIVING; break;
+    case FLX_KV_READY: {
+        const uint64_t t_ready = ki.t_ready_ns ? ki.t_ready_ns : flx_now_ns();
+        const uint64_t span = ki.t_last_byte_ns > ki.t_first_byte_ns ? ki.t_last_byte_ns - ki.t_first_byte_ns : 0;
+        s->state = FLX_NODE_READY;
+        s->first_token = ki.first_token;
+        s->t_ready = FLX_MAX(t_ready, s->t_open);
+        s->lease_end = s->t_ready + (uint64_t)n->cfg.lease_ms * 1000000ull;
+        s->reserved_bytes = ki.reserved_bytes;
+        s->gbps = span ? (double)ki.bytes_received / (double)span : 0;
+        n->c_ready++;
+        n->c_transfer_bytes += ki.bytes_received;
+        flx_prom_hist_observe(&n->h_ready, (double)(s->t_ready - s->t_open) / 1e9);
+        if (span)
+            flx_prom_hist_observe(&n->h_rate, s->gbps * 1e9);
+        flx_log_info(MOD, "session %llu ready: %llu bytes in %.3f s from open (%.2f GB/s first to last byte), "
+                          "first token %d",
+                     (unsigned long long)s->id, (unsigned long long)ki.bytes_received,
+                     (double)(s->t_ready - s->t_open) / 1e9, s->gbps, s->first_token);
+        break;
+    }
+    case FLX_KV_FAILED:   /* failed by the transport, which tells its senders; the id closes with the session */
+        mark_failed_locked(n, s, ki.fail_reason[0] ? ki.fail_reason : "the transfer failed");
+        break;
+    default:   /* DECODING or CLOSED behind the node's back: never served */
+        kv_close(n, s->kv);
+        s->kv = 0;
+        fail_locked(n, s, "the transfer session left the node's control");
+        break;
+    }
+}
+
+static sess_t *find_sync(flx_node_h n, uint64_t id)
+{
+    sess_t *s = find(n, id);
+    if (s)
+        sync_locked(n, s);
+    return s;
 }
 
 /* ---- lifecycle ---- */
@@ -311,6 +397,49 @@ static flx_status_t limits_init(flx_node_h n)
     return FLX_OK;
 }
 
+/* The store's state callback (any thread, the session's lock held): only a wakeup. */
+static void store_changed(void *ctx)
+{
+    wake(ctx);
+}
+
+/* UCX mode: the KV receiver over the node's store, on the config's ucx-listen. */
+static flx_status_t transport_create(flx_node_h n)
+{
+    const flx_node_config_t *c = &n->cfg;
+    char host[FLX_NODE_ADDR_MAX];
+    snprintf(host, sizeof host, "%s", c->ucx_listen);
+    char *colon = strrchr(host, ':');
+    if (!colon)
+        return flx_error_set(FLX_ERR_INVALID, "ucx-listen '%s' is not host:port", c->ucx_listen);
+    *colon = '\0';
+    uint64_t port = 0;
+    if (flx_parse_u64(colon + 1, 0, 65535, &port))
+        return flx_error_set(FLX_ERR_INVALID, "ucx-listen '%s': port outside 0..65535", c->ucx_listen);
+    char *h = host;
+    if (h[0] == '[' && colon > h + 1 && colon[-1] == ']') {   /* [IPv6] */
+        colon[-1] = '\0';
+        h++;
+    }
+    /* The node's own lease decides (its timer fails and closes the session); the transport's is a
+     * backstop a minute later. */
+    flx_tp_node_params_t tp = {
+        .field_mask = FLX_TP_NODE_FIELD_LISTEN | FLX_TP_NODE_FIELD_ERR_MODE | FLX_TP_NODE_FIELD_LIVENESS |
+                      FLX_TP_NODE_FIELD_TIMEOUTS | (c->ucx_advertise[0] ? FLX_TP_NODE_FIELD_ADVERTISE : 0),
+        .store = n->store, .listen_host = h, .listen_port = (uint16_t)port,
+        .advertise_host = c->ucx_advertise, .err_mode = c->ucx_err_mode ? FLX_TP_ERR_NONE : FLX_TP_ERR_PEER,
+        .liveness_ms = c->ucx_liveness_ms, .default_timeout_ms = c->transfer_timeout_ms,
+        .default_lease_ms = c->lease_ms + 60000};
+    flx_status_t st = flx_tp_node_create(&tp, &n->tp);
+    if (st)
+        return flx_error_set(st, "ucx-listen %s: %s", c->ucx_listen, flx_error_msg());
+    flx_tp_node_info_t ti;
+    flx_tp_node_info(n->tp, &ti);
+    flx_log_info(MOD, "kv receiver on ucx %s:%u (listening on %s), error mode %s, liveness %u ms", ti.host, ti.port,
+                 c->ucx_listen, c->ucx_err_mode ? "none" : "peer", ti.liveness_ms);
+    return FLX_OK;
+}
+
 static flx_status_t hists_init(flx_node_h n)
 {
     static const double lat[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
@@ -332,9 +461,6 @@ flx_status_t flx_node_create(const flx_node_config_t *cfg, flx_node_h *node_p)
     flx_status_t st = flx_node_config_check(cfg);
     if (st)
         return st;
-    if (cfg->prefill == FLX_NODE_PREFILL_UCX)
-        return flx_error_set(FLX_ERR_UNSUPPORTED, "prefill ucx: the UCX transport is not built into this node yet; "
-                                                  "run --prefill local on a single machine");
     struct flx_node *n = calloc(1, sizeof *n);
     if (!n)
         return flx_error_set(FLX_ERR_NOMEM, "node");
@@ -381,7 +507,14 @@ flx_status_t flx_node_create(const flx_node_config_t *cfg, flx_node_h *node_p)
         .capacity_bytes = cfg->kv_capacity_bytes, .numa_node = cfg->numa_node, .n_layers = mc->n_layers,
         .n_kv_heads = mc->n_kv_heads, .n_q_heads = mc->n_heads, .head_dim = mc->head_dim,
         .max_sessions = cfg->max_sessions};
+    if (cfg->prefill == FLX_NODE_PREFILL_UCX) {
+        kp.field_mask |= FLX_KV_STORE_FIELD_ON_STATE;
+        kp.on_state = store_changed;
+        kp.on_state_ctx = n;
+    }
     if ((st = flx_kv_store_create(&kp, &n->store)))
+        goto fail;
+    if (cfg->prefill == FLX_NODE_PREFILL_UCX && (st = transport_create(n)))
         goto fail;
     n->n_slots = 2 * cfg->max_sessions;
     n->sess = calloc(n->n_slots, sizeof *n->sess);
@@ -450,6 +583,9 @@ void flx_node_destroy(flx_node_h n)
     if (n->decode_started)
         pthread_join(n->decode_thr, NULL);
     for (uint32_t i = 0; i < n->n_eng; i++) flx_engine_destroy(n->eng[i].e);
+    /* fails the transfers still running (their senders hear "node shutting down"), waits for their
+     * receives; before the store it writes into */
+    flx_tp_node_destroy(n->tp);
     for (uint32_t i = 0; n->sess && i < n->n_slots; i++) free(n->sess[i].local_tokens);
     free(n->sess);
     free(n->pf_queue);
@@ -479,6 +615,34 @@ void flx_node_limits(flx_node_h n, flx_node_limits_t *l)
 
 /* ---- sessions ---- */
 
+/* UCX mode: the transfer session in the transport (memory, token, deadline) and what the prefill
+ * node is told in *r. node->mu held. */
+static flx_status_t tp_open(flx_node_h n, const flx_node_open_params_t *p, uint64_t tmo_ns, flx_node_open_result_t *r,
+                            flx_kv_session_id_t *kv_p)
+{
+    const flx_node_limits_t *l = &n->lim;
+    const uint32_t lease_ms = p->lease_ms ? p->lease_ms : n->cfg.lease_ms;
+    flx_tp_open_params_t op = {
+        .field_mask = FLX_TP_OPEN_FIELD_NO_STATS | FLX_TP_OPEN_FIELD_TIMEOUT | FLX_TP_OPEN_FIELD_LEASE,
+        .n_layers = l->n_layers, .n_kv_heads = l->n_kv_heads, .n_q_heads = l->n_q_heads, .head_dim = l->head_dim,
+        .vocab = l->vocab, .prompt_len = p->prompt_len, .max_new_tokens = p->max_new_tokens,
+        .with_stats = p->attn.mode == FLX_ENGINE_ATTN_FLUXION, .timeout_ms = (uint32_t)(tmo_ns / 1000000ull),
+        .lease_ms = lease_ms + 60000};   /* the node's own lease decides; the transport's is a backstop */
+    flx_tp_session_desc_t d;
+    flx_status_t st = flx_tp_session_open(n->tp, &op, &d);
+    if (st)
+        return st;
+    memcpy(r->token, d.token, sizeof r->token);
+    snprintf(r->ucx_host, sizeof r->ucx_host, "%s", d.host);
+    r->ucx_port = d.port;
+    if (d.worker_address_len <= sizeof r->ucx_worker_address) {
+        memcpy(r->ucx_worker_address, d.worker_address, d.worker_address_len);
+        r->ucx_worker_address_len = (uint32_t)d.worker_address_len;
+    }
+    *kv_p = d.sid;
+    return FLX_OK;
+}
+
 flx_status_t flx_node_open(flx_node_h n, const flx_node_open_params_t *p, flx_node_open_result_t *res_p)
 {
     if (!n || !p || !res_p)
@@ -506,12 +670,14 @@ flx_status_t flx_node_open(flx_node_h n, const flx_node_open_params_t *p, flx_no
     uint64_t id = 0;
     flx_node_open_result_t r;
     memset(&r, 0, sizeof r);
-    do {
-        if ((st = random_bytes(&id, sizeof id)))
+    if (!n->tp) {   /* LOCAL mode; in UCX mode the transport gives both */
+        do {
+            if ((st = random_bytes(&id, sizeof id)))
+                return st;
+        } while (id == 0);
+        if ((st = random_bytes(r.token, sizeof r.token)))
             return st;
-    } while (id == 0);
-    if ((st = random_bytes(r.token, sizeof r.token)))
-        return st;
+    }
     int32_t *toks = NULL;
     if (p->local_tokens) {
         toks = malloc((size_t)p->prompt_len * sizeof *toks);
@@ -523,6 +689,7 @@ flx_status_t flx_node_open(flx_node_h n, const flx_node_open_params_t *p, flx_no
     const uint64_t now = flx_now_ns();
     const uint64_t tmo_ns = (uint64_t)(p->transfer_timeout_ms ? p->transfer_timeout_ms : n->cfg.transfer_timeout_ms) *
                             1000000ull;
+    flx_kv_session_id_t kv = 0;
     pthread_mutex_lock(&n->mu);
     flx_kv_store_info_t si;
     flx_kv_store_info(n->store, &si);
@@ -534,13 +701,18 @@ flx_status_t flx_node_open(flx_node_h n, const flx_node_open_params_t *p, flx_no
     else if (si.used_bytes + n->pending_bytes + bytes > si.capacity_bytes)
         st = flx_error_set(FLX_ERR_CAPACITY, "session needs %zu bytes of host KV memory, %zu of %zu are in use", bytes,
                            si.used_bytes + n->pending_bytes, si.capacity_bytes);
-    else if (find(n, id))
-        st = flx_error_set(FLX_ERR_INTERNAL, "random session id %llu repeated", (unsigned long long)id);
-    else if (!(s = slot_alloc(n)))
+    else if (n->tp && !(st = tp_open(n, p, tmo_ns, &r, &kv)))
+        id = kv;   /* the transport's id: the one the prefill node's HELLO names */
+    if (!st && find(n, id))
+        st = flx_error_set(FLX_ERR_INTERNAL, "session id %llu repeated", (unsigned long long)id);
+    else if (!st && !(s = slot_alloc(n)))
         st = flx_error_set(FLX_ERR_CAPACITY, "session table full (%u slots)", n->n_slots);
+    if (st && kv)
+        kv_close(n, kv);
     if (!st) {
         memset(s, 0, sizeof *s);
         s->id = id;
+        s->kv = kv;
         s->state = FLX_NODE_OPEN;
         s->attn = p->attn;
         s->prompt_len = p->prompt_len;
@@ -579,7 +751,7 @@ flx_status_t flx_node_info(flx_node_h n, uint64_t id, flx_node_session_info_t *i
     if (!n || !info_p)
         return flx_error_set(FLX_ERR_INVALID, "node info: NULL argument");
     pthread_mutex_lock(&n->mu);
-    sess_t *s = find(n, id);
+    sess_t *s = find_sync(n, id);
     if (s)
         info_of(s, info_p);
     pthread_mutex_unlock(&n->mu);
@@ -600,8 +772,7 @@ flx_status_t flx_node_close(flx_node_h n, uint64_t id, flx_node_state_t *prev_p)
     if (s->state == FLX_NODE_DECODING) {
         atomic_store(&s->gen->closed, 1);   /* the decode thread cancels, then closes the KV */
     } else if (s->state != FLX_NODE_CLOSED) {
-        if (s->kv)
-            flx_kv_session_close(n->store, s->kv);
+        kv_close(n, s->kv);
         s->kv = 0;
         if (s->local_tokens) {
             free(s->local_tokens);
@@ -638,7 +809,7 @@ flx_status_t flx_node_wait(flx_node_h n, uint64_t id, uint64_t deadline_ns, flx_
     w->cancel = cancelled;
     flx_status_t st = FLX_INPROGRESS;
     pthread_mutex_lock(&n->mu);
-    sess_t *s = find(n, id);
+    sess_t *s = find_sync(n, id);
     if (!s) {
         st = flx_error_set(FLX_ERR_NOT_FOUND, "no session %llu", (unsigned long long)id);
     } else if (terminal(s->state)) {
@@ -698,7 +869,7 @@ flx_status_t flx_node_generate(flx_node_h n, const flx_node_gen_params_t *p, con
     g->gp.sampling = p->sampling;
 
     pthread_mutex_lock(&n->mu);
-    sess_t *s = find(n, p->session);
+    sess_t *s = find_sync(n, p->session);
     if (n->draining)
         st = flx_error_set(FLX_ERR_UNAVAILABLE, "node is draining: no new Generate");
     else if (!s)
@@ -750,9 +921,12 @@ void flx_node_status(flx_node_h n, flx_node_status_t *out)
     pthread_mutex_lock(&n->mu);
     out->pool_used_bytes = si.used_bytes + n->pending_bytes;
     out->draining = n->draining;
-    for (uint32_t i = 0; i < n->n_slots; i++)
+    for (uint32_t i = 0; i < n->n_slots; i++) {
+        if (n->sess[i].id)
+            sync_locked(n, &n->sess[i]);
         if (n->sess[i].id && n->sess[i].state >= FLX_NODE_OPEN && n->sess[i].state <= FLX_NODE_CLOSED)
             out->by_state[n->sess[i].state]++;
+    }
     out->sessions_opened_total = n->c_opened;
     out->sessions_failed_total = n->c_failed;
     out->generate_calls_total = n->c_gen_calls;
@@ -1028,7 +1202,7 @@ static void gen_end(flx_node_h n, struct flx_node_gen *g, flx_status_t st, const
         s->kv = 0;
     }
     pthread_mutex_unlock(&n->mu);
-    flx_kv_session_close(n->store, g->kv);
+    kv_close(n, g->kv);
     pthread_mutex_lock(&n->stats_mu);
     if (st == FLX_OK) n->c_gen_ok++;
     else if (st == FLX_ERR_CANCELED) n->c_gen_cancelled++;
@@ -1144,6 +1318,7 @@ static uint64_t timers(flx_node_h n, uint64_t now)
         sess_t *s = &n->sess[i];
         if (!s->id)
             continue;
+        sync_locked(n, s);
         if (s->state == FLX_NODE_OPEN || s->state == FLX_NODE_RECEIVING) {
             if (draining) {
                 fail_locked(n, s, "node draining: the transfer was stopped");
@@ -1364,6 +1539,18 @@ flx_status_t flx_node_metrics_text(flx_node_h n, char **text_p, size_t *len_p)
     flx_prom_metric(&b, "fluxion_transfer_failures_total", "counter",
                     "Sessions whose KV did not arrive whole (every failure before READY).",
                     (double)(s.sessions_failed_total - c_lease));
+    if (n->tp) {
+        flx_tp_node_info_t ti;
+        flx_tp_node_info(n->tp, &ti);
+        flx_prom_metric(&b, "fluxion_transfer_connections", "gauge", "UCX connections from prefill nodes open now.",
+                        ti.n_conns);
+        flx_prom_metric(&b, "fluxion_transfer_connections_failed_total", "counter",
+                        "UCX connections that failed (peer gone, silent past the liveness time).",
+                        (double)ti.conns_failed);
+        flx_prom_metric(&b, "fluxion_transfer_messages_total", "counter", "UCX messages handled.", (double)ti.msgs);
+        flx_prom_metric(&b, "fluxion_transfer_messages_refused_total", "counter",
+                        "UCX messages refused (bad header, token, session or chunk).", (double)ti.msgs_refused);
+    }
     flx_prom_hist_render(&b, "fluxion_time_to_ready_seconds", "OpenSession to READY.", &n->h_ready);
     flx_prom_hist_render(&b, "fluxion_transfer_rate_bytes_per_second",
                          "KV payload bytes of a session over its transfer time.", &n->h_rate);

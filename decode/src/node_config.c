@@ -19,7 +19,7 @@
 #include "flx/log.h"
 #include "flx/util.h"
 
-typedef enum { K_STR, K_ADDR, K_U32, K_BYTES, K_INT, K_PREFILL, K_LEVEL, K_FORMAT } kind_t;
+typedef enum { K_STR, K_ADDR, K_U32, K_BYTES, K_INT, K_PREFILL, K_ERRMODE, K_LEVEL, K_FORMAT } kind_t;
 
 typedef struct key {
     const char *name;
@@ -43,6 +43,14 @@ static const cfg_key_t KEYS[] = {
      "host:port of the Prometheus /metrics page, or off"},
     {"prefill", K_PREFILL, F(prefill), 0, 0, 0,
      "ucx: prefill nodes push KV over UCX; local: the node prefills OpenSession's local_prefill itself"},
+    {"ucx-listen", K_ADDR, F(ucx_listen), S(ucx_listen), 0, 0,
+     "host:port the KV receiver listens on (prefill ucx); port 0: a free one, named by OpenSession"},
+    {"ucx-advertise", K_STR, F(ucx_advertise), S(ucx_advertise), 0, 0,
+     "host OpenSession tells prefill nodes to connect to; empty: ucx-listen's host"},
+    {"ucx-err-mode", K_ERRMODE, F(ucx_err_mode), 0, 0, 0,
+     "peer: UCX reports dead prefill peers (TCP, RDMA); none: for shared memory (UCX 1.13), liveness only"},
+    {"ucx-liveness-ms", K_U32, F(ucx_liveness_ms), 0, 4, 3600000,
+     "a prefill connection feeding a session and silent this long is dead"},
     {"kv-capacity", K_BYTES, F(kv_capacity_bytes), 0, 1 << 20, (int64_t)1 << 46, "host KV pool size (K/M/G/T)"},
     {"max-sessions", K_U32, F(max_sessions), 0, 1, 65536, "sessions open at once"},
     {"max-batch", K_U32, F(max_batch), 0, 1, 256, "sequences decoded per step"},
@@ -67,6 +75,8 @@ void flx_node_config_default(flx_node_config_t *c)
     snprintf(c->grpc_listen, sizeof c->grpc_listen, "127.0.0.1:50051");
     snprintf(c->metrics_listen, sizeof c->metrics_listen, "127.0.0.1:9464");
     c->prefill = FLX_NODE_PREFILL_UCX;
+    snprintf(c->ucx_listen, sizeof c->ucx_listen, "127.0.0.1:0");
+    c->ucx_liveness_ms = 10000;
     c->kv_capacity_bytes = (uint64_t)4 << 30;
     c->max_sessions = 256;
     c->max_batch = 8;
@@ -206,6 +216,14 @@ flx_status_t flx_node_config_set(flx_node_config_t *c, const char *key, const ch
         else
             return flx_error_set(FLX_ERR_INVALID, "prefill '%s' is not ucx or local", v);
         return FLX_OK;
+    case K_ERRMODE:
+        if (!strcmp(v, "peer"))
+            c->ucx_err_mode = 0;
+        else if (!strcmp(v, "none"))
+            c->ucx_err_mode = 1;
+        else
+            return flx_error_set(FLX_ERR_INVALID, "ucx-err-mode '%s' is not peer or none", v);
+        return FLX_OK;
     case K_LEVEL:
         if ((x = flx_log_level_parse(v)) < 0)
             return flx_error_set(FLX_ERR_INVALID, "log-level '%s' is not error, warn, info or debug", v);
@@ -312,6 +330,13 @@ flx_status_t flx_node_config_check(const flx_node_config_t *c)
         return flx_error_set(FLX_ERR_INVALID, "model is required (--model or 'model = ...' in the config file)");
     if (c->prefill != FLX_NODE_PREFILL_UCX && c->prefill != FLX_NODE_PREFILL_LOCAL)
         return flx_error_set(FLX_ERR_INVALID, "prefill mode %d is not ucx or local", (int)c->prefill);
+    if (c->prefill == FLX_NODE_PREFILL_UCX && !c->ucx_advertise[0]) {
+        const char *colon = strrchr(c->ucx_listen, ':');
+        size_t hl = colon ? (size_t)(colon - c->ucx_listen) : 0;
+        if ((hl == 7 && !strncmp(c->ucx_listen, "0.0.0.0", 7)) || (hl == 4 && !strncmp(c->ucx_listen, "[::]", 4)))
+            return flx_error_set(FLX_ERR_INVALID, "ucx-listen %s listens on every address: set ucx-advertise to the "
+                                                  "host prefill nodes should connect to", c->ucx_listen);
+    }
     if (c->max_batch > c->max_sessions)
         return flx_error_set(FLX_ERR_INVALID, "max-batch %u exceeds max-sessions %u", c->max_batch, c->max_sessions);
     return FLX_OK;
@@ -340,6 +365,7 @@ size_t flx_node_config_format(const flx_node_config_t *c, char *buf, size_t cap)
                                                : (unsigned long long)*(const uint64_t *)field);
             break;
         case K_PREFILL: OUT("%s = %s\n", k->name, c->prefill == FLX_NODE_PREFILL_LOCAL ? "local" : "ucx"); break;
+        case K_ERRMODE: OUT("%s = %s\n", k->name, c->ucx_err_mode ? "none" : "peer"); break;
         case K_LEVEL: OUT("%s = %s\n", k->name, levels[c->log_level & 3]); break;
         case K_FORMAT: OUT("%s = %s\n", k->name, c->log_format == FLX_LOG_JSON ? "json" : "text"); break;
         }

@@ -14,10 +14,9 @@
  * UNAVAILABLE after drain-timeout-ms); then the server stops and the process exits 0. A second
  * signal ends the drain at once.
  *
- * Exit codes: 0 after a drain, --help, --version, --print-config; 1 when the node cannot start
- * (model, address in use...); 2 for a usage error (unknown flag, bad value, bad config file).
+ * Exit codes (flx/cli.h): 0 after a drain, --help, --version, --print-config; 1 when the node cannot
+ * start (model, address in use...); 2 for a usage error (unknown flag, bad value, bad config file).
  */
-#include <getopt.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -26,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "flx/cli.h"
 #include "flx/log.h"
 #include "flx/metrics_http.h"
 #include "flx/node.h"
@@ -35,17 +35,6 @@
 #include "flx/util.h"
 
 #define PROG "fluxion-decoded"
-
-static void usage(FILE *f)
-{
-    fprintf(f, "usage: " PROG " --model PATH [--config FILE] [--KEY VALUE ...] [--print-config]\n"
-               "       " PROG " -h | --help | --version\n\n"
-               "  --config FILE   settings, one 'key = value' per line (docs/node.md); flags win over it\n"
-               "  --print-config  print the effective settings in the config file format and exit\n\n"
-               "settings (as flags --KEY VALUE or in the config file as 'KEY = VALUE'):\n");
-    for (const char *const *k = flx_node_config_keys(); *k; k++)
-        fprintf(f, "  --%-22s %s\n", *k, flx_node_config_help(*k));
-}
 
 static flx_status_t render(void *ctx, char **text_p, size_t *len_p)
 {
@@ -57,66 +46,50 @@ static int healthy(void *ctx)
     return !flx_node_draining(ctx);
 }
 
-/* Flags (and the config file --config names) into cfg. Returns -1 to go on, else the exit code. */
+/* Flags (and the config file --config names) into cfg, on flx/cli.h: every config key is a flag of
+ * the same name. Returns FLX_CLI_PROCEED or the exit code (help, version, usage error). */
 static int parse_args(int argc, char **argv, flx_node_config_t *cfg, int *print_p)
 {
     const char *const *keys = flx_node_config_keys();
-    size_t n_keys = 0;
+    uint32_t n_keys = 0;
     while (keys[n_keys]) n_keys++;
-    enum { O_CONFIG = 1000, O_PRINT, O_HELP, O_VERSION };
-    struct option *opts = calloc(n_keys + 5, sizeof *opts);
-    const char **flag_vals = calloc(n_keys, sizeof *flag_vals);
-    int rc = -1, c;
+    flx_cli_opt_t *opts = calloc(n_keys + 2, sizeof *opts);
+    const char **vals = calloc(n_keys, sizeof *vals);
     const char *config_path = NULL;
-    if (!opts || !flag_vals) {
+    int rc = FLX_CLI_PROCEED;
+    if (!opts || !vals) {
         fprintf(stderr, PROG ": out of memory\n");
-        rc = 1;
+        rc = FLX_EXIT_FAILURE;
         goto out;
     }
-    for (size_t i = 0; i < n_keys; i++) opts[i] = (struct option){keys[i], required_argument, NULL, (int)i};
-    opts[n_keys] = (struct option){"config", required_argument, NULL, O_CONFIG};
-    opts[n_keys + 1] = (struct option){"print-config", no_argument, NULL, O_PRINT};
-    opts[n_keys + 2] = (struct option){"help", no_argument, NULL, O_HELP};
-    opts[n_keys + 3] = (struct option){"version", no_argument, NULL, O_VERSION};
-    opterr = 0;
-    while (rc < 0 && (c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        if (c >= 0 && (size_t)c < n_keys) {
-            flag_vals[c] = optarg;
-            continue;
-        }
-        switch (c) {
-        case O_CONFIG: config_path = optarg; break;
-        case O_PRINT: *print_p = 1; break;
-        case 'h':
-        case O_HELP: usage(stdout); rc = 0; break;
-        case O_VERSION: printf(PROG " %s\n", FLX_VERSION); rc = 0; break;
-        default:
-            fprintf(stderr, PROG ": unknown option or missing value: %s\n", argv[optind - 1]);
-            usage(stderr);
-            rc = 2;
-        }
-    }
-    if (rc >= 0)
-        goto out;
-    if (optind != argc) {
-        fprintf(stderr, PROG ": unexpected argument '%s'\n", argv[optind]);
-        rc = 2;
-        goto out;
-    }
+    opts[0] = (flx_cli_opt_t)FLX_CLI_PATH(0, "config", "FILE", &config_path, 0,
+                                          "settings, one 'key = value' per line (docs/node.md); flags win over it");
+    opts[1] = (flx_cli_opt_t)FLX_CLI_FLAG(0, "print-config", print_p,
+                                          "print the effective settings in the config file format and exit");
+    for (uint32_t i = 0; i < n_keys; i++)
+        opts[2 + i] = (flx_cli_opt_t)FLX_CLI_STR(0, keys[i], "VALUE", &vals[i], 0, flx_node_config_help(keys[i]));
+    flx_cli_t cli = {.prog = PROG, .summary = "The decode node daemon: the gRPC control service, the KV receiver "
+                                              "(UCX) and the Prometheus /metrics page.",
+                     .synopsis = "--model PATH [--config FILE] [--KEY VALUE ...] [--print-config]",
+                     .epilog = "Every setting is a flag --KEY VALUE and a line 'KEY = VALUE' of the config file "
+                               "(docs/node.md); flags win.\nSIGTERM drains: sessions in transfer fail, running "
+                               "Generate calls finish or end UNAVAILABLE; then exit 0.",
+                     .opts = opts, .n_opts = n_keys + 2};
+    if ((rc = flx_cli_main(&cli, argc, argv)) != FLX_CLI_PROCEED) goto out;
     flx_node_config_default(cfg);
     if (config_path && flx_node_config_load(cfg, config_path)) {
-        fprintf(stderr, PROG ": --config: %s\n", flx_error_msg());
-        rc = 2;
+        rc = flx_cli_usage_error(&cli, "--config: %s", flx_error_msg());
         goto out;
     }
-    for (size_t i = 0; i < n_keys && rc < 0; i++)
-        if (flag_vals[i] && flx_node_config_set(cfg, keys[i], flag_vals[i])) {
-            fprintf(stderr, PROG ": --%s: %s\n", keys[i], flx_error_msg());
-            rc = 2;
+    for (uint32_t i = 0; i < n_keys; i++)
+        if (vals[i] && flx_node_config_set(cfg, keys[i], vals[i])) {
+            rc = flx_cli_usage_error(&cli, "--%s: %s", keys[i], flx_error_msg());
+            goto out;
         }
+    if (!*print_p && flx_node_config_check(cfg)) rc = flx_cli_usage_error(&cli, NULL);
 out:
     free(opts);
-    free(flag_vals);
+    free(vals);
     return rc;
 }
 
@@ -125,7 +98,7 @@ int main(int argc, char **argv)
     flx_node_config_t cfg;
     int print = 0;
     int prc = parse_args(argc, argv, &cfg, &print);
-    if (prc >= 0)
+    if (prc != FLX_CLI_PROCEED)
         return prc;
     if (print) {
         size_t need = flx_node_config_format(&cfg, NULL, 0);
@@ -136,11 +109,6 @@ int main(int argc, char **argv)
         fputs(buf, stdout);
         free(buf);
         return 0;
-    }
-    if (flx_node_config_check(&cfg)) {
-        fprintf(stderr, PROG ": %s\n", flx_error_msg());
-        usage(stderr);
-        return 2;
     }
     flx_log_set_level((flx_log_level_t)cfg.log_level);
     flx_log_set_format((flx_log_format_t)cfg.log_format);

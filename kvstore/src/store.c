@@ -111,6 +111,8 @@ struct flx_kv_store {
     pthread_mutex_t wait_lock;
     pthread_cond_t wait_cv;    /* CLOCK_MONOTONIC */
     uint64_t state_gen;        /* guarded by wait_lock: bumped on every session state change */
+    void (*on_state)(void *ctx); /* immutable after create; may be NULL */
+    void *on_state_ctx;
 };
 
 typedef struct session_layout {
@@ -277,6 +279,10 @@ flx_status_t flx_kv_store_create(const flx_kv_store_params_t *p, flx_kv_store_h 
     s->local = local;
     s->flags = (p->field_mask & FLX_KV_STORE_FIELD_FLAGS) ? p->flags : FLX_KV_STORE_HUGEPAGES;
     s->max_sessions = (p->field_mask & FLX_KV_STORE_FIELD_MAX_SESSIONS) ? p->max_sessions : 1024;
+    if (p->field_mask & FLX_KV_STORE_FIELD_ON_STATE) {
+        s->on_state = p->on_state;
+        s->on_state_ctx = p->on_state_ctx;
+    }
     if (s->max_sessions == 0 || s->max_sessions > (1u << 20)) {
         st = flx_error_set(FLX_ERR_INVALID, "kv store: max_sessions %u out of range", s->max_sessions);
         goto err;
@@ -589,6 +595,7 @@ static void notify_state(struct flx_kv_store *s)
     s->state_gen++;
     pthread_cond_broadcast(&s->wait_cv);
     pthread_mutex_unlock(&s->wait_lock);
+    if (s->on_state) s->on_state(s->on_state_ctx);
 }
 
 /* Caller holds x->lock. Every state change goes through here: times and waiters. */

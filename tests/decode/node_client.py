@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """A router's view of fluxion-decoded with nothing but Debian's python3-grpcio and python3-protobuf.
 
-The .proto files are compiled with protoc into a temporary folder at run time (nothing generated is
-committed) and the calls are made with channel.unary_unary / unary_stream and the messages'
-serializers: no gRPC stubs. test_node_grpc runs it against a node in --prefill local mode:
+The .proto files are compiled and the calls made by scripts/fluxion_client.py (protoc into a
+temporary folder, channel.unary_unary / unary_stream with the messages' serializers, no gRPC stubs).
+test_node_grpc runs it against a node in --prefill local mode:
 
   node_client.py --target HOST:PORT --model-id ID --prompt 1,2,3 --expect 7,8,9
 
@@ -12,32 +12,14 @@ order, with per-token timing), GetSession / CloseSession afterwards, the health 
 that malformed bytes are INVALID_ARGUMENT and an unknown session NOT_FOUND. Exit 0 when all hold.
 """
 import argparse
-import importlib.util
 import os
-import subprocess
 import sys
-import tempfile
 
 import grpc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PROTO = os.path.join(HERE, "..", "..", "proto")
-
-
-def load_module(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def compile_protos(out):
-    """protoc --python_out for both .proto files; returns (decode_pb2, health_pb2)."""
-    subprocess.run(["protoc", "-I", PROTO, "--python_out", out, "fluxion/decode/v1/decode.proto",
-                    "grpc/health/v1/health.proto"], check=True)
-    # the generated health module lives under grpc/..., which would shadow grpcio: load by path
-    return (load_module(os.path.join(out, "fluxion/decode/v1/decode_pb2.py"), "decode_pb2"),
-            load_module(os.path.join(out, "grpc/health/v1/health_pb2.py"), "health_pb2"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))
+from fluxion_client import Node, compile_protos  # noqa: E402  (the router's client: the same protos, calls)
 
 
 def fail(msg):
@@ -55,15 +37,10 @@ def main():
     prompt = [int(x) for x in a.prompt.split(",")]
     expect = [int(x) for x in a.expect.split(",")]
 
-    with tempfile.TemporaryDirectory() as tmp:
-        pb, hpb = compile_protos(tmp)
-    ch = grpc.insecure_channel(a.target)
+    pb, hpb = compile_protos()
+    node = Node(a.target, pb)
+    ch, unary = node.ch, node.unary
     svc = "/fluxion.decode.v1.DecodeNode/"
-
-    def unary(method, req, resp_type, timeout=30):
-        call = ch.unary_unary(svc + method, request_serializer=lambda m: m.SerializeToString(),
-                              response_deserializer=resp_type.FromString)
-        return call(req, timeout=timeout)
 
     st = unary("NodeStatus", pb.NodeStatusRequest(), pb.NodeStatusResponse)
     if st.model_id != a.model_id or st.prefill_mode != pb.PREFILL_MODE_LOCAL:

@@ -125,43 +125,6 @@ static void open_req(Fluxion__Decode__V1__OpenSessionRequest *r, Fluxion__Decode
     r->local_prefill = lp;
 }
 
-/* OpenSession: the status code; *sid on OK. */
-static int open_session(flx_rpc_client_h c, const Fluxion__Decode__V1__OpenSessionRequest *r, uint64_t *sid,
-                        flx_rpc_result_t *res)
-{
-    size_t len;
-    void *b = node_call(c, "OpenSession", &r->base, 10000, &len, res);
-    if (!b) return res->code;
-    Fluxion__Decode__V1__OpenSessionResponse *o = fluxion__decode__v1__open_session_response__unpack(NULL, len, b);
-    CHECK(o && o->session_id && o->transfer_token.len == 16 && o->reserved_bytes > 0);
-    *sid = o->session_id;
-    fluxion__decode__v1__open_session_response__free_unpacked(o, NULL);
-    free(b);
-    return FLX_RPC_OK;
-}
-
-static Fluxion__Decode__V1__SessionInfo *session_call(flx_rpc_client_h c, const char *method, uint64_t sid,
-                                                      uint32_t timeout_ms, flx_rpc_result_t *res)
-{
-    size_t len;
-    void *b;
-    if (!strcmp(method, "WaitReady")) {
-        Fluxion__Decode__V1__WaitReadyRequest w = FLUXION__DECODE__V1__WAIT_READY_REQUEST__INIT;
-        w.session_id = sid;
-        w.timeout_ms = timeout_ms;
-        b = node_call(c, method, &w.base, 0, &len, res);
-    } else {
-        Fluxion__Decode__V1__GetSessionRequest g = FLUXION__DECODE__V1__GET_SESSION_REQUEST__INIT;
-        g.session_id = sid;
-        b = node_call(c, method, &g.base, 10000, &len, res);
-    }
-    if (!b) return NULL;
-    Fluxion__Decode__V1__SessionInfo *i = fluxion__decode__v1__session_info__unpack(NULL, len, b);
-    free(b);
-    CHECK(i);
-    return i;
-}
-
 static uint64_t ready_session(flx_rpc_client_h c, const int32_t *prompt, uint32_t n, uint32_t max_new,
                               const Fluxion__Decode__V1__AttentionConfig *attn)
 {
@@ -182,112 +145,6 @@ static uint64_t ready_session(flx_rpc_client_h c, const int32_t *prompt, uint32_
     CHECK(i->bytes_received == i->bytes_expected && i->bytes_expected > 0 && i->time_to_ready_us > 0);
     fluxion__decode__v1__session_info__free_unpacked(i, NULL);
     return sid;
-}
-
-typedef struct gen_out {
-    int32_t tok[4096];
-    uint32_t n;
-    int finish;                  /* finish_reason of the last message */
-    flx_rpc_result_t res;
-    uint64_t host_bytes;         /* summed over the stream */
-    uint32_t stream_heads, heads, blk128;
-} gen_out_t;
-
-/* Generate on sid; reads cancel_after messages then cancels (0: all). */
-static void generate(flx_rpc_client_h c, uint64_t sid, uint32_t max_new, uint32_t timeout_ms, uint32_t cancel_after,
-                     gen_out_t *o)
-{
-    memset(o, 0, sizeof *o);
-    Fluxion__Decode__V1__GenerateRequest g = FLUXION__DECODE__V1__GENERATE_REQUEST__INIT;
-    Fluxion__Decode__V1__StopConditions stop = FLUXION__DECODE__V1__STOP_CONDITIONS__INIT;
-    stop.max_new_tokens = max_new;
-    g.session_id = sid;
-    g.stop = &stop;
-    size_t len;
-    uint8_t *b = pb_pack(&g.base, &len);
-    flx_rpc_stream_h s;
-    CHECK_OK(flx_rpc_stream_open(c, "/fluxion.decode.v1.DecodeNode/Generate", b, len, timeout_ms, &s));
-    free(b);
-    for (;;) {
-        void *m;
-        size_t ml;
-        flx_status_t st = flx_rpc_stream_next(s, &m, &ml, &o->res);
-        CHECK(st >= 0);
-        if (st == 0) break;
-        Fluxion__Decode__V1__GenerateResponse *r = fluxion__decode__v1__generate_response__unpack(NULL, ml, m);
-        free(m);
-        CHECK(r && r->index == o->n && o->n < FLX_ARRAY_SIZE(o->tok));
-        CHECK(r->timing && r->stats && r->stats->n_groups_by_blk == 4);
-        if (r->index > 0) CHECK(r->timing->step_us > 0 && r->timing->batch_size >= 1 && r->stats->heads > 0);
-        o->tok[o->n++] = r->token_id;
-        o->finish = r->finish_reason;
-        o->host_bytes += r->stats->host_bytes;
-        o->stream_heads += r->stats->streaming_heads;
-        o->heads += r->stats->heads;
-        o->blk128 += r->stats->groups_by_blk[3];
-        fluxion__decode__v1__generate_response__free_unpacked(r, NULL);
-        if (cancel_after && o->n == cancel_after) flx_rpc_stream_cancel(s);
-    }
-    flx_rpc_stream_close(s);
-}
-
-static void expect_code(const char *what, flx_rpc_result_t *res, int code, const char *needle)
-{
-    if (res->code != code || (needle && !strstr(res->msg, needle))) {
-        fprintf(stderr, "%s: got %s '%s', want %s containing '%s'\n", what, flx_rpc_code_name(res->code), res->msg,
-                flx_rpc_code_name(code), needle ? needle : "");
-        exit(1);
-    }
-    fprintf(stderr, "%s: %s '%s'\n", what, flx_rpc_code_name(res->code), res->msg);
-}
-
-static void same_tokens(const char *what, const int32_t *a, uint32_t na, const int32_t *b, uint32_t nb)
-{
-    if (na != nb) {
-        fprintf(stderr, "%s: %u tokens, want %u\n", what, na, nb);
-        exit(1);
-    }
-    for (uint32_t i = 0; i < na; i++)
-        if (a[i] != b[i]) {
-            fprintf(stderr, "%s: token %u is %d, want %d\n", what, i, a[i], b[i]);
-            exit(1);
-        }
-}
-
-/* GET path from 127.0.0.1:port (a test client, not a server): the body, malloc'd; *code the HTTP status. */
-static char *http_get(int port, const char *path, int *code)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK(fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0);
-    char req[256];
-    int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", path);
-    CHECK(write(fd, req, (size_t)n) == n);
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (len + 1 == cap) buf = realloc(buf, cap *= 2);
-        ssize_t r = read(fd, buf + len, cap - len - 1);
-        if (r <= 0) break;
-        len += (size_t)r;
-    }
-    close(fd);
-    buf[len] = '\0';
-    *code = atoi(buf + 9);
-    char *body = strstr(buf, "\r\n\r\n");
-    CHECK(body);
-    return buf;
-}
-
-/* The value of the sample line starting with name (exact, labels included). */
-static double metric(const char *text, const char *name)
-{
-    size_t nl = strlen(name);
-    for (const char *p = text; (p = strstr(p, name)); p += nl)
-        if ((p == text || p[-1] == '\n') && p[nl] == ' ') return atof(p + nl + 1);
-    fprintf(stderr, "metric %s missing\n", name);
-    exit(1);
 }
 
 /* The next status a Health.Watch stream sends (-1 when it ended). */
@@ -721,7 +578,7 @@ static int test_model(void)
     Fluxion__Decode__V1__LocalPrefill lp;
     open_req(&r, &a, &lp, ids, (uint32_t)n, 24);
     r.model_id = (char *)"smollm2";
-    uint64_t sid;
+    uint64_t sid = 0;
     flx_rpc_result_t res;
     CHECK(open_session(c, &r, &sid, &res) == FLX_RPC_OK);
     Fluxion__Decode__V1__SessionInfo *si = session_call(c, "WaitReady", sid, 60000, &res);
@@ -775,17 +632,7 @@ static int test_model(void)
     snprintf(slash + 1, sizeof gen_tool - (size_t)(slash + 1 - gen_tool), "flx-generate");
     snprintf(cmd, sizeof cmd, "%s --model %s --prompt-file %s --max-new 24 --threads 2 >%s 2>/dev/null", gen_tool,
              path, pfile, ofile);
-    CHECK(system(cmd) == 0);
-    f = fopen(ofile, "r");
-    char gen_out[4096] = "";
-    size_t gl = fread(gen_out, 1, sizeof gen_out - 1, f);
-    fclose(f);
-    gen_out[gl] = '\0';
-    if (gl && gen_out[gl - 1] == '\n') gen_out[gl - 1] = '\0';
-    if (strcmp(gen_out, got)) {
-        fprintf(stderr, "flx-generate printed '%s'\nthe node streamed  '%s'\n", gen_out, got);
-        exit(1);
-    }
+    same_text_as(cmd, ofile, got);
     flx_rpc_client_destroy(c);
     CHECK(daemon_stop(&d, SIGTERM, 20000) == 0);
     flx_tok_destroy(tok);

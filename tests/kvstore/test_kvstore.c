@@ -6,6 +6,7 @@
  * contiguous blocks, the device-window flag and its host fallback, and a 10,000-cycle leak check.
  */
 #define _GNU_SOURCE
+#include <stdatomic.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -971,6 +972,39 @@ static void test_numa(void)
     flx_kv_store_destroy(s);
 }
 
+/* The state callback: called for READY, DECODING, FAILED and CLOSED, never for RECEIVING. */
+static void count_state(void *ctx)
+{
+    atomic_fetch_add((atomic_int *)ctx, 1);
+}
+
+static void test_on_state(void)
+{
+    static atomic_int calls;
+    flx_kv_store_params_t p = {.field_mask = FLX_KV_STORE_FIELD_CAPACITY | FLX_KV_STORE_FIELD_SHAPE |
+                                             FLX_KV_STORE_FIELD_ON_STATE,
+                               .capacity_bytes = 64u << 20, .n_layers = 1, .n_kv_heads = 1, .n_q_heads = 1,
+                               .head_dim = 64, .on_state = count_state, .on_state_ctx = &calls};
+    flx_kv_store_h s;
+    CHECK_OK(flx_kv_store_create(&p, &s));
+    kv_prompt_t pr;
+    kv_prompt_random(&pr, 1, 1, 64, 500, &rng);
+    flx_kv_session_id_t a = open_session(s, 500, 4, FLX_KV_SESSION_NO_STATS);
+    const int at_open = atomic_load(&calls);
+    CHECK_OK(kv_push_chunk(s, a, &pr, 0, 0, 1, 0, 256));
+    CHECK(state_of(s, a) == FLX_KV_RECEIVING && atomic_load(&calls) == at_open);
+    CHECK_OK(kv_push_chunk(s, a, &pr, 0, 0, 1, 256, 500));
+    CHECK(state_of(s, a) == FLX_KV_READY && atomic_load(&calls) == at_open + 1);
+    CHECK_OK(flx_kv_session_close(s, a));
+    CHECK(atomic_load(&calls) == at_open + 2);
+    flx_kv_session_id_t b = open_session(s, 500, 4, FLX_KV_SESSION_NO_STATS);
+    const int before = atomic_load(&calls);
+    CHECK_OK(flx_kv_session_fail(s, b, "peer vanished"));
+    CHECK(atomic_load(&calls) == before + 1);
+    kv_prompt_free(&pr);
+    flx_kv_store_destroy(s);
+}
+
 int main(void)
 {
     flx_rng_seed(&rng, flx_test_seed("test_kvstore"));
@@ -978,6 +1012,7 @@ int main(void)
     test_pyramid();
     test_placement();
     test_states();
+    test_on_state();
     test_bad_chunks();
     test_stats();
     test_claims();

@@ -31,6 +31,7 @@ typedef struct {
 } tool_t;
 
 #define GEN "flx-generate"
+#define TOKEN "00112233445566778899aabbccddeeff"
 #define VALID_CKPT "--family llama --layers 1 --hidden 64 --heads 4 --ffn 32 --vocab 300"
 
 static const tool_t tools[] = {
@@ -124,6 +125,38 @@ static const tool_t tools[] = {
       {"--synth 1,4,2,64,1024", 2, "--synth '1,4,2,64,1024' needs L,HQ,HKV,D,LEN,STEPS"},
       {"", 2, "one of --dump and --synth is required"},
       {"--dump /nonexistent/d.safetensors", 1, "flx-synth-calibrate: /nonexistent/d.safetensors"}}},
+    {"flx-prefill", 0, "-m /nonexistent/m.gguf -f F --node 127.0.0.1:1 --session 1 --token " TOKEN,
+     {{"--contro 127.0.0.1:1 --synthetic --prompt-len 16", 2,
+       "unknown option --contro (names are matched exactly: did you mean --control?)"},
+      {"--control 127.0.0.1:1 --node 127.0.0.1:2 --synthetic --prompt-len 16", 2,
+       "--control and --node exclude each other"},
+      {"--synthetic --prompt-len 16", 2, "one of --control and --node is required"},
+      {"--node 127.0.0.1:1 --synthetic --prompt-len 16", 2, "--node needs --session and --token"},
+      {"--control 127.0.0.1:1 --session 1 --synthetic --prompt-len 16", 2,
+       "--session has no effect with --control (OpenSession gives them)"},
+      {"--node 127.0.0.1:1 --session 1 --token " TOKEN " --synthetic --prompt-len 16 --mode fluxion", 2,
+       "--mode has no effect without --control"},
+      {"--control 127.0.0.1:1 --synthetic --prompt-len 16 --blk 32", 2, "--blk has no effect unless --mode fixed"},
+      {"--control 127.0.0.1:1 --synthetic --prompt-len 16 --mode sparse", 2,
+       "--mode 'sparse' is not full, fixed or fluxion"},
+      {"--control 127.0.0.1 --synthetic --prompt-len 16", 2, "--control '127.0.0.1' is not HOST:PORT"},
+      {"--node 127.0.0.1:1 --session 1 --token abc --synthetic --prompt-len 16", 2, "--token 'abc' is not 32 hex"},
+      {"--control 127.0.0.1:1 -m M --synthetic", 2, "--model and --synthetic exclude each other"},
+      {"--control 127.0.0.1:1 --synthetic --prompt-len 0", 2, "--prompt-len '0' is not an integer"},
+      {"--control 127.0.0.1:1 --synthetic --prompt-len 16 -f F", 2, "--prompt-file has no effect with --synthetic"},
+      {"--control 127.0.0.1:1 -m M", 2, "--model needs --prompt-file"},
+      {"-m /nonexistent/m.gguf -f F --control 127.0.0.1:1", 1, "flx-prefill: loading /nonexistent/m.gguf"}}},
+    {"fluxion-decoded", 0, "--model /nonexistent/m.gguf --grpc-listen 127.0.0.1:0 --metrics-listen off",
+     {{"--mod M", 2, "unknown option --mod (names are matched exactly: did you mean --model, --model-id?)"},
+      {"--model M --max-batch 0", 2, "--max-batch: max-batch '0' is not an integer in 1..256"},
+      {"--model M --prefill gpu", 2, "--prefill: prefill 'gpu' is not ucx or local"},
+      {"--model M --ucx-err-mode both", 2, "--ucx-err-mode: ucx-err-mode 'both' is not peer or none"},
+      {"--model M --ucx-listen 0.0.0.0:0", 2, "ucx-listen 0.0.0.0:0 listens on every address"},
+      {"--model M --config /nonexistent/node.conf", 2, "--config: "},
+      {"--model M --grpc-listen", 2, "--grpc-listen needs a value"},
+      {"", 2, "model is required"},
+      {"--model M stray", 2, "unexpected argument 'stray'"},
+      {"--model /nonexistent/m.gguf --grpc-listen 127.0.0.1:0 --metrics-listen off", 1, ""}}},
     {"attn_bench", 1, NULL,
      {{"--len 1024", 2, "unknown option --len (names are matched exactly: did you mean --lens?)"},
       {"--lens 100", 2, "--lens '100': item '100' is not an integer in 1024..2097152"},

@@ -675,6 +675,18 @@ uint32_t tp_core_notices(tp_core_t *c, tp_notice_t *out, uint32_t cap)
     return n_out;
 }
 
+flx_status_t tp_core_fail(tp_core_t *c, flx_kv_session_id_t sid, const char *reason)
+{
+    pthread_mutex_lock(&c->lock);
+    tp_sess_t *s = map_get(c, sid);
+    const int known = s && !s->closed;
+    pthread_mutex_unlock(&c->lock);
+    if (!known) return flx_error_set(FLX_ERR_NOT_FOUND, "session %#llx is unknown or closed", (unsigned long long)sid);
+    flx_status_t st = flx_kv_session_fail(c->store, sid, reason);
+    if (st == FLX_OK) mark_changed(c, sid);
+    return st;
+}
+
 void tp_core_fail_all(tp_core_t *c, const char *reason)
 {
     uint32_t n = 0;

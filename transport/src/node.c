@@ -645,6 +645,14 @@ flx_status_t flx_tp_session_renew(flx_tp_node_h n, flx_kv_session_id_t sid, uint
     return FLX_OK;
 }
 
+flx_status_t flx_tp_session_fail(flx_tp_node_h n, flx_kv_session_id_t sid, const char *reason)
+{
+    if (!n || !reason) return flx_error_set(FLX_ERR_INVALID, "session fail: NULL argument");
+    flx_status_t st = tp_core_fail(&n->core, sid, reason);
+    tp_loop_wake(&n->loop); /* its senders hear it */
+    return st;
+}
+
 flx_status_t flx_tp_session_close(flx_tp_node_h n, flx_kv_session_id_t sid)
 {
     if (!n) return flx_error_set(FLX_ERR_INVALID, "session close: NULL node");

@@ -164,7 +164,12 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
     if (e && h.kind == FLX_TP_WELCOME) {
         e->welcome = w;
         e->have_welcome = 1;
-        if (!s->heartbeat_ms || w.heartbeat_ms < s->heartbeat_ms) s->heartbeat_ms = w.heartbeat_ms;
+        if (!s->heartbeat_ms || w.heartbeat_ms < s->heartbeat_ms) {
+            s->heartbeat_ms = w.heartbeat_ms;
+            /* the progress loop may be about to sleep without a timeout (it had no pace before this
+             * WELCOME): make it look again, or no heartbeat leaves until the caller sends something */
+            tp_loop_wake(&s->loop);
+        }
     } else if (e) {
         e->state = (flx_kv_state_t)h.arg0;
         e->refused = (int)h.arg1;

@@ -125,6 +125,8 @@ typedef struct tp_notice {
 } tp_notice_t;
 uint32_t tp_core_notices(tp_core_t *c, tp_notice_t *out, uint32_t cap);
 
+/* Fails session sid (RESERVED/RECEIVING) with reason; FLX_ERR_NOT_FOUND when unknown or closed. */
+flx_status_t tp_core_fail(tp_core_t *c, flx_kv_session_id_t sid, const char *reason);
 /* Fails every RESERVED/RECEIVING session of the core with reason (node shutting down). */
 void tp_core_fail_all(tp_core_t *c, const char *reason);
 

@@ -19,8 +19,15 @@
  *
  * PREFILL MODES (flx/node_config.h)
  *   ucx    the product: prefill nodes push each session's KV over UCX into the store (the
- *          transport receiver, docs/transfer.md). Not wired yet in this build: flx_node_create
- *          refuses it with FLX_ERR_UNSUPPORTED until the UCX transport lands.
+ *          transport receiver of flx/transport.h, docs/transfer.md), listening on the config's
+ *          ucx-listen. flx_node_open opens the transfer session (flx_tp_session_open: the memory,
+ *          the 128-bit token, the deadline) and hands out its id, which is the transport's session
+ *          id (what the prefill node's HELLO names), the token and the receiver's address. The
+ *          store tells the node when a session leaves RECEIVING; the node then takes READY (with
+ *          the committed first token, the prefill node's) or FAILED (with the transport's reason:
+ *          deadline, corrupt or duplicate chunk, dead or stalled peer...). A failed session's
+ *          memory is back in the pool at once; its id stays known (FAILED, the reason) until
+ *          CloseSession. Only READY sessions are ever decoded.
  *   local  a single machine without a prefill node (development, benchmarks of the decode side):
  *          OpenSession carries the prompt's token ids and the node prefills them itself on its
  *          prefill thread, with the same in-process prefill flx-generate uses (flx/engine.h), and
@@ -123,9 +130,9 @@ typedef struct flx_node_open_result {
     int64_t transfer_deadline_unix_ms;
     uint64_t reserved_bytes;
     /* UCX endpoint of the receiver (empty in LOCAL mode) */
-    char ucx_host[64];
+    char ucx_host[256];
     uint32_t ucx_port;
-    uint8_t ucx_worker_address[512];
+    uint8_t ucx_worker_address[4096]; /* empty when the worker's address is longer (the listener serves) */
     uint32_t ucx_worker_address_len;
 } flx_node_open_result_t;
 

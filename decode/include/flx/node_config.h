@@ -43,6 +43,13 @@ typedef struct flx_node_config {
     char grpc_listen[FLX_NODE_ADDR_MAX];    /* grpc-listen: host:port of the control service */
     char metrics_listen[FLX_NODE_ADDR_MAX]; /* metrics-listen: host:port of /metrics; "off" = none */
     flx_node_prefill_t prefill;         /* prefill: ucx | local */
+    char ucx_listen[FLX_NODE_ADDR_MAX];     /* ucx-listen: host:port of the KV receiver (prefill ucx); port 0
+                                               = a free one (OpenSession names it) */
+    char ucx_advertise[FLX_NODE_ADDR_MAX];  /* ucx-advertise: the host OpenSession hands to prefill nodes;
+                                               "" = ucx-listen's host (required when that is 0.0.0.0 or ::) */
+    int ucx_err_mode;                   /* ucx-err-mode: 0 peer | 1 none (flx_tp_err_mode_t: none for UCX 1.13
+                                           shared memory, whose dead peers only the liveness check finds) */
+    uint32_t ucx_liveness_ms;           /* ucx-liveness-ms: a prefill connection silent this long is dead */
     uint64_t kv_capacity_bytes;         /* kv-capacity: host KV pool, bytes */
     uint32_t max_sessions;              /* max-sessions: sessions open at once */
     uint32_t max_batch;                 /* max-batch: sequences per decode step */
@@ -59,7 +66,8 @@ typedef struct flx_node_config {
     int log_format;                     /* log-format: flx_log_format_t */
 } flx_node_config_t;
 
-/* Defaults: grpc-listen 127.0.0.1:50051, metrics-listen 127.0.0.1:9464, prefill ucx, kv-capacity
+/* Defaults: grpc-listen 127.0.0.1:50051, metrics-listen 127.0.0.1:9464, prefill ucx, ucx-listen
+ * 127.0.0.1:0, ucx-advertise "", ucx-err-mode peer, ucx-liveness-ms 10000, kv-capacity
  * 4G, max-sessions 256, max-batch 8, max-prompt-len 0, max-new-tokens 4096, threads 0,
  * numa-node -1, transfer-timeout-ms 30000, lease-ms 60000, drain-timeout-ms 30000,
  * max-message-bytes 4M, grpc-threads 2, log-level info, log-format text. */

@@ -150,6 +150,7 @@ enum {
     FLX_KV_STORE_FIELD_MAX_SESSIONS = 1u << 5,
     FLX_KV_STORE_FIELD_CUDA_DEVICE = 1u << 6,       /* cuda_device */
     FLX_KV_STORE_FIELD_DEVICE_CAPACITY = 1u << 7,   /* device_capacity_bytes */
+    FLX_KV_STORE_FIELD_ON_STATE = 1u << 8,          /* on_state, on_state_ctx */
 };
 
 enum {
@@ -185,6 +186,12 @@ typedef struct flx_kv_store_params {
     size_t device_capacity_bytes; /* device windows of all sessions; default a quarter of the device
                                    * memory free at create; at most the free memory at create.
                                    * Only with FLX_KV_STORE_WINDOW_DEVICE and a device. */
+    /* Called after a session's state changed to anything but RECEIVING (READY, DECODING, FAILED,
+     * CLOSED), on the thread that changed it, with the session's lock held: it may only signal
+     * (wake a thread that then asks flx_kv_session_info), never call into the store. What lets an
+     * owner of many sessions (the decode node) learn of READY and FAILED without polling. */
+    void (*on_state)(void *ctx);
+    void *on_state_ctx;
 } flx_kv_store_params_t;
 
 /* Unknown flags, a negative cuda_device, a device_capacity_bytes of 0 or above the device's free

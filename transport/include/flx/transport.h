@@ -218,6 +218,11 @@ flx_status_t flx_tp_session_wait(flx_tp_node_h node, flx_kv_session_id_t sid, ui
                                  flx_tp_session_info_t *info_p);
 /* Sets the lease to lease_ms from now (READY) or from READY (before); FLX_ERR_STATE afterwards. */
 flx_status_t flx_tp_session_renew(flx_tp_node_h node, flx_kv_session_id_t sid, uint32_t lease_ms);
+/* Fails a RESERVED/RECEIVING session with reason (the owner's decision: a drain, a deadline of its
+ * own): its memory goes back to the pool once no receive holds it, and the senders feeding it are
+ * told (STATUS FAILED with the reason). FLX_ERR_STATE (unchanged) in any other state,
+ * FLX_ERR_NOT_FOUND once closed. */
+flx_status_t flx_tp_session_fail(flx_tp_node_h node, flx_kv_session_id_t sid, const char *reason);
 /* Closes the session in the store (any state); the id is dead at once; its memory returns when no
  * receive or view holds it; the senders feeding it are told (STATUS CLOSED). */
 flx_status_t flx_tp_session_close(flx_tp_node_h node, flx_kv_session_id_t sid);
