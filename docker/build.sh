@@ -13,7 +13,7 @@
 # grpcio, /metrics over HTTP, SIGTERM drains and exits 0); the stub's image: every library resolves,
 # --version and --help, a usage error exits 2, and UCX starts in the image (its transports load) and
 # reports a refused connection to a port nothing listens on (exit 1, the reason named). The stub
-# pushes into no node there: the daemon's UCX mode is not wired yet (see docs/node.md).
+# pushes into no node there (test_node_ucx checks pushes on the host).
 #
 #   docker/build.sh [cpu] [cuda] [prefill]      (default: all three)
 # Environment: FLX_DEBIAN_MIRROR (default http://deb.debian.org/debian), CUDA_HOME, FLX_REBUILD_BASE=1.

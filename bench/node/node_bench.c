@@ -18,8 +18,8 @@
  * SUMMARY's grpc_overhead_vs_echo is NodeStatus's median ratio.
  *
  * Sessions. The node runs --prefill local: OpenSession carries the prompt's token ids and the
- * node's own prefill thread (the same runtime as flx-generate) fills the store, because the
- * product path (a prefill node pushing over UCX) is not wired into the daemon yet. For each prompt
+ * node's own prefill thread (the same runtime as flx-generate) fills the store; the product path
+ * (a prefill node pushing over UCX, --prefill ucx) is not what this benchmark drives. For each prompt
  * length L and batch B: B prompts of L tokens of the text (different offsets) are opened once per
  * attention mode (3B sessions, the same B prompts in every mode), all are waited READY, then all
  * 3B Generate calls start together (greedy, --steps tokens, EOS ignored). The daemon keeps one
@@ -650,8 +650,8 @@ int main(int argc, char **argv)
     Fluxion__Decode__V1__ModelShape shape = *ns->shape;
     const double per_tok = 2.0 * 2.0 * shape.n_layers * shape.n_kv_heads * shape.head_dim;   /* K and V, bf16 */
     printf("node_bench: fluxion-decoded %s pid %d on %s, model %s (%u layers, %u/%u heads, head_dim %u), "
-           "%u decode threads, --prefill local (KV from the node's own prefill thread: the UCX prefill path is not "
-           "in the daemon yet); echo server on 127.0.0.1:%d\n",
+           "%u decode threads, --prefill local (KV from the node's own prefill thread, not from a prefill node over "
+           "UCX); echo server on 127.0.0.1:%d\n",
            ns->version, (int)d.pid, d.target, model, shape.n_layers, shape.n_q_heads, shape.n_kv_heads, shape.head_dim,
            ns->decode_threads, echo_port);
     fflush(stdout);
