@@ -4,20 +4,24 @@
 #   localhost/fluxion-node:cpu          docker/Containerfile.node
 #   localhost/fluxion-node:cuda         docker/Containerfile.node-cuda (needs a CUDA 13 toolkit at
 #                                       $CUDA_HOME, default /usr/local/cuda; skipped without one)
+#   localhost/fluxion-prefill:cpu       docker/Containerfile.prefill (the prefill stub flx-prefill)
 # with `podman build --isolation=chroot` (no Docker engine here). `podman run` is refused in this
 # sandbox, so each image is smoke-tested by mounting a container's filesystem and running the
 # binaries in a chroot (with the host's /proc and /sys bound in, as a runtime would give them):
 # every library resolves, --version and --print-config work, and the node
 # serves for real (--prefill local on a small generated checkpoint: gRPC health over Python's
-# grpcio, /metrics over HTTP, SIGTERM drains and exits 0).
+# grpcio, /metrics over HTTP, SIGTERM drains and exits 0); the stub's image: every library resolves,
+# --version and --help, a usage error exits 2, and UCX starts in the image (its transports load) and
+# reports a refused connection to a port nothing listens on (exit 1, the reason named). The stub
+# pushes into no node there (test_node_ucx checks pushes on the host).
 #
-#   docker/build.sh [cpu] [cuda]      (default: both)
+#   docker/build.sh [cpu] [cuda] [prefill]      (default: all three)
 # Environment: FLX_DEBIAN_MIRROR (default http://deb.debian.org/debian), CUDA_HOME, FLX_REBUILD_BASE=1.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(cpu cuda)
+[ ${#want[@]} -gt 0 ] || want=(cpu cuda prefill)
 mirror=${FLX_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
 base=localhost/fluxion-debian:bookworm
@@ -56,20 +60,32 @@ build() {   # tag containerfile
     tail -n 40 "$work/build-$2.log"; echo "build.sh: building $1 failed"; exit 1; }
 }
 
-# Runs the node from image $1 in a chroot of a container's filesystem and checks it serves.
-smoke() {
-  local img=$1 ctr mnt
-  echo "== smoke test $img"
+# Mounts a container of image $1 with /proc and /sys bound in, as a runtime would give them
+# (libnuma reads the nodes there); checks every binary's libraries resolve. Sets ctr and mnt.
+chroot_image() {
+  local img=$1
   ctr=$(podman create "$img" --version)
   containers+=("$ctr")
   mnt=$(podman mount "$ctr")
   [ -n "$mnt" ] && [ -d "$mnt/proc" ] && [ "$mnt" != / ] || { echo "build.sh: cannot mount $img"; exit 1; }
-  # what a container runtime gives a container: /proc and /sys (libnuma reads the nodes there)
   mount --bind /proc "$mnt/proc" && mounts+=("$mnt/proc")
   mount --bind /sys "$mnt/sys" && mounts+=("$mnt/sys")
   local missing
   missing=$(chroot "$mnt" /bin/sh -c 'for f in /opt/fluxion/bin/*; do ldd "$f"; done' | grep 'not found' || true)
   [ -z "$missing" ] || { echo "$missing"; echo "build.sh: $img: unresolved libraries"; exit 1; }
+}
+
+chroot_release() {
+  umount "$mnt/proc" "$mnt/sys"
+  mounts=()
+  podman umount "$ctr" > /dev/null
+}
+
+# Runs the node from image $1 in a chroot of a container's filesystem and checks it serves.
+smoke() {
+  local img=$1 ctr mnt
+  echo "== smoke test $img"
+  chroot_image "$img"
   chroot "$mnt" /opt/fluxion/bin/fluxion-decoded --version
   chroot "$mnt" /opt/fluxion/bin/fluxion-decoded --config /etc/fluxion/decoded.conf --print-config | grep -q '^grpc-listen = 0.0.0.0:50051$'
   chroot "$mnt" /opt/fluxion/bin/flx-gen-ckpt --family llama --layers 2 --hidden 128 --heads 4 --kv-heads 2 \
@@ -100,9 +116,25 @@ PY
   kill -TERM "$pid"
   wait "$pid" || { cat "$work/smoke.err"; echo "build.sh: $img: the node did not exit 0 after SIGTERM"; exit 1; }
   echo "   $img: libraries resolve, serves gRPC health and /metrics, drains on SIGTERM"
-  umount "$mnt/proc" "$mnt/sys"
-  mounts=()
-  podman umount "$ctr" > /dev/null
+  chroot_release
+}
+
+# Runs the prefill stub from image $1 in a chroot of a container's filesystem.
+smoke_prefill() {
+  local img=$1 ctr mnt rc
+  echo "== smoke test $img"
+  chroot_image "$img"
+  chroot "$mnt" /opt/fluxion/bin/flx-prefill --version
+  chroot "$mnt" /opt/fluxion/bin/flx-prefill --help | grep -q '^usage: flx-prefill '
+  rc=0; chroot "$mnt" /opt/fluxion/bin/flx-prefill --node 127.0.0.1:1 2> "$work/prefill.err" || rc=$?
+  [ "$rc" = 2 ] || { cat "$work/prefill.err"; echo "build.sh: $img: a usage error exited $rc, not 2"; exit 1; }
+  # UCX in the image: its context and transports come up, the connection to a closed port is refused
+  rc=0; chroot "$mnt" /usr/bin/env UCX_TLS=tcp /opt/fluxion/bin/flx-prefill --node 127.0.0.1:1 --session 1 \
+    --token 00000000000000000000000000000001 --synthetic --prompt-len 16 --timeout-ms 5000 2> "$work/prefill.err" || rc=$?
+  [ "$rc" = 1 ] && grep -q '^flx-prefill: ' "$work/prefill.err" || {
+    cat "$work/prefill.err"; echo "build.sh: $img: flx-prefill to a closed port exited $rc, not 1 with a reason"; exit 1; }
+  echo "   $img: libraries resolve, --version, --help, usage error 2, UCX up ($(head -c 120 "$work/prefill.err"))"
+  chroot_release
 }
 
 for w in "${want[@]}"; do
@@ -130,7 +162,10 @@ for w in "${want[@]}"; do
       grep -q cudaGetDeviceCount "$mnt/opt/fluxion/bin/fluxion-decoded" && [ -f "$mnt/opt/fluxion/lib/cuda/libcublas.so.13" ] || {
         podman image unmount localhost/fluxion-node:cuda > /dev/null; echo "build.sh: the CUDA image lacks the GPU path"; exit 1; }
       podman image unmount localhost/fluxion-node:cuda > /dev/null ;;
-    *) echo "build.sh: unknown image '$w' (cpu, cuda)"; exit 2 ;;
+    prefill)
+      build localhost/fluxion-prefill:cpu Containerfile.prefill
+      smoke_prefill localhost/fluxion-prefill:cpu ;;
+    *) echo "build.sh: unknown image '$w' (cpu, cuda, prefill)"; exit 2 ;;
   esac
 done
 podman images --filter reference='localhost/fluxion-*'

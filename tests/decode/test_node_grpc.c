@@ -21,7 +21,8 @@
  *     tokens than asked, metrics count the cancellation); a deadline: the same;
  *   - a READY session whose lease passes fails with the reason;
  *   - /metrics over HTTP holds the counters, histograms and Fluxion's statistics;
- *   - the Python client gets the same tokens;
+ *   - the Python client gets the same tokens, and so does the README's router snippet, run as it is
+ *     written there (the block after its "router-snippet" marker; FLUXION mode, 32 tokens);
  *   - SIGTERM during a Generate: health NOT_SERVING (Check, and a Watch stream that said SERVING
  *     before), new sessions UNAVAILABLE, the stream ends
  *     UNAVAILABLE at the drain timeout, the daemon exits 0; exit 2 on bad flags, 1 when it cannot
@@ -35,6 +36,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 
+#include "flx/cli.h"
 #include "flx/engine.h"
 #include "flx/forward.h"
 #include "flx/model.h"
@@ -274,6 +276,61 @@ static void run_python(daemon_proc_t *d, const int32_t *prompt, uint32_t n, cons
     }
 }
 
+/* The README's Python snippet for router authors, extracted verbatim and run from the repository
+ * root (it compiles proto/ with protoc) against the daemon with the prompt's ids as arguments: its
+ * "token ids:" line must be the reference. The README is found beside the Python client's folder. */
+static void run_readme_snippet(daemon_proc_t *d, const int32_t *prompt, uint32_t n, const int32_t *ref, uint32_t n_ref)
+{
+    char root[1024], path[1200], py[600], out[600];
+    snprintf(root, sizeof root, "%s", g_py);
+    for (int up = 0; up < 3; up++) {   /* ROOT/tests/decode/node_client.py -> ROOT */
+        char *slash = strrchr(root, '/');
+        CHECK(slash);
+        *slash = '\0';
+    }
+    snprintf(path, sizeof path, "%s/README.md", root);
+    size_t len;
+    char *readme;
+    CHECK_OK(flx_cli_read_file(path, (size_t)1 << 20, &readme, &len));
+    const char *mark = strstr(readme, "<!-- router-snippet");
+    const char *open = mark ? strstr(mark, "\n```python\n") : NULL;
+    const char *body = open ? open + strlen("\n```python\n") : NULL;
+    const char *end = body ? strstr(body, "\n```\n") : NULL;
+    if (!end) {
+        fprintf(stderr, "%s: no ```python block after a <!-- router-snippet --> marker\n", path);
+        exit(1);
+    }
+    snprintf(py, sizeof py, "%s/router_snippet.py", g_dir);
+    snprintf(out, sizeof out, "%s/router_snippet.out", g_dir);
+    FILE *f = fopen(py, "w");
+    CHECK(f && fwrite(body, 1, (size_t)(end + 1 - body), f) == (size_t)(end + 1 - body));
+    fclose(f);
+    free(readme);
+    char cmd[16384];
+    int k = snprintf(cmd, sizeof cmd, "cd '%s' && FLX_NODE=%s /usr/bin/python3 '%s'", root, d->target, py);
+    for (uint32_t i = 0; i < n; i++) k += snprintf(cmd + k, sizeof cmd - k, " %d", prompt[i]);
+    k += snprintf(cmd + k, sizeof cmd - k, " > '%s'", out);
+    CHECK((size_t)k < sizeof cmd);
+    int r = system(cmd);
+    CHECK(r != -1 && WIFEXITED(r));
+    if (WEXITSTATUS(r) != 0) {
+        fprintf(stderr, "the README's router snippet failed (exit %d): %s\n", WEXITSTATUS(r), py);
+        exit(1);
+    }
+    char *got;
+    CHECK_OK(flx_cli_read_file(out, (size_t)1 << 20, &got, &len));
+    const char *line = strstr(got, "\ntoken ids:");
+    CHECK(line);
+    line += strlen("\ntoken ids:");
+    int32_t toks[64];
+    uint32_t nt = 0;
+    char *e;
+    for (long v; nt < 64 && (v = strtol(line, &e, 10), e != line); line = e) toks[nt++] = (int32_t)v;
+    same_tokens("README router snippet", toks, nt, ref, n_ref);
+    CHECK(strstr(got, "finish: FINISH_REASON_MAX_NEW_TOKENS"));
+    free(got);
+}
+
 static void test_random(void)
 {
     flx_rng_t rng;
@@ -471,6 +528,7 @@ static void test_random(void)
 
     /* the Python client, same prompt and reference */
     run_python(&d, prompt, 600, ref, n_ref);
+    run_readme_snippet(&d, prompt, 600, ref, n_ref);
 
     /* SIGTERM during a Generate (drain timeout 300 ms): the stream ends UNAVAILABLE, exit 0 */
     flx_rpc_client_destroy(c);
