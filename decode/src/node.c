@@ -80,6 +80,7 @@ typedef struct sess {
     uint64_t bytes_expected, bytes_received;
     uint64_t t_open, t_ready, t_closed;       /* flx_now_ns */
     uint64_t transfer_deadline, lease_end;    /* flx_now_ns */
+    uint32_t lease_ms;             /* OpenSession's lease, else the node's */
     int64_t deadline_unix_ms;
     double gbps;
     uint32_t tokens_generated;
@@ -336,7 +337,7 @@ static void sync_locked(flx_node_h n, sess_t *s)
         s->state = FLX_NODE_READY;
         s->first_token = ki.first_token;
         s->t_ready = FLX_MAX(t_ready, s->t_open);
-        s->lease_end = s->t_ready + (uint64_t)n->cfg.lease_ms * 1000000ull;
+        s->lease_end = s->t_ready + (uint64_t)s->lease_ms * 1000000ull;
         s->reserved_bytes = ki.reserved_bytes;
         s->gbps = span ? (double)ki.bytes_received / (double)span : 0;
         n->c_ready++;
@@ -723,6 +724,7 @@ flx_status_t flx_node_open(flx_node_h n, const flx_node_open_params_t *p, flx_no
         s->transfer_deadline = now + tmo_ns;
         s->deadline_unix_ms = unix_ms_in(tmo_ns);
         s->lease_end = UINT64_MAX;
+        s->lease_ms = p->lease_ms ? p->lease_ms : n->cfg.lease_ms;
         n->n_open++;
         n->c_opened++;
         if (toks) {
@@ -1027,7 +1029,7 @@ static void *prefill_main(void *arg)
             s->first_token = (int32_t)flx_sample_argmax(n->pf_logits, n->lim.vocab);
             s->state = FLX_NODE_READY;
             s->t_ready = t1;
-            s->lease_end = t1 + (uint64_t)n->cfg.lease_ms * 1000000ull;
+            s->lease_end = t1 + (uint64_t)s->lease_ms * 1000000ull;
             s->bytes_expected = ki.bytes_expected;
             s->bytes_received = ki.bytes_received;
             s->reserved_bytes = ki.reserved_bytes;
@@ -1334,7 +1336,7 @@ static uint64_t timers(flx_node_h n, uint64_t now)
         } else if (s->state == FLX_NODE_READY) {
             if (now >= s->lease_end) {
                 char r[FLX_NODE_REASON_MAX];
-                snprintf(r, sizeof r, "lease of %u ms expired before a Generate claimed it", n->cfg.lease_ms);
+                snprintf(r, sizeof r, "lease of %u ms expired before a Generate claimed it", s->lease_ms);
                 fail_locked(n, s, r);
                 n->c_lease_expired++;
             } else {

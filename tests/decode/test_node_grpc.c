@@ -127,14 +127,15 @@ static void open_req(Fluxion__Decode__V1__OpenSessionRequest *r, Fluxion__Decode
     r->local_prefill = lp;
 }
 
-static uint64_t ready_session(flx_rpc_client_h c, const int32_t *prompt, uint32_t n, uint32_t max_new,
-                              const Fluxion__Decode__V1__AttentionConfig *attn)
+static uint64_t ready_session_lease(flx_rpc_client_h c, const int32_t *prompt, uint32_t n, uint32_t max_new,
+                                    const Fluxion__Decode__V1__AttentionConfig *attn, uint32_t lease_ms)
 {
     Fluxion__Decode__V1__OpenSessionRequest r;
     Fluxion__Decode__V1__AttentionConfig a;
     Fluxion__Decode__V1__LocalPrefill lp;
     open_req(&r, &a, &lp, prompt, n, max_new);
     if (attn) r.attention = (Fluxion__Decode__V1__AttentionConfig *)attn;
+    r.lease_ms = lease_ms;
     uint64_t sid = 0;
     flx_rpc_result_t res;
     if (open_session(c, &r, &sid, &res) != FLX_RPC_OK) {
@@ -147,6 +148,12 @@ static uint64_t ready_session(flx_rpc_client_h c, const int32_t *prompt, uint32_
     CHECK(i->bytes_received == i->bytes_expected && i->bytes_expected > 0 && i->time_to_ready_us > 0);
     fluxion__decode__v1__session_info__free_unpacked(i, NULL);
     return sid;
+}
+
+static uint64_t ready_session(flx_rpc_client_h c, const int32_t *prompt, uint32_t n, uint32_t max_new,
+                              const Fluxion__Decode__V1__AttentionConfig *attn)
+{
+    return ready_session_lease(c, prompt, n, max_new, attn, 0);
 }
 
 /* The next status a Health.Watch stream sends (-1 when it ended). */
@@ -487,14 +494,21 @@ static void test_random(void)
         CHECK(left < 3900);
     }
 
-    /* a READY session nobody claims: its lease (1.5 s) passes, it fails with the reason */
+    /* a READY session nobody claims: its lease (the node's 1.5 s; 400 ms asked by OpenSession for the
+     * second) passes, it fails with the reason naming the lease it had */
     {
         flx_rpc_result_t res;
         uint64_t sid = ready_session(c, prompt, 50, 8, NULL);
-        usleep(2500000);
-        Fluxion__Decode__V1__SessionInfo *si = session_call(c, "GetSession", sid, 0, &res);
+        uint64_t sid2 = ready_session_lease(c, prompt, 50, 8, NULL, 400);
+        usleep(1000000);
+        Fluxion__Decode__V1__SessionInfo *si = session_call(c, "GetSession", sid2, 0, &res);
         CHECK(si && si->state == FLUXION__DECODE__V1__SESSION_STATE__SESSION_STATE_FAILED);
-        CHECK(strstr(si->fail_reason, "lease"));
+        CHECK(strstr(si->fail_reason, "lease of 400 ms"));
+        fluxion__decode__v1__session_info__free_unpacked(si, NULL);
+        usleep(1500000);
+        si = session_call(c, "GetSession", sid, 0, &res);
+        CHECK(si && si->state == FLUXION__DECODE__V1__SESSION_STATE__SESSION_STATE_FAILED);
+        CHECK(strstr(si->fail_reason, "lease of 1500 ms"));
         fluxion__decode__v1__session_info__free_unpacked(si, NULL);
         generate(c, sid, 4, 5000, 0, o);
         expect_code("Generate after the lease", &o->res, FLX_RPC_FAILED_PRECONDITION, "lease");
@@ -512,7 +526,7 @@ static void test_random(void)
         CHECK(metric(m, "fluxion_generate_ended_total{result=\"ok\"}") == 3 + 4);
         CHECK(metric(m, "fluxion_generate_ended_total{result=\"cancelled\"}") +
                   metric(m, "fluxion_generate_ended_total{result=\"deadline_exceeded\"}") == 2);
-        CHECK(metric(m, "fluxion_sessions_lease_expired_total") == 1);
+        CHECK(metric(m, "fluxion_sessions_lease_expired_total") == 2);
         CHECK(metric(m, "fluxion_tpot_seconds_count") > 0 && metric(m, "fluxion_ttft_seconds_count") >= 9);
         CHECK(metric(m, "fluxion_host_tasks_total{blk=\"128\"}") >= 31 * 2 * 2);
         CHECK(metric(m, "fluxion_host_read_bytes_total") > 0);
