@@ -2,7 +2,8 @@
  * fuzz_cli - a command line made of the fuzzer's bytes through flx_cli_parse, the parser behind
  * every tool's flx_cli_main, against a table holding every kind of option (flag, string, path,
  * integer, optional integer, float with open and closed ends, enum, repeatable) and positionals;
- * then the checks between options, the help text and flx_cli_u64_list on the same words.
+ * then the checks between options, the help text and the list parsers (flx_cli_u64_list,
+ * flx_cli_range_list, flx_cli_enum_list) on each of the same words.
  *
  * Input: words separated by NUL bytes (at most 48; argv[0] is "fuzz"). Properties checked (a
  * broken one aborts, which libFuzzer reports): an accepted line writes each destination inside its
@@ -148,12 +149,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         flx_cli_version(&cli, sink);
         fclose(sink);
     }
-    uint64_t items[8];
-    uint32_t n_items = 77;
+    /* the list-valued options' parsers on every word: a refused list writes nothing */
+    static const char *const kinds[] = {"shm", "tcp", "rdma", NULL};
     for (int i = 1; i < argc; i++) {
-        if (flx_cli_u64_list("lens", argv[i], 1, UINT32_MAX, items, 8, &n_items) == FLX_OK) {
-            CLI_CHECK(n_items >= 1 && n_items <= 8);
-            for (uint32_t k = 0; k < n_items; k++) CLI_CHECK(items[k] >= 1 && items[k] <= UINT32_MAX);
+        uint64_t a[8], b[8];
+        int e[3];
+        uint32_t n = 77;
+        for (int k = 0; k < 8; k++) a[k] = b[k] = 777;
+        if (flx_cli_u64_list("lens", argv[i], 1, UINT32_MAX, a, 8, &n) == FLX_OK) {
+            CLI_CHECK(n >= 1 && n <= 8);
+            for (uint32_t k = 0; k < n; k++) CLI_CHECK(a[k] >= 1 && a[k] <= UINT32_MAX);
+        } else {
+            CLI_CHECK(n == 77 && a[0] == 777 && strstr(flx_error_msg(), "--lens '"));
+        }
+        n = 77, a[0] = 777;
+        if (flx_cli_range_list("mixed", argv[i], 1024, 1u << 20, a, b, 8, &n) == FLX_OK) {
+            CLI_CHECK(n >= 1 && n <= 8);
+            for (uint32_t k = 0; k < n; k++) CLI_CHECK(a[k] >= 1024 && a[k] <= b[k] && b[k] <= (1u << 20));
+        } else {
+            CLI_CHECK(n == 77 && a[0] == 777 && b[0] == 777 && strstr(flx_error_msg(), "--mixed '"));
+        }
+        n = 77, e[0] = 777;
+        if (flx_cli_enum_list("tls", argv[i], kinds, e, 3, &n) == FLX_OK) {
+            CLI_CHECK(n >= 1 && n <= 3);
+            for (uint32_t k = 0; k < n; k++) {
+                CLI_CHECK(e[k] >= 0 && e[k] <= 2);
+                for (uint32_t j = 0; j < k; j++) CLI_CHECK(e[j] != e[k]);
+            }
+        } else {
+            CLI_CHECK(n == 77 && e[0] == 777 && strstr(flx_error_msg(), "--tls '"));
         }
     }
     free(buf);
