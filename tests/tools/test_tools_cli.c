@@ -226,6 +226,15 @@ static const tool_t tools[] = {
       {"--text T", 2, "--model is required"},
       {"-m M --text /nonexistent/t.txt", 1, "step_bench: --text: cannot open /nonexistent/t.txt"},
       {"-m M --text /dev/null --csv /nonexistent/dir/s.csv", 1, "step_bench: --csv: cannot create"}}},
+    {"flx-fuzz-seeds", 0, "/nonexistent/dir/out",
+     {{"", 2, "missing argument OUT_DIR"},
+      {"a b", 2, "unexpected argument 'b' after OUT_DIR"},
+      {"--out a", 2, "unknown option --out"},
+      {"/nonexistent/dir/out", 1, "flx-fuzz-seeds: cannot create /nonexistent/dir/out"}}},
+    {"gen_node_corpus", 0, "/nonexistent/dir",
+     {{"", 2, "missing argument CORPUS_DIR"},
+      {"a b", 2, "unexpected argument 'b' after CORPUS_DIR"},
+      {"/nonexistent/dir", 1, "gen_node_corpus: cannot create /nonexistent/dir/grpc_requests"}}},
 };
 
 static const char *g_dir;
