@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/bench_cli.h"
 #include "../common/bench_stats.h"
 #include "flx/attn_layer.h"
 #include "flx/budget.h"
@@ -259,19 +260,6 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
     free(q), free(ms), free(pred_ns), free(within), free(bytes), free(tasks), free(idle);
 }
 
-/* A list option's values into v[0..*n) (uint32 destinations); a usage error names the option. */
-static int take_list(const flx_cli_t *cli, const char *opt, const char *s, uint64_t lo, uint64_t hi, uint32_t *v,
-                     uint32_t *n)
-{
-    uint64_t x[8];
-    uint32_t k;
-    if (!s) return FLX_CLI_PROCEED;
-    if (flx_cli_u64_list(opt, s, lo, hi, x, 8, &k)) return flx_cli_usage_error(cli, NULL);
-    for (uint32_t i = 0; i < k; i++) v[i] = (uint32_t)x[i];
-    *n = k;
-    return FLX_CLI_PROCEED;
-}
-
 int main(int argc, char **argv)
 {
     const char *weights = NULL, *csv_path = NULL, *lens_s = NULL, *batches_s = NULL, *layers_s = NULL;
@@ -305,9 +293,9 @@ int main(int argc, char **argv)
     if (rc != FLX_CLI_PROCEED) return rc;
     uint64_t mlo[4], mhi[4];
     FILE *csv = NULL;
-    if ((rc = take_list(&cli, "lens", lens_s, 1024, 1u << 20, lens, &n_lens)) != FLX_CLI_PROCEED ||
-        (rc = take_list(&cli, "batches", batches_s, 1, MAX_B, batches, &n_b)) != FLX_CLI_PROCEED ||
-        (rc = take_list(&cli, "layers", layers_s, 0, 31, layers, &n_layers)) != FLX_CLI_PROCEED)
+    if ((rc = flx_bench_u32_list(&cli, "lens", lens_s, 1024, 1u << 20, lens, 8, &n_lens)) != FLX_CLI_PROCEED ||
+        (rc = flx_bench_u32_list(&cli, "batches", batches_s, 1, MAX_B, batches, 8, &n_b)) != FLX_CLI_PROCEED ||
+        (rc = flx_bench_u32_list(&cli, "layers", layers_s, 0, 31, layers, 8, &n_layers)) != FLX_CLI_PROCEED)
         return rc;
     if (mixed_s) {
         if (flx_cli_range_list("mixed", mixed_s, 1024, 1u << 20, mlo, mhi, 4, &n_mixed))

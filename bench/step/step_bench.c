@@ -45,6 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../common/bench_cli.h"
 #include "../common/bench_read.h"
 #include "../common/bench_stats.h"
 #include "flx/cli.h"
@@ -150,7 +151,7 @@ int main(int argc, char **argv)
 {
     const char *model_path = NULL, *text_path = NULL, *csv_path = NULL, *lens_s = NULL, *pred_path = NULL;
     uint32_t lens[MAX_LENS] = {2048, 8192}, n_lens = 2;
-    uint64_t rounds_u = 5, win_u = 8, warm_u = 2, threads_u = 0, list[MAX_LENS];
+    uint64_t rounds_u = 5, win_u = 8, warm_u = 2, threads_u = 0;
     int mode_ix = 0;   /* MODES[] */
     static const char *const MODES[] = {"full", "fixed", "fluxion", NULL};
     static const flx_engine_attn_mode_t MODE_OF[] = {FLX_ENGINE_ATTN_FULL, FLX_ENGINE_ATTN_FIXED,
@@ -175,11 +176,8 @@ int main(int argc, char **argv)
     cli.progress = 1;
     int rc = flx_cli_main(&cli, argc, argv);
     if (rc != FLX_CLI_PROCEED) return rc;
-    if (lens_s) {
-        if (flx_cli_u64_list("lens", lens_s, 1, 1u << 22, list, MAX_LENS, &n_lens))
-            return flx_cli_usage_error(&cli, NULL);
-        for (uint32_t i = 0; i < n_lens; i++) lens[i] = (uint32_t)list[i];
-    }
+    if ((rc = flx_bench_u32_list(&cli, "lens", lens_s, 1, 1u << 22, lens, MAX_LENS, &n_lens)) != FLX_CLI_PROCEED)
+        return rc;
     const uint32_t rounds = (uint32_t)rounds_u, win = (uint32_t)win_u, warm = (uint32_t)warm_u;
     const uint32_t threads = (uint32_t)threads_u;
     const flx_engine_attn_mode_t mode = MODE_OF[mode_ix];
