@@ -239,25 +239,18 @@ static const tool_t tools[] = {
 
 static const char *g_dir;
 
-/* Runs `env path args`; returns the exit status; out and err hold the two streams. */
-static int run(const char *env, const char *path, const char *args, char *out, char *err, size_t cap)
+/* Runs `env path args`; returns the exit status; *out_p and *err_p: the two streams (flx_test_slurp's
+ * buffers, valid until the next run). */
+static int run(const char *env, const char *path, const char *args, const char **out_p, const char **err_p)
 {
     char cmd[4096], fo[1024], fe[1024];
     snprintf(fo, sizeof fo, "%s/cli.out", g_dir);
     snprintf(fe, sizeof fe, "%s/cli.err", g_dir);
     snprintf(cmd, sizeof cmd, "%s %s %s </dev/null >%s 2>%s", env, path, args, fo, fe);
-    int r = system(cmd);
-    CHECK(r != -1 && WIFEXITED(r));
-    const char *files[2] = {fo, fe};
-    char *bufs[2] = {out, err};
-    for (int i = 0; i < 2; i++) {
-        FILE *f = fopen(files[i], "r");
-        CHECK(f);
-        size_t n = fread(bufs[i], 1, cap - 1, f);
-        fclose(f);
-        bufs[i][n] = 0;
-    }
-    return WEXITSTATUS(r);
+    const int rc = flx_test_sh(cmd);
+    *out_p = flx_test_slurp(fo);
+    *err_p = flx_test_slurp(fe);
+    return rc;
 }
 
 static int failures;
@@ -265,8 +258,8 @@ static int failures;
 /* One expectation; reports every mismatch (the test fails at the end, after all tools ran). */
 static void expect(const char *name, const char *env, const char *path, const char *args, int rc, const char *first)
 {
-    static char out[1 << 16], err[1 << 16];
-    int got = run(env, path, args, out, err, sizeof out);
+    const char *out, *err;
+    int got = run(env, path, args, &out, &err);
     const char *text = rc == 0 ? out : err;
     size_t l1 = strcspn(text, "\n");
     char line[1024];
