@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "flx/pool.h"
@@ -123,6 +124,30 @@ static inline uint64_t flx_test_seed(const char *test)
     fprintf(stderr, "%s: seed %llu (replay with FLX_SEED=%llu)\n", test, (unsigned long long)s,
             (unsigned long long)s);
     return s;
+}
+
+/* Runs cmd with /bin/sh (the tool tests run tools as a user types them); returns its exit status.
+ * A command that did not exit (killed by a signal) fails the test. */
+static inline int flx_test_sh(const char *cmd)
+{
+    int r = system(cmd);
+    CHECK(r != -1 && WIFEXITED(r));
+    return WEXITSTATUS(r);
+}
+
+/* The first 64 KiB of path as a string (a tool's captured stdout or stderr), in one of two static
+ * buffers used in turn: the result stays valid through the next call. The file must exist. */
+static inline const char *flx_test_slurp(const char *path)
+{
+    static char buf[2][1 << 16];
+    static int which;
+    char *b = buf[which ^= 1];
+    FILE *f = fopen(path, "rb");
+    CHECK(f);
+    size_t n = fread(b, 1, sizeof buf[0] - 1, f);
+    fclose(f);
+    b[n] = 0;
+    return b;
 }
 
 #endif

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <immintrin.h>
 
+#include "../common/bench_cli.h"
 #include "../common/bench_read.h"
 #include "../common/bench_stats.h"
 #include "flx/attn.h"
@@ -131,7 +132,7 @@ int main(int argc, char **argv)
     uint32_t lens[8] = {32768, 65536, 131072}, batches[8] = {1, 4, 8};
     uint32_t n_lens = 3, n_b = 3;   /* counts of lens[], batches[] */
     const char *csv_path = "attn.csv", *lens_s = NULL, *batches_s = NULL;
-    uint64_t reps_u = 3, list[8];
+    uint64_t reps_u = 3;
     flx_cli_opt_t opts[] = {
         FLX_CLI_STR(0, "lens", "L,L,..", &lens_s, 0, "prompt lengths, 1024..2097152 (default 32768,65536,131072)"),
         FLX_CLI_STR(0, "batches", "B,B,..", &batches_s, 0, "batch sizes, 1..64 (default 1,4,8)"),
@@ -142,14 +143,9 @@ int main(int argc, char **argv)
                                  "read bandwidth this binary measures.", opts);
     int rc = flx_cli_main(&cli, argc, argv);
     if (rc != FLX_CLI_PROCEED) return rc;
-    if (lens_s) {
-        if (flx_cli_u64_list("lens", lens_s, 1024, 1u << 21, list, 8, &n_lens)) return flx_cli_usage_error(&cli, NULL);
-        for (uint32_t i = 0; i < n_lens; i++) lens[i] = (uint32_t)list[i];
-    }
-    if (batches_s) {
-        if (flx_cli_u64_list("batches", batches_s, 1, 64, list, 8, &n_b)) return flx_cli_usage_error(&cli, NULL);
-        for (uint32_t i = 0; i < n_b; i++) batches[i] = (uint32_t)list[i];
-    }
+    if ((rc = flx_bench_u32_list(&cli, "lens", lens_s, 1024, 1u << 21, lens, 8, &n_lens)) != FLX_CLI_PROCEED ||
+        (rc = flx_bench_u32_list(&cli, "batches", batches_s, 1, 64, batches, 8, &n_b)) != FLX_CLI_PROCEED)
+        return rc;
     const int reps = (int)reps_u;
     flx_pool_h pool = NULL;   /* made with the first store, on its NUMA node */
     {

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/bench_cli.h"
 #include "../common/bench_read.h"
 #include "flx/cli.h"
 #include "flx/engine.h"
@@ -96,7 +97,7 @@ int main(int argc, char **argv)
 {
     const char *model_path = NULL, *ids_path = NULL, *csv_path = NULL, *lens_s = NULL;
     uint32_t lens[8] = {2048, 4096, 8192}, n_lens = 3;
-    uint64_t steps_u = 24, threads_u = 0, list[8];
+    uint64_t steps_u = 24, threads_u = 0;
     flx_cli_opt_t opts[] = {
         FLX_CLI_PATH('m', "model", "MODEL", &model_path, FLX_CLI_REQUIRED, "a .gguf file or a Hugging Face folder"),
         FLX_CLI_PATH(0, "tokens", "IDS", &ids_path, FLX_CLI_REQUIRED, "token ids, one per line (the prompts' source)"),
@@ -111,10 +112,7 @@ int main(int argc, char **argv)
     cli.progress = 1;
     int rc = flx_cli_main(&cli, argc, argv);
     if (rc != FLX_CLI_PROCEED) return rc;
-    if (lens_s) {
-        if (flx_cli_u64_list("lens", lens_s, 1, 1u << 22, list, 8, &n_lens)) return flx_cli_usage_error(&cli, NULL);
-        for (uint32_t i = 0; i < n_lens; i++) lens[i] = (uint32_t)list[i];
-    }
+    if ((rc = flx_bench_u32_list(&cli, "lens", lens_s, 1, 1u << 22, lens, 8, &n_lens)) != FLX_CLI_PROCEED) return rc;
     const uint32_t steps = (uint32_t)steps_u;
     const int threads = (int)threads_u;
     size_t n_ids;

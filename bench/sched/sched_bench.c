@@ -26,14 +26,17 @@
  *
  * Output: a table on stdout, one CSV row per (point, configuration), and a SUMMARY line.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/bench_cli.h"
 #include "../common/bench_stats.h"
 #include "flx/attn_layer.h"
 #include "flx/budget.h"
+#include "flx/cli.h"
 #include "flx/cuda_rt.h"
 #include "flx/util.h"
 #include "replay.h"
@@ -257,67 +260,55 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
     free(q), free(ms), free(pred_ns), free(within), free(bytes), free(tasks), free(idle);
 }
 
-static void parse_list(const char *s, uint32_t *v, uint32_t *n, uint32_t max, uint64_t lo, uint64_t hi, const char *what)
-{
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", s);
-    *n = 0;
-    for (char *t = strtok(buf, ","); t && *n < max; t = strtok(NULL, ",")) {
-        uint64_t x;
-        if (flx_parse_u64(t, lo, hi, &x)) die(what);
-        v[(*n)++] = (uint32_t)x;
-    }
-}
-
 int main(int argc, char **argv)
 {
-    const char *weights = NULL, *csv_path = NULL;
+    const char *weights = NULL, *csv_path = NULL, *lens_s = NULL, *batches_s = NULL, *layers_s = NULL;
+    const char *mixed_s = NULL;
     uint32_t lens[8] = {16384, 32768, 65536, 131072}, n_lens = 4, batches[8] = {1, 4, 8, 16}, n_b = 4;
     uint32_t layers[8] = {8, 24}, n_layers = 2, mixed_lo[4] = {16384, 32768}, mixed_hi[4] = {65536, 131072};
-    uint32_t n_mixed = 2, mixed_b = 8;
-    uint64_t reps = 3, workers = 0, distinct = 4, max_tokens = 0;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        const char *a = argv[i], *v = argv[i + 1];
-        flx_status_t st = FLX_OK;
-        if (!strcmp(a, "--weights")) weights = v;
-        else if (!strcmp(a, "--csv")) csv_path = v;
-        else if (!strcmp(a, "--lens")) parse_list(v, lens, &n_lens, 8, 1024, 1u << 20, a);
-        else if (!strcmp(a, "--batches")) parse_list(v, batches, &n_b, 8, 1, MAX_B, a);
-        else if (!strcmp(a, "--layers")) parse_list(v, layers, &n_layers, 8, 0, 31, a);
-        else if (!strcmp(a, "--mixed")) {   /* LO-HI,LO-HI */
-            char buf[256];
-            snprintf(buf, sizeof buf, "%s", v);
-            n_mixed = 0;
-            for (char *t = strtok(buf, ","); t && n_mixed < 4; t = strtok(NULL, ",")) {
-                unsigned lo, hi;
-                if (sscanf(t, "%u-%u", &lo, &hi) != 2 || lo < 1024 || hi < lo) die("--mixed (LO-HI,...)");
-                mixed_lo[n_mixed] = lo, mixed_hi[n_mixed] = hi, n_mixed++;
-            }
-        } else if (!strcmp(a, "--mixed-batch")) {
-            uint64_t x;
-            st = flx_parse_u64(v, 1, MAX_B, &x);
-            mixed_b = (uint32_t)x;
-        } else if (!strcmp(a, "--reps")) st = flx_parse_u64(v, 1, 1000, &reps);
-        else if (!strcmp(a, "--workers")) st = flx_parse_u64(v, 0, 1024, &workers);
-        else if (!strcmp(a, "--distinct")) st = flx_parse_u64(v, 1, MAX_DISTINCT, &distinct);
-        else if (!strcmp(a, "--max-tokens")) st = flx_parse_u64(v, 0, 1ull << 32, &max_tokens);
-        else {
-            fprintf(stderr, "sched_bench: unknown flag %s\n", a);
-            return 2;
-        }
-        if (st) die(a);
+    uint32_t n_mixed = 2;
+    uint64_t reps = 3, workers = 0, distinct = 4, max_tokens = 0, mixed_b = 8;
+    flx_cli_opt_t opts[] = {
+        FLX_CLI_PATH(0, "weights", "FILE", &weights, FLX_CLI_REQUIRED, "predictor weights (Fluxion's configurations)"),
+        FLX_CLI_PATH(0, "csv", "FILE", &csv_path, 0, "CSV written (default: none)"),
+        FLX_CLI_STR(0, "lens", "L,L,..", &lens_s, 0, "prompt lengths, 1024..1048576, at most 8 (default "
+                    "16384,32768,65536,131072)"),
+        FLX_CLI_STR(0, "batches", "B,B,..", &batches_s, 0, "batch sizes, 1..64, at most 8 (default 1,4,8,16)"),
+        FLX_CLI_STR(0, "layers", "l,l,..", &layers_s, 0, "layers of the synthetic model measured, 0..31, at most 8 "
+                    "(default 8,24)"),
+        FLX_CLI_STR(0, "mixed", "LO-HI,..", &mixed_s, 0, "mixed-length batches: lengths drawn in LO..HI, at most 4 "
+                    "(default 16384-65536,32768-131072)"),
+        FLX_CLI_UINT(0, "mixed-batch", "B", &mixed_b, 1, MAX_B, 0, "rows of a mixed batch (default 8)"),
+        FLX_CLI_UINT(0, "reps", "N", &reps, 1, 1000, 0, "repetitions per layer (default 3)"),
+        FLX_CLI_UINT(0, "workers", "N", &workers, 1, FLX_POOL_MAX_WORKERS, 0, "pool workers (default: the CPU "
+                     "budget)"),
+        FLX_CLI_UINT(0, "distinct", "N", &distinct, 1, MAX_DISTINCT, 0, "distinct sessions per point (default 4)"),
+        FLX_CLI_UINT(0, "max-tokens", "N", &max_tokens, 1024, 1ull << 32, 0, "tokens of sessions open at once "
+                     "(default: from MemAvailable)"),
+    };
+    flx_cli_t cli = FLX_CLI_INIT("sched_bench", "Attention time per decode layer through the heterogeneous scheduler: "
+                                 "Fluxion vs fixed (16, 0.05), (32, 0.02) and full, with within-tau shares; the "
+                                 "scheduler's and Fluxion's ablations on mixed batches.", opts);
+    int rc = flx_cli_main(&cli, argc, argv);
+    if (rc != FLX_CLI_PROCEED) return rc;
+    uint64_t mlo[4], mhi[4];
+    FILE *csv = NULL;
+    if ((rc = flx_bench_u32_list(&cli, "lens", lens_s, 1024, 1u << 20, lens, 8, &n_lens)) != FLX_CLI_PROCEED ||
+        (rc = flx_bench_u32_list(&cli, "batches", batches_s, 1, MAX_B, batches, 8, &n_b)) != FLX_CLI_PROCEED ||
+        (rc = flx_bench_u32_list(&cli, "layers", layers_s, 0, 31, layers, 8, &n_layers)) != FLX_CLI_PROCEED)
+        return rc;
+    if (mixed_s) {
+        if (flx_cli_range_list("mixed", mixed_s, 1024, 1u << 20, mlo, mhi, 4, &n_mixed))
+            return flx_cli_usage_error(&cli, NULL);
+        for (uint32_t i = 0; i < n_mixed; i++) mixed_lo[i] = (uint32_t)mlo[i], mixed_hi[i] = (uint32_t)mhi[i];
     }
-    if (!weights) {
-        fprintf(stderr, "usage: sched_bench --weights FILE [--csv FILE] [--lens L,..] [--batches B,..] [--layers l,..] "
-                        "[--mixed LO-HI,..] [--mixed-batch B] [--reps N] [--workers N] [--distinct N] "
-                        "[--max-tokens N]\n");
-        return 2;
-    }
+    if (csv_path && !(csv = fopen(csv_path, "w")))
+        return flx_cli_fail(&cli, "--csv: cannot create %s: %s", csv_path, strerror(errno));
     ctx_t cx = {.reps = (uint32_t)reps, .tau = 0.1f, .layers = layers, .n_layers = n_layers};
     flx_pool_params_t pp = {.field_mask = workers ? FLX_POOL_FIELD_N_WORKERS : 0, .n_workers = (uint32_t)workers};
     if (flx_pool_create(&pp, &cx.pool)) die("worker pool");
-    if (flx_predictor_load(weights, &cx.pred)) die(weights);
-    cx.csv = csv_path ? fopen(csv_path, "w") : NULL;
+    if (flx_predictor_load(weights, &cx.pred)) die("--weights");
+    cx.csv = csv;
     if (cx.csv)
         fprintf(cx.csv, "point,config,batch,max_len,ms_med,ms_min,ms_max,within_tau,host_bytes,base_over_this,"
                         "base_over_this_min,base_over_this_max,full_over_this,full_over_this_min,"
@@ -372,7 +363,7 @@ int main(int argc, char **argv)
     flx_rng_seed(&rng, 20261124);
     for (uint32_t mi = 0; mi < n_mixed; mi++) {
         /* B lengths U(lo, hi), grouped into at most `distinct` sessions (sorted, each group its median) */
-        uint32_t lens_b[MAX_B], B = mixed_b;
+        uint32_t lens_b[MAX_B], B = (uint32_t)mixed_b;
         for (uint32_t b = 0; b < B; b++)
             lens_b[b] = mixed_lo[mi] + (uint32_t)flx_rng_below(&rng, (uint64_t)mixed_hi[mi] - mixed_lo[mi] + 1);
         uint32_t idx[MAX_B];

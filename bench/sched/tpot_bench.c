@@ -12,15 +12,15 @@
  * predictor + selector) of its step.
  *
  * usage: tpot_bench -m MODEL --text FILE --predictor W [--len 8192] [--batch 4] [--steps 24]
- *                   [--threads N]
+ *                   [--threads N]   (tpot_bench --help; flx/cli.h's convention)
  * Last line: RESULT tpot_fluxion_vs_16_005=<median ratio> ... (bench/sched/run puts it in SUMMARY).
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../common/bench_stats.h"
+#include "flx/cli.h"
 #include "flx/engine.h"
 #include "flx/forward.h"
 #include "flx/model_load.h"
@@ -34,27 +34,6 @@ static void die(const char *what)
 {
     fprintf(stderr, "tpot_bench: %s: %s\n", what, flx_error_msg());
     exit(1);
-}
-
-static char *read_file(const char *path, size_t *len_p)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "tpot_bench: %s: %s\n", path, strerror(errno));
-        exit(1);
-    }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (!s || fread(s, 1, (size_t)n, f) != (size_t)n) {
-        fprintf(stderr, "tpot_bench: reading %s failed\n", path);
-        exit(1);
-    }
-    fclose(f);
-    s[n] = 0;
-    *len_p = (size_t)n;
-    return s;
 }
 
 typedef struct side {
@@ -72,38 +51,36 @@ int main(int argc, char **argv)
 {
     const char *model_path = NULL, *text_path = NULL, *pred_path = NULL;
     uint64_t len = 8192, batch = 4, steps = 24, threads = 0;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        const char *a = argv[i], *v = argv[i + 1];
-        flx_status_t st = FLX_OK;
-        if (!strcmp(a, "-m")) model_path = v;
-        else if (!strcmp(a, "--text")) text_path = v;
-        else if (!strcmp(a, "--predictor")) pred_path = v;
-        else if (!strcmp(a, "--len")) st = flx_parse_u64(v, 64, 1u << 20, &len);
-        else if (!strcmp(a, "--batch")) st = flx_parse_u64(v, 1, MAXB, &batch);
-        else if (!strcmp(a, "--steps")) st = flx_parse_u64(v, WARM + 2, 10000, &steps);
-        else if (!strcmp(a, "--threads")) st = flx_parse_u64(v, 0, 1024, &threads);
-        else {
-            fprintf(stderr, "tpot_bench: unknown flag %s\n", a);
-            return 2;
-        }
-        if (st) die(a);
-    }
-    if (!model_path || !text_path || !pred_path) {
-        fprintf(stderr, "usage: tpot_bench -m MODEL --text FILE --predictor W [--len 8192] [--batch 4] [--steps 24] "
-                        "[--threads N]\n");
-        return 2;
-    }
+    flx_cli_opt_t opts[] = {
+        FLX_CLI_PATH('m', "model", "MODEL", &model_path, FLX_CLI_REQUIRED, "a .gguf file or a Hugging Face folder"),
+        FLX_CLI_PATH(0, "text", "FILE", &text_path, FLX_CLI_REQUIRED, "the text the sequences are cut from"),
+        FLX_CLI_PATH(0, "predictor", "W", &pred_path, FLX_CLI_REQUIRED, "the model's predictor weights (Fluxion)"),
+        FLX_CLI_UINT(0, "len", "N", &len, 64, 1u << 20, 0, "tokens of each sequence (default 8192)"),
+        FLX_CLI_UINT(0, "batch", "N", &batch, 1, MAXB, 0, "sequences per engine (default 4)"),
+        FLX_CLI_UINT(0, "steps", "N", &steps, WARM + 2, 10000, 0, "decode steps per engine, the first 2 not counted "
+                     "(default 24)"),
+        FLX_CLI_UINT('t', "threads", "N", &threads, 1, FLX_POOL_MAX_WORKERS, 0, "pool workers (default: the CPU "
+                     "budget)"),
+    };
+    flx_cli_t cli = FLX_CLI_INIT("tpot_bench", "Time per output token of the real model with Fluxion against fixed "
+                                 "(16, 0.05), steps of the two engines interleaved.", opts);
+    cli.progress = 1;
+    int rc = flx_cli_main(&cli, argc, argv);
+    if (rc != FLX_CLI_PROCEED) return rc;
+    size_t text_len;
+    char *text = NULL;
+    if (flx_cli_read_file(text_path, (size_t)1 << 30, &text, &text_len))
+        return flx_cli_fail(&cli, "--text: %s", flx_error_msg());
+    flx_predictor_h pred;
+    if (flx_predictor_load(pred_path, &pred)) return flx_cli_fail(&cli, "--predictor: %s", flx_error_msg());
     flx_pool_params_t pp = {.field_mask = threads ? FLX_POOL_FIELD_N_WORKERS : 0, .n_workers = (uint32_t)threads};
     flx_pool_h pool;
     if (flx_pool_create(&pp, &pool)) die("worker pool");
     flx_model_t *m;
     flx_tok_h tok;
     if (flx_model_load_pool(model_path, pool, &m) || flx_tok_load(model_path, &tok)) die(model_path);
-    flx_predictor_h pred;
-    if (flx_predictor_load(pred_path, &pred)) die(pred_path);
     const flx_model_config_t *c = &m->cfg;
-    size_t text_len, n_ids = 0;
-    char *text = read_file(text_path, &text_len);
+    size_t n_ids = 0;
     flx_status_t est = flx_tok_encode(tok, text, text_len, 0, NULL, 0, &n_ids);   /* the size pass */
     if (est && est != FLX_ERR_CAPACITY) die("tokenizing");
     int32_t *ids = malloc(n_ids * sizeof *ids);

@@ -26,6 +26,8 @@
  *
  * usage: step_bench -m MODEL --text FILE [--lens 2048,8192] [--rounds 5] [--window 8] [--warm 2]
  *                   [--mode full|fixed|fluxion] [--predictor WEIGHTS] [--threads N] [--csv PATH]
+ *        (step_bench --help; flx/cli.h's convention: the text, predictor and CSV are opened before the
+ *        model loads)
  * (fixed: (16, 0.05); fluxion: the given predictor, prefill statistics with tau 0.1)
  * Last line: SUMMARY tpot_loaded_over_quiet_real_8k=<x> tpot_2loaded_over_quiet_real_8k=<y>
  *            tpot_workers1_over_quiet_real_8k=<z> gemv_bw_frac=<w> (8k: the largest length)
@@ -43,7 +45,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../common/bench_cli.h"
 #include "../common/bench_read.h"
+#include "../common/bench_stats.h"
+#include "flx/cli.h"
 #include "flx/engine.h"
 #include "flx/forward.h"
 #include "flx/kvstore.h"
@@ -88,28 +93,6 @@ static void kill_busy(pid_t *pids, int n)
         kill(pids[i], SIGKILL);
         waitpid(pids[i], NULL, 0);
     }
-}
-
-/* ---- input ---- */
-
-static char *read_text(const char *path, size_t *len_p)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "step_bench: %s: %s\n", path, strerror(errno));
-        exit(2);
-    }
-    size_t cap = 1 << 20, n = 0;
-    char *b = malloc(cap);
-    size_t r;
-    while (b && (r = fread(b + n, 1, cap - n, f)) > 0) {
-        n += r;
-        if (n == cap) b = realloc(b, cap *= 2);
-    }
-    fclose(f);
-    if (!b) exit(1);
-    *len_p = n;
-    return b;
 }
 
 /* ---- one engine with its session ---- */
@@ -164,62 +147,54 @@ static window_t run_window(side_t *s, uint32_t warm, uint32_t n)
     return w;
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 int main(int argc, char **argv)
 {
-    const char *model_path = NULL, *text_path = NULL, *csv_path = NULL, *mode_s = "full", *pred_path = NULL;
-    uint32_t lens[MAX_LENS] = {2048, 8192}, rounds = 5, win = 8, warm = 2, threads = 0;
-    int n_lens = 2;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        const char *a = argv[i], *v = argv[i + 1];
-        uint64_t x = 0;
-        int bad = 0;
-        if (!strcmp(a, "-m")) model_path = v;
-        else if (!strcmp(a, "--text")) text_path = v;
-        else if (!strcmp(a, "--csv")) csv_path = v;
-        else if (!strcmp(a, "--mode")) mode_s = v;
-        else if (!strcmp(a, "--predictor")) pred_path = v;
-        else if (!strcmp(a, "--rounds")) bad = flx_parse_u64(v, 1, MAX_ROUNDS, &x), rounds = (uint32_t)x;
-        else if (!strcmp(a, "--window")) bad = flx_parse_u64(v, 1, 1000, &x), win = (uint32_t)x;
-        else if (!strcmp(a, "--warm")) bad = flx_parse_u64(v, 0, 100, &x), warm = (uint32_t)x;
-        else if (!strcmp(a, "--threads")) bad = flx_parse_u64(v, 0, FLX_POOL_MAX_WORKERS, &x), threads = (uint32_t)x;
-        else if (!strcmp(a, "--lens")) {
-            n_lens = 0;
-            for (char *p = (char *)v; *p && n_lens < MAX_LENS;) {
-                lens[n_lens++] = (uint32_t)strtoul(p, &p, 10);
-                if (*p == ',') p++;
-                else if (*p) bad = 1, p += strlen(p);
-            }
-        } else {
-            fprintf(stderr, "step_bench: unknown option %s\n", a);
-            return 2;
-        }
-        if (bad) {
-            fprintf(stderr, "step_bench: %s '%s' is out of range\n", a, v);
-            return 2;
-        }
-    }
-    flx_engine_attn_mode_t mode;
-    if (!model_path || !text_path || n_lens == 0 || flx_engine_attn_mode_parse(mode_s, &mode) ||
-        (mode == FLX_ENGINE_ATTN_FLUXION) != (pred_path != NULL)) {
-        fprintf(stderr, "usage: step_bench -m MODEL --text FILE [--lens 2048,8192] [--rounds 5] [--window 8] "
-                        "[--warm 2] [--mode full|fixed|fluxion] [--predictor WEIGHTS (fluxion)] [--threads N] "
-                        "[--csv PATH]\n");
-        return 2;
-    }
+    const char *model_path = NULL, *text_path = NULL, *csv_path = NULL, *lens_s = NULL, *pred_path = NULL;
+    uint32_t lens[MAX_LENS] = {2048, 8192}, n_lens = 2;
+    uint64_t rounds_u = 5, win_u = 8, warm_u = 2, threads_u = 0;
+    int mode_ix = 0;   /* MODES[] */
+    static const char *const MODES[] = {"full", "fixed", "fluxion", NULL};
+    static const flx_engine_attn_mode_t MODE_OF[] = {FLX_ENGINE_ATTN_FULL, FLX_ENGINE_ATTN_FIXED,
+                                                      FLX_ENGINE_ATTN_FLUXION};
+    flx_cli_opt_t opts[] = {
+        FLX_CLI_PATH('m', "model", "MODEL", &model_path, FLX_CLI_REQUIRED, "a .gguf file or a Hugging Face folder"),
+        FLX_CLI_PATH(0, "text", "FILE", &text_path, FLX_CLI_REQUIRED, "the text the prompts are cut from"),
+        FLX_CLI_STR(0, "lens", "L,L,..", &lens_s, 0, "prompt lengths, at most 8 (default 2048,8192; the SUMMARY "
+                    "keys are the last one's)"),
+        FLX_CLI_UINT(0, "rounds", "N", &rounds_u, 1, MAX_ROUNDS, 0, "rounds of the four conditions (default 5)"),
+        FLX_CLI_UINT(0, "window", "N", &win_u, 1, 1000, 0, "measured steps per condition and round (default 8)"),
+        FLX_CLI_UINT(0, "warm", "N", &warm_u, 0, 100, 0, "warm-up steps before each window (default 2)"),
+        FLX_CLI_ENUM(0, "mode", &mode_ix, MODES, 0, "attention (default full; fixed: (16, 0.05))"),
+        FLX_CLI_PATH(0, "predictor", "WEIGHTS", &pred_path, 0, "predictor weights (--mode fluxion only, required "
+                     "there)"),
+        FLX_CLI_UINT('t', "threads", "N", &threads_u, 1, FLX_POOL_MAX_WORKERS, 0, "workers of the main engine's pool "
+                     "(default: the CPU budget)"),
+        FLX_CLI_PATH(0, "csv", "PATH", &csv_path, 0, "CSV written (default: none)"),
+    };
+    flx_cli_t cli = FLX_CLI_INIT("step_bench", "The real model's decode step under CPU contention: TPOT quiet, with 1 "
+                                 "and 2 busy loops pinned to CPUs, and on 1 worker, interleaved in rounds.", opts);
+    cli.progress = 1;
+    int rc = flx_cli_main(&cli, argc, argv);
+    if (rc != FLX_CLI_PROCEED) return rc;
+    if ((rc = flx_bench_u32_list(&cli, "lens", lens_s, 1, 1u << 22, lens, MAX_LENS, &n_lens)) != FLX_CLI_PROCEED)
+        return rc;
+    const uint32_t rounds = (uint32_t)rounds_u, win = (uint32_t)win_u, warm = (uint32_t)warm_u;
+    const uint32_t threads = (uint32_t)threads_u;
+    const flx_engine_attn_mode_t mode = MODE_OF[mode_ix];
+    const char *mode_s = MODES[mode_ix];
+    if (mode == FLX_ENGINE_ATTN_FLUXION && !pred_path)
+        return flx_cli_usage_error(&cli, "--mode fluxion needs --predictor");
+    if (flx_cli_applies(&cli, mode == FLX_ENGINE_ATTN_FLUXION, "without --mode fluxion", "predictor", NULL))
+        return flx_cli_usage_error(&cli, NULL);
+    size_t tlen;
+    char *text = NULL;
+    if (flx_cli_read_file(text_path, (size_t)1 << 30, &text, &tlen))
+        return flx_cli_fail(&cli, "--text: %s", flx_error_msg());
+    FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
+    if (csv_path && !csv) return flx_cli_fail(&cli, "--csv: cannot create %s: %s", csv_path, strerror(errno));
     flx_predictor_h pred = NULL;
-    if (pred_path && flx_predictor_load(pred_path, &pred)) die(pred_path);
+    if (pred_path && flx_predictor_load(pred_path, &pred))
+        return flx_cli_fail(&cli, "--predictor: %s", flx_error_msg());
     flx_pool_params_t pp = {.field_mask = threads ? FLX_POOL_FIELD_N_WORKERS : 0, .n_workers = threads};
     flx_pool_params_t p1 = {.field_mask = FLX_POOL_FIELD_N_WORKERS, .n_workers = 1};
     flx_pool_h pool, pool1;
@@ -236,16 +211,12 @@ int main(int argc, char **argv)
     flx_tok_h tok;
     if (flx_model_load_pool(model_path, pool, &m) || flx_tok_load(model_path, &tok)) die("model");
     const flx_model_config_t *c = &m->cfg;
-    size_t tlen, n_ids = 0;
-    char *text = read_text(text_path, &tlen);
+    size_t n_ids = 0;
     int32_t *ids = malloc((tlen + 2) * sizeof *ids);
     if (!ids || flx_tok_encode(tok, text, tlen, flx_tok_add_bos_default(tok), ids, tlen + 2, &n_ids)) die("tokenize");
     uint32_t Lmax = 0;
-    for (int i = 0; i < n_lens; i++) {
-        if (lens[i] < 1 || lens[i] > n_ids) {
-            fprintf(stderr, "step_bench: length %u: %s has %zu tokens\n", lens[i], text_path, n_ids);
-            return 2;
-        }
+    for (uint32_t i = 0; i < n_lens; i++) {
+        if (lens[i] > n_ids) return flx_cli_fail(&cli, "--lens %u: %s holds %zu tokens", lens[i], text_path, n_ids);
         Lmax = lens[i] > Lmax ? lens[i] : Lmax;
     }
     printf("step_bench: %s (%u layers, %u/%u heads, head_dim %u), %s attention, %s\n", c->name, c->n_layers,
@@ -270,18 +241,13 @@ int main(int argc, char **argv)
     if (flx_fwd_plan(m, &fs, &wsb) || !(wsmem = flx_aligned_alloc(64, wsb)) || flx_fwd_ws_init(m, &fs, wsmem, wsb, &fws))
         die("forward workspace");
     float *logits = malloc(c->vocab * sizeof *logits);
-    FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
-    if (csv_path && !csv) {
-        fprintf(stderr, "step_bench: %s: %s\n", csv_path, strerror(errno));
-        return 1;
-    }
     if (csv) fprintf(csv, "L,round,condition,tpot_ms,dense_ms,attn_ms,dense_GBps,cpu_ms,ratio_to_quiet\n");
 
     double summ[MAX_LENS][N_COND] = {{0}}, gb_sum = 0;
     int frac_n = 0;
     printf("\n%6s %-9s %10s %10s %10s %12s %8s %22s\n", "L", "condition", "TPOT ms", "dense ms", "attn ms",
            "dense GB/s", "CPU ms", "x quiet: median (range)");
-    for (int li = 0; li < n_lens; li++) {
+    for (uint32_t li = 0; li < n_lens; li++) {
         const uint32_t L = lens[li];
         flx_engine_params_t ep = flx_engine_params_default();
         ep.mode = mode, ep.blk = 16, ep.bgt = 0.05f, ep.max_batch = 1, ep.max_l_cpu = L, ep.predictor = pred;
@@ -311,11 +277,12 @@ int main(int argc, char **argv)
                             cp[r], ratio[r]);
                 if (cond == C_QUIET) gb_sum += gb[r], frac_n++;
             }
-            const double rmed = median(ratio, (int)rounds), rlo = ratio[0], rhi = ratio[rounds - 1];
+            const double rmed = flx_bench_median(ratio, (int)rounds), rlo = ratio[0], rhi = ratio[rounds - 1];
             summ[li][cond] = rmed;
             printf("%6u %-9s %10.2f %10.2f %10.2f %12.1f %8.2f %10.2f (%.2f .. %.2f)\n", L, COND[cond],
-                   median(t, (int)rounds), median(dn, (int)rounds), median(at, (int)rounds), median(gb, (int)rounds),
-                   median(cp, (int)rounds), rmed, rlo, rhi);
+                   flx_bench_median(t, (int)rounds), flx_bench_median(dn, (int)rounds),
+                   flx_bench_median(at, (int)rounds), flx_bench_median(gb, (int)rounds),
+                   flx_bench_median(cp, (int)rounds), rmed, rlo, rhi);
         }
         fflush(stdout);
         flx_engine_destroy(A.e);
@@ -329,7 +296,7 @@ int main(int argc, char **argv)
     printf("(the quiet windows' dense GB/s above are against the best read sample; a shared machine makes every "
            "figure noisy: re-measure on a quiet one)\n");
     if (csv) fclose(csv);
-    const int last = n_lens - 1;
+    const uint32_t last = n_lens - 1;
     printf("SUMMARY tpot_loaded_over_quiet_real_8k=%.3f tpot_2loaded_over_quiet_real_8k=%.3f "
            "tpot_workers1_over_quiet_real_8k=%.3f gemv_bw_frac=%.3f\n",
            summ[last][C_LOADED1], summ[last][C_LOADED2], summ[last][C_WORKERS1], gemv_frac);

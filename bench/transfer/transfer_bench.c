@@ -3,7 +3,9 @@
  * ucx_perftest on the same transport and message size, in the same run.
  *
  *   transfer_bench --prefill FLX_PREFILL [--tls shm,tcp] [--tokens 16384] [--layers 8] [--reps 3]
- *                  [--max-chunk-mib 16] [--long-tokens 131072] [--long-layers 32] [--csv FILE]
+ *                  [--max-chunk-mib 16] [--long-tokens 131072] [--long-layers 32] [--csv FILE] [--dir DIR]
+ *   (transfer_bench --help: the options, flx/cli.h's convention; a missing flx-prefill, ucx_perftest,
+ *   scratch folder or CSV file is refused before the first session, exit 1)
  *
  * For each transport (shm: UCX_TLS=sm,tcp and error mode none; tcp: UCX_TLS=tcp on lo and error
  * mode peer), reps rounds of, in rotated order:
@@ -34,15 +36,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../common/bench_stats.h"
 #include "flx/cli.h"
 #include "flx/log.h"
 #include "flx/transport.h"
 #include "flx/util.h"
 
 #define NL 32
+#define MAX_REPS 1000
 #define HQ 32
 #define HKV 8
 #define HD 128
@@ -224,72 +229,61 @@ static flx_tp_node_h make_node(flx_kv_store_h store, const char *tls, int hash)
     return node;
 }
 
-static int cmp_d(const void *a, const void *b)
+/* name found as an executable in one of PATH's folders (as execvp will look for it). */
+static int in_path(const char *name)
 {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n ? (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2])) : NAN;
-}
-
-/* MemAvailable in bytes. */
-static uint64_t mem_available(void)
-{
-    char *m = slurp("/proc/meminfo");
-    uint64_t kb = 0;
-    const char *p = m ? strstr(m, "MemAvailable:") : NULL;
-    if (p) sscanf(p, "MemAvailable: %" SCNu64, &kb);
-    free(m);
-    return kb * 1024;
+    const char *path = getenv("PATH");
+    char dir[4096];
+    for (const char *p = path ? path : ""; *p;) {
+        size_t len = strcspn(p, ":");
+        snprintf(dir, sizeof dir, "%.*s/%s", (int)len, len ? p : ".", name);
+        if (!access(dir, X_OK)) return 1;
+        p += len + (p[len] == ':');
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
-    const char *tls_list = "shm,tcp", *csv_path = NULL, *dir = "/tmp";
+    const char *tls_s = NULL, *csv_path = NULL, *dir = "/tmp";
     uint64_t tokens = 16384, layers = 8, reps = 3, chunk_mib = 16, long_tokens = 131072, long_layers = NL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        uint64_t *u = NULL, lo = 1, hi = 1u << 30;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: transfer_bench --prefill FLX_PREFILL [--tls shm,tcp] [--tokens N] [--layers N] [--reps N]\n"
-                   "       [--max-chunk-mib N] [--long-tokens N] [--long-layers N (0: skip)] [--csv FILE] [--dir DIR]\n");
-            return 0;
-        }
-        if (!v) {
-            fprintf(stderr, "transfer_bench: %s needs a value\n", a);
-            return 2;
-        }
-        if (!strcmp(a, "--prefill")) prefill = v;
-        else if (!strcmp(a, "--tls")) tls_list = v;
-        else if (!strcmp(a, "--csv")) csv_path = v;
-        else if (!strcmp(a, "--dir")) dir = v;
-        else if (!strcmp(a, "--tokens")) u = &tokens, lo = 512;
-        else if (!strcmp(a, "--layers")) u = &layers, hi = NL;
-        else if (!strcmp(a, "--reps")) u = &reps, hi = 1000;
-        else if (!strcmp(a, "--max-chunk-mib")) u = &chunk_mib, hi = 4096;
-        else if (!strcmp(a, "--long-tokens")) u = &long_tokens, lo = 512;
-        else if (!strcmp(a, "--long-layers")) u = &long_layers, lo = 0, hi = NL;
-        else {
-            fprintf(stderr, "transfer_bench: unknown option '%s'\n", a);
-            return 2;
-        }
-        if (u && flx_parse_u64(v, lo, hi, u)) {
-            fprintf(stderr, "transfer_bench: %s '%s': expected an integer in [%" PRIu64 ", %" PRIu64 "]\n", a, v, lo,
-                    hi);
-            return 2;
-        }
-        i++;
-    }
-    if (!prefill) {
-        fprintf(stderr, "transfer_bench: --prefill is required\n");
-        return 2;
-    }
+    flx_cli_opt_t opts[] = {
+        FLX_CLI_PATH(0, "prefill", "FLX_PREFILL", &prefill, FLX_CLI_REQUIRED, "the flx-prefill binary that pushes the "
+                     "sessions"),
+        FLX_CLI_STR(0, "tls", "T,T", &tls_s, 0, "transports, each of shm and tcp at most once (default shm,tcp)"),
+        FLX_CLI_UINT(0, "tokens", "N", &tokens, 512, 1u << 21, 0, "tokens of each round's session (default 16384)"),
+        FLX_CLI_UINT(0, "layers", "N", &layers, 1, NL, 0, "layers of each round's session (default 8)"),
+        FLX_CLI_UINT(0, "reps", "N", &reps, 1, MAX_REPS, 0, "rounds per transport (default 3)"),
+        FLX_CLI_UINT(0, "max-chunk-mib", "N", &chunk_mib, 1, 4096, 0, "largest chunk flx-prefill sends, MiB "
+                     "(default 16)"),
+        FLX_CLI_UINT(0, "long-tokens", "N", &long_tokens, 512, 1u << 21, 0, "tokens of the end-to-end session "
+                     "(default 131072)"),
+        FLX_CLI_UINT(0, "long-layers", "N", &long_layers, 0, NL, 0, "its layers, fewer when MemAvailable is short "
+                     "(default 32; 0 skips it)"),
+        FLX_CLI_PATH(0, "csv", "FILE", &csv_path, 0, "CSV written (default: none)"),
+        FLX_CLI_PATH(0, "dir", "DIR", &dir, 0, "scratch folder for the child processes' output (default /tmp)"),
+    };
+    flx_cli_t cli = FLX_CLI_INIT("transfer_bench", "KV transfer flx-prefill -> this node over UCX against "
+                                 "ucx_perftest on the same transport and message size, shm and TCP; last byte to "
+                                 "READY; a 128K session end to end.", opts);
+    int rc = flx_cli_main(&cli, argc, argv);
+    if (rc != FLX_CLI_PROCEED) return rc;
+    static const char *const TLS[] = {"shm", "tcp", NULL};
+    int tls_ix[2] = {0, 1};
+    uint32_t n_tls = 2;
+    if (tls_s && flx_cli_enum_list("tls", tls_s, TLS, tls_ix, 2, &n_tls)) return flx_cli_usage_error(&cli, NULL);
+    if (flx_cli_applies(&cli, long_layers > 0, "with --long-layers 0", "long-tokens", NULL))
+        return flx_cli_usage_error(&cli, NULL);
+    /* what cannot work, refused before the first session */
+    if (access(prefill, X_OK)) return flx_cli_fail(&cli, "--prefill: %s: %s", prefill, strerror(errno));
+    struct stat sb;
+    if (stat(dir, &sb) || !S_ISDIR(sb.st_mode) || access(dir, W_OK | X_OK))
+        return flx_cli_fail(&cli, "--dir: %s is not a writable folder", dir);
+    if (!in_path("ucx_perftest"))
+        return flx_cli_fail(&cli, "ucx_perftest is not in PATH (Debian ucx-utils; scripts/setup.sh installs it)");
+    if (csv_path && !(csv = fopen(csv_path, "w"))) return flx_cli_fail(&cli, "--csv: cannot create %s: %s", csv_path,
+                                                                        strerror(errno));
     flx_log_set_level(FLX_LOG_ERROR);
-    csv = csv_path ? fopen(csv_path, "w") : NULL;
     if (csv) fprintf(csv, "transport,rep,kind,bytes,msg_bytes,gbps,ready_ms,ready_ms_per_gb,total_s,layers,tokens\n");
 
     /* The chunk the planner cuts (and so the perftest message): host parts of whole heads up to the cap. */
@@ -308,18 +302,12 @@ int main(int argc, char **argv)
 
     double sum_ratio[2] = {NAN, NAN}, ready_per_gb_all[64];
     int n_ready = 0;
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", tls_list);
-    for (char *save, *tls = strtok_r(buf, ",", &save); tls; tls = strtok_r(NULL, ",", &save)) {
-        const int ti = !strcmp(tls, "tcp");
-        if (ti == 0 && strcmp(tls, "shm")) {
-            fprintf(stderr, "transfer_bench: --tls %s: expected shm and/or tcp\n", tls);
-            return 2;
-        }
+    for (uint32_t k = 0; k < n_tls; k++) {
+        const int ti = tls_ix[k];
+        const char *tls = TLS[ti];
         flx_kv_store_h store = make_store((uint32_t)layers, (size_t)(session_bytes * 1.25) + (256u << 20));
-        if (reps > 1000) reps = 1000;
         flx_tp_node_h node[2] = {make_node(store, tls, 1), make_node(store, tls, 0)}; /* hashes required, not */
-        double pt[1000], fx[1000], fn[1000], r_hash[1000], r_nohash[1000];
+        double pt[MAX_REPS], fx[MAX_REPS], fn[MAX_REPS], r_hash[MAX_REPS], r_nohash[MAX_REPS];
         for (uint64_t r = 0; r < reps; r++) {
             run_t a, b;
             double p;
@@ -356,14 +344,14 @@ int main(int argc, char **argv)
             lo_x = fmin(lo_x, fx[i]), hi_x = fmax(hi_x, fx[i]);
             lo_n = fmin(lo_n, fn[i]), hi_n = fmax(hi_n, fn[i]);
         }
-        const double rh = median(r_hash, n), rn = median(r_nohash, n);
-        printf("%-5s %-10s %10.3f %10.3f %10.3f %12s\n", tls, "perftest", median(pt, n), lo_p, hi_p, "1");
-        printf("%-5s %-10s %10.3f %10.3f %10.3f %12.3f\n", tls, "flx", median(fx, n), lo_x, hi_x, rh);
-        printf("%-5s %-10s %10.3f %10.3f %10.3f %12.3f\n", tls, "flx-nohash", median(fn, n), lo_n, hi_n, rn);
+        const double rh = flx_bench_median(r_hash, n), rn = flx_bench_median(r_nohash, n);
+        printf("%-5s %-10s %10.3f %10.3f %10.3f %12s\n", tls, "perftest", flx_bench_median(pt, n), lo_p, hi_p, "1");
+        printf("%-5s %-10s %10.3f %10.3f %10.3f %12.3f\n", tls, "flx", flx_bench_median(fx, n), lo_x, hi_x, rh);
+        printf("%-5s %-10s %10.3f %10.3f %10.3f %12.3f\n", tls, "flx-nohash", flx_bench_median(fn, n), lo_n, hi_n, rn);
         sum_ratio[ti] = rh;
         flx_kv_store_destroy(store);
     }
-    const double ready_ms_per_gb = median(ready_per_gb_all, FLX_MIN(n_ready, 64));
+    const double ready_ms_per_gb = flx_bench_median(ready_per_gb_all, FLX_MIN(n_ready, 64));
     printf("last byte to READY: %.2f ms per GB (median over the flx sessions)\n", ready_ms_per_gb);
 
     /* A 128K session end to end: streamed while the stub computes it, statistics included. */
@@ -371,11 +359,11 @@ int main(int argc, char **argv)
     uint32_t used_layers = (uint32_t)long_layers;
     if (long_layers) {
         const uint64_t per_layer = 4ull * HKV * HD * long_tokens;
-        const uint64_t avail = mem_available();
+        const uint64_t avail = (uint64_t)FLX_MAX(flx_bench_mem_available_kb(), 0) * 1024;
         /* the node's session (+5 % side memory), the stub's source arrays and two packed layers, 1 GiB slack */
         while (used_layers > 1 && per_layer * used_layers * 105 / 100 + 4 * per_layer + (1ull << 30) > avail)
             used_layers--;
-        const char *shm = strstr(tls_list, "shm") ? "shm" : "tcp";
+        const char *shm = tls_ix[0] == 0 || tls_ix[n_tls - 1] == 0 ? "shm" : "tcp";   /* shm when listed */
         printf("%s session: %" PRIu64 " tokens x %u of %" PRIu64 " layers (%.1f GiB of KV)%s; MemAvailable %.1f GiB\n",
                shm, long_tokens, used_layers, long_layers, per_layer * used_layers / 1073741824.0,
                used_layers < long_layers ? ": FEWER LAYERS THAN ASKED, MemAvailable is short" : "",

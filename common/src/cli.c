@@ -521,17 +521,24 @@ int flx_cli_fail(const flx_cli_t *cli, const char *fmt, ...)
     return FLX_EXIT_FAILURE;
 }
 
-flx_status_t flx_cli_u64_list(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out, uint32_t cap,
-                              uint32_t *n_p)
+/* ---- list-valued options ---- */
+
+/* One item of a list: converted (and written at index i when commit) by a list kind below. */
+typedef flx_status_t (*item_fn)(void *ctx, const char *opt, const char *list, const char *item, uint32_t i,
+                                int commit);
+
+/* Splits s on commas and hands each item to fn: everything checked first, then written, so a
+ * refused list writes nothing; *n_p on success only. Items are non-empty and shorter than 64 bytes. */
+static flx_status_t list_items(const char *opt, const char *s, uint32_t cap, uint32_t *n_p, item_fn fn, void *ctx)
 {
-    if (!opt || !s || !out || !n_p) return flx_error_set(FLX_ERR_INVALID, "cli list: NULL argument");
+    if (!opt || !s || !n_p) return flx_error_set(FLX_ERR_INVALID, "cli list: NULL argument");
     uint32_t n = 0;
-    for (int commit = 0; commit < 2; commit++) {   /* check everything, then write */
+    for (int commit = 0; commit < 2; commit++) {
         const char *p = s;
         n = 0;
         for (;;) {
             size_t len = strcspn(p, ",");
-            char item[32];
+            char item[64];
             if (len == 0 || len >= sizeof item)
                 return flx_error_set(FLX_ERR_INVALID, "--%s '%s': item %u is empty or too long", opt, shown(s).s,
                                      n + 1);
@@ -539,11 +546,8 @@ flx_status_t flx_cli_u64_list(const char *opt, const char *s, uint64_t lo, uint6
                 return flx_error_set(FLX_ERR_INVALID, "--%s '%s' has more than %u items", opt, shown(s).s, cap);
             memcpy(item, p, len);
             item[len] = '\0';
-            uint64_t x;
-            if (flx_parse_u64(item, lo, hi, &x))
-                return flx_error_set(FLX_ERR_INVALID, "--%s '%s': item '%s' is not an integer in %llu..%llu", opt,
-                                     shown(s).s, shown(item).s, (unsigned long long)lo, (unsigned long long)hi);
-            if (commit) out[n] = x;
+            flx_status_t st = fn(ctx, opt, s, item, n, commit);
+            if (st) return st;
             n++;
             p += len;
             if (!*p) break;
@@ -552,6 +556,98 @@ flx_status_t flx_cli_u64_list(const char *opt, const char *s, uint64_t lo, uint6
     }
     *n_p = n;
     return FLX_OK;
+}
+
+typedef struct u64_list {
+    uint64_t lo, hi;
+    uint64_t *out;
+} u64_list_t;
+
+static flx_status_t u64_item(void *ctx, const char *opt, const char *list, const char *item, uint32_t i, int commit)
+{
+    const u64_list_t *c = ctx;
+    uint64_t x;
+    if (flx_parse_u64(item, c->lo, c->hi, &x))
+        return flx_error_set(FLX_ERR_INVALID, "--%s '%s': item '%s' is not an integer in %llu..%llu", opt,
+                             shown(list).s, shown(item).s, (unsigned long long)c->lo, (unsigned long long)c->hi);
+    if (commit) c->out[i] = x;
+    return FLX_OK;
+}
+
+flx_status_t flx_cli_u64_list(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out, uint32_t cap,
+                              uint32_t *n_p)
+{
+    if (!out) return flx_error_set(FLX_ERR_INVALID, "cli list: NULL argument");
+    u64_list_t c = {lo, hi, out};
+    return list_items(opt, s, cap, n_p, u64_item, &c);
+}
+
+typedef struct range_list {
+    uint64_t lo, hi;
+    uint64_t *out_lo, *out_hi;
+} range_list_t;
+
+static flx_status_t range_item(void *ctx, const char *opt, const char *list, const char *item, uint32_t i, int commit)
+{
+    const range_list_t *c = ctx;
+    char a[64];
+    const char *dash = strchr(item, '-');
+    uint64_t x = 0, y = 0;
+    if (dash) {
+        memcpy(a, item, (size_t)(dash - item));
+        a[dash - item] = '\0';
+    }
+    if (!dash || flx_parse_u64(a, c->lo, c->hi, &x) || flx_parse_u64(dash + 1, c->lo, c->hi, &y) || x > y)
+        return flx_error_set(FLX_ERR_INVALID, "--%s '%s': item '%s' is not LO-HI with %llu <= LO <= HI <= %llu",
+                             opt, shown(list).s, shown(item).s, (unsigned long long)c->lo, (unsigned long long)c->hi);
+    if (commit) c->out_lo[i] = x, c->out_hi[i] = y;
+    return FLX_OK;
+}
+
+flx_status_t flx_cli_range_list(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out_lo,
+                                uint64_t *out_hi, uint32_t cap, uint32_t *n_p)
+{
+    if (!out_lo || !out_hi) return flx_error_set(FLX_ERR_INVALID, "cli list: NULL argument");
+    range_list_t c = {lo, hi, out_lo, out_hi};
+    return list_items(opt, s, cap, n_p, range_item, &c);
+}
+
+typedef struct enum_list {
+    const char *const *choices;
+    int *out;
+    uint32_t seen;   /* bit k: choice k already listed (the checking pass) */
+} enum_list_t;
+
+static flx_status_t enum_item(void *ctx, const char *opt, const char *list, const char *item, uint32_t i, int commit)
+{
+    enum_list_t *c = ctx;
+    int k = 0;
+    while (c->choices[k] && strcmp(item, c->choices[k])) k++;
+    if (!c->choices[k]) {
+        char names[256];
+        choices_text(c->choices, " or ", names, sizeof names);
+        return flx_error_set(FLX_ERR_INVALID, "--%s '%s': item '%s' is not %s", opt, shown(list).s, shown(item).s,
+                             names);
+    }
+    if (commit) {
+        c->out[i] = k;
+    } else {
+        if (c->seen & (1u << k))
+            return flx_error_set(FLX_ERR_INVALID, "--%s '%s': item '%s' is listed twice", opt, shown(list).s,
+                                 shown(item).s);
+        c->seen |= 1u << k;
+    }
+    return FLX_OK;
+}
+
+flx_status_t flx_cli_enum_list(const char *opt, const char *s, const char *const *choices, int *out, uint32_t cap,
+                               uint32_t *n_p)
+{
+    uint32_t k = 0;
+    while (choices && choices[k]) k++;
+    if (!out || k == 0 || k > 32) return flx_error_set(FLX_ERR_INVALID, "cli list: NULL argument or 0 or > 32 choices");
+    enum_list_t c = {choices, out, 0};
+    return list_items(opt, s, cap, n_p, enum_item, &c);
 }
 
 flx_status_t flx_cli_read_file(const char *path, size_t max_bytes, char **buf_p, size_t *len_p)

@@ -287,6 +287,35 @@ static void test_checks(void)
         CHECK_ST(flx_cli_u64_list("lens", badl[i], 1, 1 << 20, v, 4, &n), FLX_ERR_INVALID);
         CHECK(n == 77 && strstr(flx_error_msg(), "--lens"));
     }
+    uint64_t lo[4] = {0}, hi[4] = {0};
+    CHECK_OK(flx_cli_range_list("mixed", "16384-32768,1024-1024", 1024, 1 << 20, lo, hi, 4, &n));
+    CHECK(n == 2 && lo[0] == 16384 && hi[0] == 32768 && lo[1] == 1024 && hi[1] == 1024);
+    const char *badr[] = {"", "1024", "1024-", "-2048", "2048-1024", "1023-2048", "1024-1048577", "1024-2048,",
+                          "1024--2048", "1024-2048-4096", "1024-2048,x-2048", "1-2,3-4,5-6,7-8,9-10"};
+    for (size_t i = 0; i < FLX_ARRAY_SIZE(badr); i++) {
+        n = 77, lo[0] = 5;
+        CHECK_ST(flx_cli_range_list("mixed", badr[i], 1024, 1 << 20, lo, hi, 4, &n), FLX_ERR_INVALID);
+        CHECK(n == 77 && lo[0] == 5 && strstr(flx_error_msg(), "--mixed '"));
+    }
+    CHECK_ST(flx_cli_range_list("mixed", "2048-1024", 1024, 1 << 20, lo, hi, 4, &n), FLX_ERR_INVALID);
+    CHECK(!strcmp(flx_error_msg(), "--mixed '2048-1024': item '2048-1024' is not LO-HI with 1024 <= LO <= HI <= "
+                                   "1048576"));
+    static const char *const tls[] = {"shm", "tcp", NULL};
+    int ix[2] = {0};
+    CHECK_OK(flx_cli_enum_list("tls", "tcp,shm", tls, ix, 2, &n));
+    CHECK(n == 2 && ix[0] == 1 && ix[1] == 0);
+    CHECK_OK(flx_cli_enum_list("tls", "shm", tls, ix, 2, &n));
+    CHECK(n == 1 && ix[0] == 0);
+    const char *bade[] = {"", "shm,", "udp", "shm,tcp,shm", "shm,shm", "SHM", "shm tcp"};
+    for (size_t i = 0; i < FLX_ARRAY_SIZE(bade); i++) {
+        n = 77, ix[0] = 9;
+        CHECK_ST(flx_cli_enum_list("tls", bade[i], tls, ix, 2, &n), FLX_ERR_INVALID);
+        CHECK(n == 77 && ix[0] == 9 && strstr(flx_error_msg(), "--tls '"));
+    }
+    CHECK_ST(flx_cli_enum_list("tls", "shm,shm", tls, ix, 4, &n), FLX_ERR_INVALID);
+    CHECK(!strcmp(flx_error_msg(), "--tls 'shm,shm': item 'shm' is listed twice"));
+    CHECK_ST(flx_cli_enum_list("tls", "shm,udp", tls, ix, 4, &n), FLX_ERR_INVALID);
+    CHECK(!strcmp(flx_error_msg(), "--tls 'shm,udp': item 'udp' is not shm or tcp"));
     /* a table declared wrong is a bug of the tool, not a usage error */
     flx_cli_opt_t wrong[] = {FLX_CLI_UINT(0, "n", "N", NULL, 1, 2, 0, "no destination")};
     flx_cli_t wc = FLX_CLI_INIT("prog", "", wrong);

@@ -686,13 +686,20 @@ static void bench_gemv(void)
  * runs only that prefill. */
 static int bench(int argc, char **argv)
 {
-    int only_prefill = argc > 3 && strcmp(argv[2], "prefill") == 0;
+    const int only_prefill = argc > 2 && strcmp(argv[2], "prefill") == 0;
+    const char *n_s = only_prefill ? (argc > 3 ? argv[3] : "") : argc > 2 ? argv[2] : "0";
+    uint64_t n_u;
+    if (argc > 3 + only_prefill || flx_parse_u64(n_s, only_prefill, 1u << 20, &n_u)) {
+        fprintf(stderr, "test_forward: bench: '%s' is not N (usage: test_forward bench [N | prefill N], N prefill "
+                "tokens in %d..1048576)\n", argc > 3 + only_prefill ? argv[argc - 1] : n_s, only_prefill);
+        return 2;
+    }
+    const uint32_t n_prefill = (uint32_t)n_u;
     if (!only_prefill) bench_gemv();
     /* SmolLM2-135M shape, random weights: decode step dense part, and optionally a prefill */
     flx_model_config_t c = ref_cfg_make(FLX_ARCH_LLAMA, 576, 9, 3, 64, 1536, 49152, 1);
     c.n_layers = 30;
     c.rope_theta = 1e5f;
-    uint32_t n_prefill = only_prefill ? (uint32_t)atoi(argv[3]) : argc > 2 ? (uint32_t)atoi(argv[2]) : 0;
     fwd_t f;
     fwd_open(&c, n_prefill ? n_prefill : 16, 8, &f);
     uint32_t qd = c.n_heads * c.head_dim;

@@ -28,22 +28,7 @@ static int run(const char *args, const char *out, const char *err)
 {
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "%s %s >%s 2>%s", tool, args, out, err);
-    int r = system(cmd);
-    CHECK(r != -1 && WIFEXITED(r));
-    return WEXITSTATUS(r);
-}
-
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    CHECK(f);
-    static char buf[2][65536];
-    static int which;
-    char *b = buf[which ^= 1];
-    size_t n = fread(b, 1, sizeof buf[0] - 1, f);
-    fclose(f);
-    b[n] = 0;
-    return b;
+    return flx_test_sh(cmd);
 }
 
 int main(int argc, char **argv)
@@ -106,7 +91,7 @@ int main(int argc, char **argv)
         };
         for (size_t i = 0; i < FLX_ARRAY_SIZE(bad); i++) {
             int rc = run(bad[i].args, out, err);
-            const char *msg = slurp(err);
+            const char *msg = flx_test_slurp(err);
             fprintf(stderr, "flx-generate %s -> %d: %.*s\n", bad[i].args, rc, (int)strcspn(msg, "\n"), msg);
             CHECK(rc == 2);
             CHECK(strstr(msg, bad[i].needle) != NULL && strstr(msg, bad[i].needle) < msg + strcspn(msg, "\n"));
@@ -115,14 +100,14 @@ int main(int argc, char **argv)
         char args[4096];
         snprintf(args, sizeof args, "--model %s/missing.gguf --prompt-file %s", dir, prompt);
         CHECK(run(args, out, err) == 1);
-        CHECK(strstr(slurp(err), "missing.gguf"));
+        CHECK(strstr(flx_test_slurp(err), "missing.gguf"));
         snprintf(args, sizeof args, "--model %s/missing.gguf --prompt-file %s/missing.txt", dir, dir);
         CHECK(run(args, out, err) == 1);
-        CHECK(strstr(slurp(err), "missing.txt"));   /* the prompt file is read before the model */
+        CHECK(strstr(flx_test_slurp(err), "missing.txt"));   /* the prompt file is read before the model */
         /* a predictor file that cannot be read is a runtime failure like a bad model (issue 14) */
         snprintf(args, sizeof args, "--model M --prompt-file %s --mode fluxion --predictor %s/missing.safetensors", prompt, dir);
         CHECK(run(args, out, err) == 1);
-        CHECK(strstr(slurp(err), "--predictor"));
+        CHECK(strstr(flx_test_slurp(err), "--predictor"));
 
         /* a tiny model with a 256-token context, tokenizer included (one token per byte) */
         char tiny[1024], cmd[4096];
@@ -136,17 +121,17 @@ int main(int argc, char **argv)
         snprintf(args, sizeof args, "-m %s -p \"%s\" -n 8 -t 1", tiny, "What is the capital of France? Answer in one "
                  "short sentence.");
         CHECK(run(args, out, err) == 0);
-        snprintf(text_inline, sizeof text_inline, "%s", slurp(out));
+        snprintf(text_inline, sizeof text_inline, "%s", flx_test_slurp(out));
         snprintf(args, sizeof args, "-m %s -f %s -n 8 -t 1 --progress", tiny, prompt);
         CHECK(run(args, out, err) == 0);
-        CHECK(!strcmp(slurp(out), text_inline) && strlen(text_inline) > 0);   /* the same prompt, the same text */
-        const char *e = slurp(err);
+        CHECK(!strcmp(flx_test_slurp(out), text_inline) && strlen(text_inline) > 0);   /* the same prompt, the same text */
+        const char *e = flx_test_slurp(err);
         fprintf(stderr, "tiny model, --progress:\n%s", e);
         CHECK(strstr(e, "flx-generate: loading model: 2/2 layers in ") &&
               strstr(e, "flx-generate: prefill: 2/2 layers in "));
         CHECK(!strstr(text_inline, "prefill") && !strstr(text_inline, "layers"));   /* stdout: the text only */
         snprintf(args, sizeof args, "-m %s -f %s -n 8 -t 1", tiny, prompt);   /* not a terminal, not asked: none */
-        CHECK(run(args, out, err) == 0 && !strstr(slurp(err), "prefill: "));
+        CHECK(run(args, out, err) == 0 && !strstr(flx_test_slurp(err), "prefill: "));
 
         /* bad input 05: a 1 MiB prompt file against the 256-token context */
         char big[1024];
@@ -157,11 +142,11 @@ int main(int argc, char **argv)
         CHECK(fclose(bf) == 0);
         snprintf(args, sizeof args, "--model %s --prompt-file %s --max-new 2 --progress", tiny, big);
         int rc = run(args, out, err);
-        e = slurp(err);
+        e = flx_test_slurp(err);
         fprintf(stderr, "bad input 05 -> %d: %s", rc, e);
         CHECK(rc == 1);
         CHECK(strstr(e, "flx-generate: the prompt is 1048576 tokens, longer than the model's context of 256 tokens"));
-        CHECK(!strstr(e, "prefill: ") && slurp(out)[0] == 0);   /* refused before a layer ran, nothing generated */
+        CHECK(!strstr(e, "prefill: ") && flx_test_slurp(out)[0] == 0);   /* refused before a layer ran, nothing generated */
         fprintf(stderr, "test_generate_cli: ok\n");
         return 0;
     }
@@ -171,8 +156,8 @@ int main(int argc, char **argv)
     char args[4096], text_full[4096];
     snprintf(args, sizeof args, "--model %s --prompt-file %s --chat --max-new 12 --threads 2", model, prompt);
     CHECK(run(args, out, err) == 0);
-    snprintf(text_full, sizeof text_full, "%s", slurp(out));
-    const char *e = slurp(err);
+    snprintf(text_full, sizeof text_full, "%s", flx_test_slurp(out));
+    const char *e = flx_test_slurp(err);
     fprintf(stderr, "full: \"%s\"\n%s", text_full, e);
     CHECK(strlen(text_full) > 2);
     CHECK(strstr(e, "TPOT") && strstr(e, "prefill") && strstr(e, "host bytes"));
@@ -180,36 +165,36 @@ int main(int argc, char **argv)
              "--model %s --prompt-file %s --chat --max-new 12 --threads 2 --mode fixed --blk 32 --bgt 1", model,
              prompt);
     CHECK(run(args, out, err) == 0);
-    fprintf(stderr, "fixed(32, 1): \"%s\"\n", slurp(out));
-    CHECK(strcmp(slurp(out), text_full) == 0);
+    fprintf(stderr, "fixed(32, 1): \"%s\"\n", flx_test_slurp(out));
+    CHECK(strcmp(flx_test_slurp(out), text_full) == 0);
     /* fluxion with the shipped weights: their calibrated operating point, or the one asked for */
     snprintf(args, sizeof args, "--model %s --prompt-file %s --chat --max-new 12 --threads 2 --mode fluxion", model,
              prompt);
     CHECK(run(args, out, err) == 0);
-    CHECK(strlen(slurp(out)) > 2);   /* slurp's buffer is reused: the text first, then the report */
-    e = slurp(err);
+    CHECK(strlen(flx_test_slurp(out)) > 2);   /* slurp's buffer is reused: the text first, then the report */
+    e = flx_test_slurp(err);
     fprintf(stderr, "fluxion:\n%s", e);
     CHECK(strstr(e, "mode fluxion") && strstr(e, "selector: stream threshold") && strstr(e, "fluxion per step"));
     snprintf(args, sizeof args,
              "--model %s --prompt-file %s --chat --max-new 4 --threads 2 --mode fluxion --stream-threshold 0.5 "
              "--budget-scale 1 --min-blocks 0", model, prompt);
     CHECK(run(args, out, err) == 0);
-    CHECK(strstr(slurp(err), "stream threshold 0.5, budget scale 1, min blocks 0"));
+    CHECK(strstr(flx_test_slurp(err), "stream threshold 0.5, budget scale 1, min blocks 0"));
     snprintf(args, sizeof args,
              "--model %s --prompt-file %s --chat --max-new 12 --threads 2 --temp 0.8 --top-k 40 --top-p 0.9 --seed 7",
              model, prompt);
     CHECK(run(args, out, err) == 0);
-    fprintf(stderr, "sampled: \"%s\"\n", slurp(out));
+    fprintf(stderr, "sampled: \"%s\"\n", flx_test_slurp(out));
     snprintf(args, sizeof args, "--model %s --prompt-file %s --chat --max-new 12 --threads 2 --gpu", model, prompt);
     const int rc_gpu = run(args, out, err);
-    e = slurp(err);
+    e = flx_test_slurp(err);
     if (flx_cuda_device_count() == 0) {
         fprintf(stderr, "--gpu without a device -> %d: %s", rc_gpu, e);
         CHECK(rc_gpu == 1 && strstr(e, "--gpu 0") && strstr(e, "no CUDA device"));
     } else {
-        fprintf(stderr, "--gpu: \"%s\"\n%s", slurp(out), e);
+        fprintf(stderr, "--gpu: \"%s\"\n%s", flx_test_slurp(out), e);
         CHECK(rc_gpu == 0 && strstr(e, "gpu 0"));
-        CHECK(strcmp(slurp(out), text_full) == 0);
+        CHECK(strcmp(flx_test_slurp(out), text_full) == 0);
     }
     fprintf(stderr, "test_generate_cli model: ok\n");
     return 0;

@@ -29,21 +29,14 @@ static int run_tool(const char *args, const char *errfile)
 {
     char cmd[2048];
     snprintf(cmd, sizeof cmd, "%s %s 2>%s", tool, args, errfile);
-    int r = system(cmd);
-    CHECK(r != -1 && WIFEXITED(r));
-    return WEXITSTATUS(r);
+    return flx_test_sh(cmd);
 }
 
 static int file_has(const char *path, const char *needle)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    char buf[4096];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    fprintf(stderr, "    tool said: %s", buf);
-    return strstr(buf, needle) != NULL;
+    const char *text = flx_test_slurp(path);
+    fprintf(stderr, "    tool said: %s", text);
+    return strstr(text, needle) != NULL;
 }
 
 static void read_out(const char *path, float *o, float *lse)

@@ -10,13 +10,6 @@
 #include "flx/predictor.h"
 #include "flx_test.h"
 
-static int run(const char *cmd)
-{
-    int r = system(cmd);
-    CHECK(r != -1 && WIFEXITED(r));
-    return WEXITSTATUS(r);
-}
-
 /* The word after `key` on its "key value" line of file ("" when absent). */
 static void word_of(const char *path, const char *key, char *out, size_t cap)
 {
@@ -77,7 +70,7 @@ int main(int argc, char **argv)
     char word[128];
     flx_mlp_t m;
     snprintf(cmd, sizeof cmd, "%s --data %s --out %s --epochs 2 --quantile 0.8 > %s", tr, ds, w, out);
-    CHECK(run(cmd) == 0);
+    CHECK(flx_test_sh(cmd) == 0);
     word_of(out, "loss", word, sizeof word);
     CHECK(!strcmp(word, "log-budget") && isfinite(value_of(out, "test_mae_bgt16")));
     word_of(out, "outputs", word, sizeof word);
@@ -87,7 +80,7 @@ int main(int argc, char **argv)
     flx_mlp_free(&m);
     snprintf(cmd, sizeof cmd, "%s --data %s --out %s --epochs 5 --batch 64 --seed 7 --test-frac 0.25 --loss mse > %s",
              tr, ds, w, out);
-    CHECK(run(cmd) == 0);
+    CHECK(flx_test_sh(cmd) == 0);
     word_of(out, "loss", word, sizeof word);
     CHECK(!strcmp(word, "mse"));
     CHECK(value_of(out, "n_train") == 1500 && value_of(out, "n_test") == 500);
@@ -101,7 +94,7 @@ int main(int argc, char **argv)
     flx_mlp_free(&m);
 
     snprintf(cmd, sizeof cmd, "%s --weights %s --data %s > %s", pr, w, ds, out);
-    CHECK(run(cmd) == 0);
+    CHECK(flx_test_sh(cmd) == 0);
     CHECK(value_of(out, "rows") == 2000);
     CHECK(isfinite(value_of(out, "mae_bgt0")) && value_of(out, "mae_bgt0") < 0.1);
     /* without --calib the weights carry the paper's rule; both estimates are printed */
@@ -112,7 +105,7 @@ int main(int argc, char **argv)
     /* --calib: the operating point is calibrated, printed, stored, and fluxion-predict reports it;
      * its within share reaches the baseline's or it is the fallback that does best */
     snprintf(cmd, sizeof cmd, "%s --data %s --calib %s --out %s --epochs 5 --batch 64 --seed 7 > %s", tr, ds, ds, w, out);
-    CHECK(run(cmd) == 0);
+    CHECK(flx_test_sh(cmd) == 0);
     double thr = value_of(out, "calib_stream_threshold"), scale = value_of(out, "calib_budget_scale");
     double minb = value_of(out, "calib_min_blocks"), cw = value_of(out, "calib_within");
     CHECK(thr >= 0.5 && thr <= 1.0 && scale > 0.0 && scale <= 64.0 && minb >= 0 && isfinite(cw));
@@ -128,7 +121,7 @@ int main(int argc, char **argv)
     CHECK(sp.stream_threshold == (float)thr && sp.budget_scale == (float)scale && sp.min_blocks == (uint32_t)minb);
     flx_predictor_destroy(p);
     snprintf(cmd, sizeof cmd, "%s --weights %s --data %s > %s", pr, w, ds, out);
-    CHECK(run(cmd) == 0);
+    CHECK(flx_test_sh(cmd) == 0);
     CHECK(fabs(value_of(out, "select_within") - cw) < 1e-5);
     /* calibration rows labelled under another tau are refused */
     d.tau = 0.1f;
@@ -136,7 +129,7 @@ int main(int argc, char **argv)
     snprintf(ds2, sizeof ds2, "%s/tools_ds_tau.safetensors", dir);
     CHECK_OK(flx_dataset_save(&d, ds2));
     snprintf(cmd, sizeof cmd, "%s --data %s --calib %s --out %s --epochs 1 2>/dev/null >/dev/null", tr, ds, ds2, w);
-    CHECK(run(cmd) == 1);
+    CHECK(flx_test_sh(cmd) == 1);
 
     /* bad flags (exit 2) and files (exit 1) */
     const char *bad[] = {"--data %s --out %s --epochs 0", "--data %s --out %s --lr -1", "--data %s --out %s --lr x",
@@ -147,14 +140,14 @@ int main(int argc, char **argv)
         char args[1100];
         snprintf(args, sizeof args, bad[i], ds, w);
         snprintf(cmd, sizeof cmd, "%s %s 2>/dev/null >/dev/null", tr, args);
-        CHECK(run(cmd) == 2);
+        CHECK(flx_test_sh(cmd) == 2);
     }
     snprintf(cmd, sizeof cmd, "%s --weights %s --data %s 2>/dev/null >/dev/null", pr, ds, ds); /* dataset as weights */
-    CHECK(run(cmd) == 1);
+    CHECK(flx_test_sh(cmd) == 1);
     snprintf(cmd, sizeof cmd, "%s --weights %s --data %s/missing 2>/dev/null >/dev/null", pr, w, dir);
-    CHECK(run(cmd) == 1);
+    CHECK(flx_test_sh(cmd) == 1);
     snprintf(cmd, sizeof cmd, "%s %s/missing --data %s --out %s 2>/dev/null >/dev/null", tr, dir, ds, w);   /* stray */
-    CHECK(run(cmd) == 2);
+    CHECK(flx_test_sh(cmd) == 2);
     flx_dataset_free(&d);
     return 0;
 }

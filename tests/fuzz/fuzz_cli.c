@@ -2,7 +2,8 @@
  * fuzz_cli - a command line made of the fuzzer's bytes through flx_cli_parse, the parser behind
  * every tool's flx_cli_main, against a table holding every kind of option (flag, string, path,
  * integer, optional integer, float with open and closed ends, enum, repeatable) and positionals;
- * then the checks between options, the help text and flx_cli_u64_list on the same words.
+ * then the checks between options, the help text and the list parsers (flx_cli_u64_list,
+ * flx_cli_range_list, flx_cli_enum_list) on each of the same words.
  *
  * Input: words separated by NUL bytes (at most 48; argv[0] is "fuzz"). Properties checked (a
  * broken one aborts, which libFuzzer reports): an accepted line writes each destination inside its
@@ -10,6 +11,8 @@
  * nothing and leaves a non-empty one-line message; parsing the same words twice gives the same
  * outcome.
  */
+#include "fuzz_util.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -18,14 +21,6 @@
 
 #include "flx/cli.h"
 #include "flx/log.h"
-
-#define CLI_CHECK(c)                                                                       \
-    do {                                                                                   \
-        if (!(c)) {                                                                        \
-            fprintf(stderr, "%s:%d: fuzz property failed: %s\n", __FILE__, __LINE__, #c); \
-            abort();                                                                       \
-        }                                                                                  \
-    } while (0)
 
 #define MAX_WORDS 48
 
@@ -83,19 +78,12 @@ static flx_status_t parse(char *const *argv, int argc, dst_t *d, flx_cli_t *cli,
     return flx_cli_parse(cli, argc, argv, act);
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc, (void)argv;
-    flx_log_set_level(FLX_LOG_ERROR);
-    return 0;
-}
+FUZZ_QUIET_INIT
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char *buf = malloc(size + 1), *argv[MAX_WORDS + 2];
-    CLI_CHECK(buf);
+    FUZZ_CHECK(buf);
     memcpy(buf, data, size);
     buf[size] = '\0';
     int argc = 0;
@@ -112,35 +100,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char msg[FLX_ERROR_MSG_MAX];
     snprintf(msg, sizeof msg, "%s", flx_error_msg());
     flx_status_t st2 = parse(argv, argc, &d2, &cli2, o2, p2, &act2);
-    CLI_CHECK(st == st2 && (st != FLX_OK || act == act2));
-    CLI_CHECK(st == FLX_OK || !strcmp(msg, flx_error_msg()));
+    FUZZ_CHECK(st == st2 && (st != FLX_OK || act == act2));
+    FUZZ_CHECK(st == FLX_OK || !strcmp(msg, flx_error_msg()));
     if (st != FLX_OK || act != FLX_CLI_RUN) {
         dst_t s;
         sentinels(&s);
-        CLI_CHECK(st == FLX_OK || st == FLX_ERR_INVALID);
-        CLI_CHECK(st == FLX_OK || (msg[0] && !strchr(msg, '\n')));
-        CLI_CHECK(!strcmp(d.model, s.model) && !strcmp(d.prompt, s.prompt) && !strcmp(d.in, s.in) &&
+        FUZZ_CHECK(st == FLX_OK || st == FLX_ERR_INVALID);
+        FUZZ_CHECK(st == FLX_OK || (msg[0] && !strchr(msg, '\n')));
+        FUZZ_CHECK(!strcmp(d.model, s.model) && !strcmp(d.prompt, s.prompt) && !strcmp(d.in, s.in) &&
                   !strcmp(d.out, s.out) && !strcmp(d.list[0], s.list[0]) && d.n == s.n && d.gpu == s.gpu &&
                   d.p == s.p && d.t == s.t && d.flag == s.flag && d.mode == s.mode && d.n_list == s.n_list);
     } else {
-        CLI_CHECK(is_word(d.model, argv, argc) && d.model[0]);
-        CLI_CHECK(is_word(d.in, argv, argc));
-        CLI_CHECK(!strcmp(d.out, "unset") || is_word(d.out, argv, argc));
-        CLI_CHECK(!strcmp(d.prompt, "unset") || is_word(d.prompt, argv, argc));
-        CLI_CHECK(d.n == 999 || (d.n >= 1 && d.n <= 1000000));
-        CLI_CHECK(d.gpu == 999 || d.gpu <= 7);
-        CLI_CHECK(d.p == 999.0 || (isfinite(d.p) && d.p > 0.0 && d.p <= 1.0));
-        CLI_CHECK(d.t == 999.0 || (isfinite(d.t) && d.t >= -2.0 && d.t < 2.0));
-        CLI_CHECK(d.flag == 999 || d.flag == 1);
-        CLI_CHECK(d.mode == 999 || (d.mode >= 0 && d.mode <= 2));
-        CLI_CHECK((d.n_list == 999) == (flx_cli_given(&cli, "data") == 0));
+        FUZZ_CHECK(is_word(d.model, argv, argc) && d.model[0]);
+        FUZZ_CHECK(is_word(d.in, argv, argc));
+        FUZZ_CHECK(!strcmp(d.out, "unset") || is_word(d.out, argv, argc));
+        FUZZ_CHECK(!strcmp(d.prompt, "unset") || is_word(d.prompt, argv, argc));
+        FUZZ_CHECK(d.n == 999 || (d.n >= 1 && d.n <= 1000000));
+        FUZZ_CHECK(d.gpu == 999 || d.gpu <= 7);
+        FUZZ_CHECK(d.p == 999.0 || (isfinite(d.p) && d.p > 0.0 && d.p <= 1.0));
+        FUZZ_CHECK(d.t == 999.0 || (isfinite(d.t) && d.t >= -2.0 && d.t < 2.0));
+        FUZZ_CHECK(d.flag == 999 || d.flag == 1);
+        FUZZ_CHECK(d.mode == 999 || (d.mode >= 0 && d.mode <= 2));
+        FUZZ_CHECK((d.n_list == 999) == (flx_cli_given(&cli, "data") == 0));
         for (uint32_t i = 0; d.n_list != 999 && i < d.n_list; i++)
-            CLI_CHECK(d.n_list <= 3 && is_word(d.list[i], argv, argc));
-        CLI_CHECK(flx_cli_given(&cli, "model") >= 1);
+            FUZZ_CHECK(d.n_list <= 3 && is_word(d.list[i], argv, argc));
+        FUZZ_CHECK(flx_cli_given(&cli, "model") >= 1);
         flx_status_t e = flx_cli_exclusive(&cli, "prompt", "data", 0);
-        CLI_CHECK((e != FLX_OK) == (flx_cli_given(&cli, "prompt") && flx_cli_given(&cli, "data")));
+        FUZZ_CHECK((e != FLX_OK) == (flx_cli_given(&cli, "prompt") && flx_cli_given(&cli, "data")));
         e = flx_cli_applies(&cli, 0, "in this mode", "chat", "top-p", NULL);
-        CLI_CHECK((e != FLX_OK) == (flx_cli_given(&cli, "chat") || flx_cli_given(&cli, "top-p")));
+        FUZZ_CHECK((e != FLX_OK) == (flx_cli_given(&cli, "chat") || flx_cli_given(&cli, "top-p")));
     }
     FILE *sink = fopen("/dev/null", "w");
     if (sink) {
@@ -148,12 +136,35 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         flx_cli_version(&cli, sink);
         fclose(sink);
     }
-    uint64_t items[8];
-    uint32_t n_items = 77;
+    /* the list-valued options' parsers on every word: a refused list writes nothing */
+    static const char *const kinds[] = {"shm", "tcp", "rdma", NULL};
     for (int i = 1; i < argc; i++) {
-        if (flx_cli_u64_list("lens", argv[i], 1, UINT32_MAX, items, 8, &n_items) == FLX_OK) {
-            CLI_CHECK(n_items >= 1 && n_items <= 8);
-            for (uint32_t k = 0; k < n_items; k++) CLI_CHECK(items[k] >= 1 && items[k] <= UINT32_MAX);
+        uint64_t a[8], b[8];
+        int e[3];
+        uint32_t n = 77;
+        for (int k = 0; k < 8; k++) a[k] = b[k] = 777;
+        if (flx_cli_u64_list("lens", argv[i], 1, UINT32_MAX, a, 8, &n) == FLX_OK) {
+            FUZZ_CHECK(n >= 1 && n <= 8);
+            for (uint32_t k = 0; k < n; k++) FUZZ_CHECK(a[k] >= 1 && a[k] <= UINT32_MAX);
+        } else {
+            FUZZ_CHECK(n == 77 && a[0] == 777 && strstr(flx_error_msg(), "--lens '"));
+        }
+        n = 77, a[0] = 777;
+        if (flx_cli_range_list("mixed", argv[i], 1024, 1u << 20, a, b, 8, &n) == FLX_OK) {
+            FUZZ_CHECK(n >= 1 && n <= 8);
+            for (uint32_t k = 0; k < n; k++) FUZZ_CHECK(a[k] >= 1024 && a[k] <= b[k] && b[k] <= (1u << 20));
+        } else {
+            FUZZ_CHECK(n == 77 && a[0] == 777 && b[0] == 777 && strstr(flx_error_msg(), "--mixed '"));
+        }
+        n = 77, e[0] = 777;
+        if (flx_cli_enum_list("tls", argv[i], kinds, e, 3, &n) == FLX_OK) {
+            FUZZ_CHECK(n >= 1 && n <= 3);
+            for (uint32_t k = 0; k < n; k++) {
+                FUZZ_CHECK(e[k] >= 0 && e[k] <= 2);
+                for (uint32_t j = 0; j < k; j++) FUZZ_CHECK(e[j] != e[k]);
+            }
+        } else {
+            FUZZ_CHECK(n == 77 && e[0] == 777 && strstr(flx_error_msg(), "--tls '"));
         }
     }
     free(buf);

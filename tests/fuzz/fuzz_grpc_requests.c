@@ -8,6 +8,8 @@
  * a property: protobuf-c keeps unknown fields verbatim, field number 0 included, and refuses those
  * on a second unpack; the node never re-packs a request.)
  */
+#include "fuzz_util.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,14 +17,6 @@
 
 #include "flx/log.h"
 #include "flx/node_service.h"
-
-#define FUZZ_CHECK(c)                                                                    \
-    do {                                                                                 \
-        if (!(c)) {                                                                      \
-            fprintf(stderr, "%s:%d: fuzz property failed: %s\n", __FILE__, __LINE__, #c); \
-            abort();                                                                     \
-        }                                                                                \
-    } while (0)
 
 static void repack(const ProtobufCMessage *m)
 {
@@ -32,8 +26,6 @@ static void repack(const ProtobufCMessage *m)
     FUZZ_CHECK(protobuf_c_message_pack(m, b) == n);
     free(b);
 }
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -3,6 +3,8 @@
  * --config reads after loading the file), then the cross-field check and the printer. A file that
  * parses must print to text that parses back to the same settings.
  */
+#include "fuzz_util.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,16 +12,6 @@
 
 #include "flx/log.h"
 #include "flx/node_config.h"
-
-#define FUZZ_CHECK(c)                                                                    \
-    do {                                                                                 \
-        if (!(c)) {                                                                      \
-            fprintf(stderr, "%s:%d: fuzz property failed: %s\n", __FILE__, __LINE__, #c); \
-            abort();                                                                     \
-        }                                                                                \
-    } while (0)
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -7,6 +7,8 @@
  * the integers written in it (re-printed, parsed again: the same ids); a refused one writes nothing
  * and names the input.
  */
+#include "fuzz_util.h"
+
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -16,29 +18,14 @@
 #include "flx/log.h"
 #include "flx/tokenizer.h"
 
-#define IDS_CHECK(c)                                                                       \
-    do {                                                                                   \
-        if (!(c)) {                                                                        \
-            fprintf(stderr, "%s:%d: fuzz property failed: %s\n", __FILE__, __LINE__, #c); \
-            abort();                                                                       \
-        }                                                                                  \
-    } while (0)
+FUZZ_QUIET_INIT
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc, (void)argv;
-    flx_log_set_level(FLX_LOG_ERROR);
-    return 0;
-}
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     int32_t *ids = (int32_t *)(uintptr_t)1;
     size_t n = 77;
     if (flx_tok_ids_parse("input", data, size, &ids, &n) != FLX_OK) {
-        IDS_CHECK(ids == (int32_t *)(uintptr_t)1 && n == 77 && strstr(flx_error_msg(), "input"));
+        FUZZ_CHECK(ids == (int32_t *)(uintptr_t)1 && n == 77 && strstr(flx_error_msg(), "input"));
         return 0;
     }
     int text = 1;
@@ -46,17 +33,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         text = (data[i] >= '0' && data[i] <= '9') || data[i] == '-' || data[i] == ' ' ||
                (data[i] >= '\t' && data[i] <= '\r');
     if (!text) {
-        IDS_CHECK(n * 4 == size && !memcmp(ids, data, size));
+        FUZZ_CHECK(n * 4 == size && !memcmp(ids, data, size));
     } else {
-        IDS_CHECK(n <= size / 2 + 1);
+        FUZZ_CHECK(n <= size / 2 + 1);
         char *again = malloc(n * 12 + 1);
-        IDS_CHECK(again);
+        FUZZ_CHECK(again);
         size_t len = 0;
         for (size_t i = 0; i < n; i++) len += (size_t)sprintf(again + len, "%" PRId32 "\n", ids[i]);
         int32_t *ids2 = NULL;
         size_t n2 = 0;
-        IDS_CHECK(flx_tok_ids_parse("again", again, len, &ids2, &n2) == FLX_OK);
-        IDS_CHECK(n2 == n && (n == 0 || !memcmp(ids, ids2, n * sizeof *ids)));
+        FUZZ_CHECK(flx_tok_ids_parse("again", again, len, &ids2, &n2) == FLX_OK);
+        FUZZ_CHECK(n2 == n && (n == 0 || !memcmp(ids, ids2, n * sizeof *ids)));
         free(ids2);
         free(again);
     }

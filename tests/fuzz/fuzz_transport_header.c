@@ -16,6 +16,8 @@
  * refused message never leaves a claim or a receive behind; whatever happened, closing the sessions
  * returns every byte to the pool (used and pending bytes 0) and the store's sessions to none.
  */
+#include "fuzz_util.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,14 +26,6 @@
 #include "../../transport/src/tp_core.h"
 #include "flx/log.h"
 #include "flx/transport.h"
-
-#define FZ_CHECK(c)                                                                        \
-    do {                                                                                   \
-        if (!(c)) {                                                                        \
-            fprintf(stderr, "%s:%d: fuzz property failed: %s\n", __FILE__, __LINE__, #c); \
-            abort();                                                                       \
-        }                                                                                  \
-    } while (0)
 
 enum { FZ_PATCH_SESSION = 1, FZ_HASH_HEADER = 2, FZ_HASH_PAYLOAD = 4, FZ_NO_STATS_SESSION = 8 };
 
@@ -55,7 +49,7 @@ static flx_kv_store_h fz_store(void)
                                                  FLX_KV_STORE_FIELD_WINDOW | FLX_KV_STORE_FIELD_MAX_SESSIONS,
                                    .capacity_bytes = 8u << 20, .n_layers = FZ_LAYERS, .n_kv_heads = FZ_KV,
                                    .n_q_heads = FZ_Q, .head_dim = FZ_D, .sink = 16, .local = 32, .max_sessions = 4};
-        FZ_CHECK(flx_kv_store_create(&p, &s) == FLX_OK);
+        FUZZ_CHECK(flx_kv_store_create(&p, &s) == FLX_OK);
     }
     return s;
 }
@@ -66,11 +60,10 @@ static flx_tp_session_desc_t fz_open(tp_core_t *c, uint32_t L, int with_stats)
                                .n_q_heads = FZ_Q, .head_dim = FZ_D, .vocab = 1000, .prompt_len = L,
                                .max_new_tokens = 4, .with_stats = with_stats};
     flx_tp_session_desc_t d;
-    FZ_CHECK(tp_core_open(c, &op, &d) == FLX_OK);
+    FUZZ_CHECK(tp_core_open(c, &op, &d) == FLX_OK);
     return d;
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size < 1 + FLX_TP_HDR_BYTES) return 0;
@@ -78,7 +71,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     tp_core_t core;
     tp_core_params_t cp = {.store = store, .liveness_ms = 1000, .default_timeout_ms = 60000,
                            .default_lease_ms = 60000, .cancel_grace_ms = 1000, .require_hash = 1};
-    FZ_CHECK(tp_core_init(&core, &cp) == FLX_OK);
+    FUZZ_CHECK(tp_core_init(&core, &cp) == FLX_OK);
     flx_tp_session_desc_t sess[2] = {fz_open(&core, FZ_L_STATS, 1), fz_open(&core, FZ_L_PLAIN, 0)};
     const int mode = data[0], which = (mode & FZ_NO_STATS_SESSION) ? 1 : 0;
     const uint8_t *payload = data + 1 + FLX_TP_HDR_BYTES;
@@ -98,19 +91,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         memcpy(hdr + 96, &h, 8);                                    /* header_xxh3 at offset 96 */
     }
     flx_kv_session_info_t before[2];
-    for (int i = 0; i < 2; i++) FZ_CHECK(flx_kv_session_info(store, sess[i].sid, &before[i]) == FLX_OK);
+    for (int i = 0; i < 2; i++) FUZZ_CHECK(flx_kv_session_info(store, sess[i].sid, &before[i]) == FLX_OK);
 
     tp_recv_t *r = NULL;
     tp_reply_t reply;
     int drop = 0;
     flx_status_t st = tp_core_ingest(&core, 7, "fuzz:1", hdr, sizeof hdr, len, &r, &reply, &drop);
     if (st != FLX_OK) {
-        FZ_CHECK(r == NULL);
+        FUZZ_CHECK(r == NULL);
         if (drop) /* refused before the token matched: no session changed */
             for (int i = 0; i < 2; i++) {
                 flx_kv_session_info_t now;
-                FZ_CHECK(flx_kv_session_info(store, sess[i].sid, &now) == FLX_OK);
-                FZ_CHECK(now.state == before[i].state && now.bytes_received == before[i].bytes_received);
+                FUZZ_CHECK(flx_kv_session_info(store, sess[i].sid, &now) == FLX_OK);
+                FUZZ_CHECK(now.state == before[i].state && now.bytes_received == before[i].bytes_received);
             }
     }
     fz_accepted += st == FLX_OK;
@@ -120,25 +113,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         const uint32_t n = tp_recv_iov(r, &iov, &one);
         size_t off = 0;
         for (uint32_t i = 0; i < n; i++) {
-            FZ_CHECK(off + iov[i].len <= len);
+            FUZZ_CHECK(off + iov[i].len <= len);
             memcpy(iov[i].dst, payload + off, iov[i].len);
             off += iov[i].len;
         }
-        FZ_CHECK(off == len);
+        FUZZ_CHECK(off == len);
         r->status = FLX_OK;
         tp_core_recv_done(&core, r);
         fz_landed++;
     }
     for (int i = 0; i < 2; i++) {
         flx_tp_session_info_t info;
-        FZ_CHECK(tp_core_info(&core, sess[i].sid, &info) == FLX_OK);
-        FZ_CHECK(info.receives_inflight == 0 && info.kv.claims_inflight == 0);
-        FZ_CHECK(tp_core_close(&core, sess[i].sid) == FLX_OK);
+        FUZZ_CHECK(tp_core_info(&core, sess[i].sid, &info) == FLX_OK);
+        FUZZ_CHECK(info.receives_inflight == 0 && info.kv.claims_inflight == 0);
+        FUZZ_CHECK(tp_core_close(&core, sess[i].sid) == FLX_OK);
     }
     tp_core_fini(&core);
     flx_kv_store_info_t si;
     flx_kv_store_info(store, &si);
-    FZ_CHECK(si.used_bytes == 0 && si.pending_free_bytes == 0 && si.n_sessions == 0);
+    FUZZ_CHECK(si.used_bytes == 0 && si.pending_free_bytes == 0 && si.n_sessions == 0);
 
     /* What a sender parses of a node's message. */
     flx_tp_hdr_t h;
@@ -146,12 +139,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         flx_tp_welcome_t w;
         /* the planner walks every chunk: keep to shapes a fuzz iteration can afford */
         if (flx_tp_welcome_parse(payload, len, &w) == FLX_OK && (uint64_t)w.prompt_len * w.n_kv_heads <= (1u << 20)) {
-            FZ_CHECK(w.n_sink + w.n_local <= w.prompt_len && w.n_q_heads % w.n_kv_heads == 0);
+            FUZZ_CHECK(w.n_sink + w.n_local <= w.prompt_len && w.n_q_heads % w.n_kv_heads == 0);
             flx_tp_plan_chunk_t plan[64];
             uint32_t k = flx_tp_plan_layer(&w, 0, 1u << 20, plan, 64);
             uint64_t covered = 0;
             for (uint32_t i = 0; i < k && i < 64; i++) covered += flx_kv_chunk_bytes(&plan[i].chunk);
-            if (k <= 64) FZ_CHECK(covered == 4ull * w.n_kv_heads * w.prompt_len * w.head_dim);
+            if (k <= 64) FUZZ_CHECK(covered == 4ull * w.n_kv_heads * w.prompt_len * w.head_dim);
         }
     }
     return 0;

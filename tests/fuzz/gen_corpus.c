@@ -3,14 +3,18 @@
  * own writers: flx_model_save_hf (what flx-gen-ckpt runs) for Hugging Face checkpoints, the test
  * GGUF builder (tests/gguf_build.h) for GGUF models and vocabularies, flx_st_writer for
  * fluxion-attn's input, flx_mlp_save, flx_dataset_save and the KV dump writer over the synthetic
- * workload, and cJSON for tokenizer.json files of the fuzz vocabulary (fuzz_seeds.h). Every seed is
- * then loaded back through the loader its target fuzzes, so a seed that stopped being valid fails
- * here. Seeded: the same build writes the same bytes.
+ * workload, cJSON for tokenizer.json files of the fuzz vocabulary (fuzz_seeds.h), token id files
+ * as llama_ref --tokens-out writes them, and command lines for fuzz_cli. Every file seed is then
+ * loaded back through the loader its target fuzzes, so a seed that stopped being valid fails here
+ * (command lines are not: a refused line is as good a seed as an accepted one). Seeded: the same
+ * build writes the same bytes. The other targets' seeds come from the writers beside their tests
+ * (make_corpus.sh runs them all).
  *
  * usage: flx-fuzz-seeds OUT_DIR     (writes OUT_DIR/<target>/<seed>; tests/fuzz/make_corpus.sh)
  */
 #define _GNU_SOURCE
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +22,7 @@
 #include <sys/stat.h>
 
 #include "flx/bf16.h"
+#include "flx/cli.h"
 #include "flx/gguf.h"
 #include "flx/kvsource.h"
 #include "flx/model.h"
@@ -562,14 +567,88 @@ static void kvdump_seed(void)
     flx_kvsrc_close(src);
 }
 
+/* ---- command lines (fuzz_cli: words separated by NUL bytes) ---- */
+
+static void cli_seeds(void)
+{
+    /* words separated by '|', for the table of fuzz_cli.c: every kind of option, spellings
+     * (--opt=value, -xVALUE, "--"), help and version, and values for the list parsers */
+    static const char *const lines[] = {
+        "-m|M|-p|What|IN",
+        "--model=M|--prompt-file|F|--mode|fixed|IN|OUT",
+        "-mM|-n12|-pHello|--gpu|3|IN",
+        "-m|M|--gpu|IN|--top-p|0.5|--temp|-1.5",
+        "-m|M|-d|a|-d|b|--data|c|IN|--|--chat",
+        "--mod|M|IN",
+        "-m|M|--top-p|nan|IN",
+        "-m|M|-n|18446744073709551616|IN",
+        "-h",
+        "--version",
+        "-m|M|--chat=1|IN",
+        "-m|M|--gpu=2|7|IN|OUT|extra",
+        "2048,4096|1,,2|-m|M|IN|--progress",
+        "-m|M|IN|16384-32768,1024-2048|shm,tcp|tcp,tcp|4096-2048",
+    };
+    for (size_t i = 0; i < FLX_ARRAY_SIZE(lines); i++) {
+        char name[16];
+        snprintf(name, sizeof name, "%02zu", i + 1);
+        FILE *f = fopen(out_path("cli", name), "wb");
+        CHECK(f);
+        for (const char *c = lines[i]; *c; c++) CHECK(fputc(*c == '|' ? 0 : *c, f) != EOF);
+        CHECK(fclose(f) == 0);
+    }
+}
+
+/* ---- token id files (fuzz_token_ids: flx_tok_ids_parse) ---- */
+
+/* ids as llama_ref --tokens-out writes them (one per line), read back through the parser */
+static void ids_text(const char *name, const int32_t *ids, size_t n)
+{
+    const char *p = out_path("token_ids", name);
+    FILE *f = fopen(p, "wb");
+    CHECK(f);
+    for (size_t i = 0; i < n; i++) CHECK(fprintf(f, "%d\n", ids[i]) > 0);
+    CHECK(fclose(f) == 0);
+    int32_t *back;
+    size_t nb;
+    CHECK_OK(flx_tok_ids_read(p, &back, &nb));
+    CHECK(nb == n && (n == 0 || !memcmp(back, ids, n * sizeof *ids)));
+    free(back);
+}
+
+static void token_id_seeds(void)
+{
+    int32_t ids[100];
+    for (int i = 0; i < 43; i++) ids[i] = 7 * i;
+    ids_text("text", ids, 43);
+    for (int i = 0; i < 100; i++) ids[i] = (7 * (i + 1)) % 256;
+    ids_text("ids-file", ids, 100);
+    const int32_t limits[] = {12, -3, INT32_MAX, INT32_MIN};
+    ids_text("text-limits", limits, 4);
+    const int32_t raw[] = {1, 2, 300, 49151, -1, 7, 0, 65536};   /* raw little-endian i32 (x86) */
+    const char *p = out_path("token_ids", "raw");
+    FILE *f = fopen(p, "wb");
+    CHECK(f && fwrite(raw, sizeof raw, 1, f) == 1 && fclose(f) == 0);
+    int32_t *back;
+    size_t nb;
+    CHECK_OK(flx_tok_ids_read(p, &back, &nb));
+    CHECK(nb == FLX_ARRAY_SIZE(raw) && !memcmp(back, raw, sizeof raw));
+    free(back);
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: flx-fuzz-seeds OUT_DIR\n");
-        return 2;
-    }
-    snprintf(g_out, sizeof g_out, "%s", argv[1]);
-    mkdir(g_out, 0755);
+    const char *out = NULL;
+    flx_cli_pos_t pos[] = {FLX_CLI_ARG("OUT_DIR", &out, "folder that receives OUT_DIR/<target>/<seed> (created)")};
+    flx_cli_t cli = {.prog = "flx-fuzz-seeds", .summary = "Writes the seed corpus of the fuzz targets with the "
+                     "project's own writers and loads every file seed back (tests/fuzz/make_corpus.sh).",
+                     .pos = pos, .n_pos = 1};
+    int rc = flx_cli_main(&cli, argc, argv);
+    if (rc != FLX_CLI_PROCEED) return rc;
+    if (strlen(out) >= sizeof g_out - 64) return flx_cli_usage_error(&cli, "OUT_DIR is longer than %zu bytes",
+                                                                     sizeof g_out - 64);
+    snprintf(g_out, sizeof g_out, "%s", out);
+    if (mkdir(g_out, 0755) && errno != EEXIST) return flx_cli_fail(&cli, "cannot create %s: %s", g_out, strerror(errno));
     flx_rng_seed(&g_rng, 14);
     gguf_model("llama-llama3-rope.gguf", FLX_ARCH_LLAMA, 0, 1);
     gguf_model("qwen2-tied.gguf", FLX_ARCH_QWEN2, 1, 0);
@@ -589,6 +668,8 @@ int main(int argc, char **argv)
     dataset_seed("rows-8.safetensors", 8, 4, 2);
     dataset_seed("rows-3-no-shape.safetensors", 3, 0, 0);
     kvdump_seed();
+    cli_seeds();
+    token_id_seeds();
     fprintf(stderr, "flx-fuzz-seeds: seeds written to %s and loaded back\n", g_out);
     return 0;
 }

@@ -3,13 +3,16 @@
  * project's own writers: protobuf-c packing of well-formed requests of every type (the first byte
  * selects the type and the node's limits, as the target reads it), and config files printed by
  * flx_node_config_format plus a hand-written one with comments.
- *   gen_node_corpus CORPUS_DIR     (writes CORPUS_DIR/grpc_requests/ and CORPUS_DIR/node_config/)
+ *   gen_node_corpus CORPUS_DIR     (writes CORPUS_DIR/grpc_requests/ and CORPUS_DIR/node_config/;
+ *                                   --help: flx/cli.h's convention)
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "flx/cli.h"
 #include "flx/node_config.h"
 #include "fluxion/decode/v1/decode.pb-c.h"
 #include "grpc/health/v1/health.pb-c.h"
@@ -49,16 +52,18 @@ static void put_text(const char *name, const char *text)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: gen_node_corpus CORPUS_DIR\n");
-        return 2;
+    flx_cli_pos_t pos[] = {FLX_CLI_ARG("CORPUS_DIR", &g_dir, "an existing folder: receives grpc_requests/ and "
+                                       "node_config/")};
+    flx_cli_t cli = {.prog = "gen_node_corpus", .summary = "Writes the seed corpora of fuzz_grpc_requests and "
+                     "fuzz_node_config (tests/fuzz/make_corpus.sh).", .pos = pos, .n_pos = 1};
+    int rc = flx_cli_main(&cli, argc, argv);
+    if (rc != FLX_CLI_PROCEED) return rc;
+    const char *subs[] = {"grpc_requests", "node_config"};
+    for (int i = 0; i < 2; i++) {
+        char p[1024];
+        snprintf(p, sizeof p, "%s/%s", g_dir, subs[i]);
+        if (mkdir(p, 0755) && errno != EEXIST) return flx_cli_fail(&cli, "cannot create %s: %s", p, strerror(errno));
     }
-    g_dir = argv[1];
-    char p[1024];
-    snprintf(p, sizeof p, "%s/grpc_requests", g_dir);
-    mkdir(p, 0755);
-    snprintf(p, sizeof p, "%s/node_config", g_dir);
-    mkdir(p, 0755);
 
     Fluxion__Decode__V1__ModelShape shape = FLUXION__DECODE__V1__MODEL_SHAPE__INIT;
     shape.n_layers = 30;

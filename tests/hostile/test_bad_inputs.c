@@ -19,17 +19,6 @@
 static const char *g_gen, *g_attn, *g_ckpt;
 static char g_dir[512];
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    CHECK(f);
-    static char buf[1 << 16];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    return buf;
-}
-
 /* Runs argv (NULL-terminated) capped at 1 GiB; checks the exit code, that stderr names want, and
  * that no sanitizer spoke. */
 static void expect(const char *label, char *const argv[], int want_code, const char *want)
@@ -37,7 +26,7 @@ static void expect(const char *label, char *const argv[], int want_code, const c
     char err[600];
     snprintf(err, sizeof err, "%s/%s.err", g_dir, label);
     memcap_result_t r = memcap_exec((size_t)1 << 30, argv, err);
-    const char *text = slurp(err);
+    const char *text = flx_test_slurp(err);
     fprintf(stderr, "%s: exit %d signal %d, peak rss %ld KiB, said: %s", label, r.code, r.sig, r.max_rss_kb,
             text[0] ? text : "(nothing)\n");
     CHECK(r.sig == 0 && r.code == want_code);

@@ -195,29 +195,71 @@ static const tool_t tools[] = {
       {"A B -n", 2, "-n needs a value"},
       {"A", 2, "missing argument TEST.flxl"},
       {"/nonexistent/a.flxl /nonexistent/b.flxl", 1, "compare_logits: cannot open /nonexistent/a.flxl"}}},
+    {"transfer_bench", 1, "--prefill /nonexistent/flx-prefill",
+     {{"--prefill P --token 512", 2, "unknown option --token (names are matched exactly: did you mean --tokens?)"},
+      {"--prefill P --tls shm,udp", 2, "--tls 'shm,udp': item 'udp' is not shm or tcp"},
+      {"--prefill P --tls tcp,tcp", 2, "--tls 'tcp,tcp': item 'tcp' is listed twice"},
+      {"--prefill P --tls shm,", 2, "--tls 'shm,': item 2 is empty"},
+      {"--prefill P --layers 33", 2, "--layers '33' is not an integer in 1..32"},
+      {"--prefill P --reps", 2, "--reps needs a value"},
+      {"--prefill P --long-layers 0 --long-tokens 1024", 2, "--long-tokens has no effect with --long-layers 0"},
+      {"--tls shm", 2, "--prefill is required"},
+      {"--prefill /nonexistent/flx-prefill", 1, "transfer_bench: --prefill: /nonexistent/flx-prefill:"},
+      {"--prefill /bin/true --dir /nonexistent/dir", 1, "transfer_bench: --dir: /nonexistent/dir is not a writable"}}},
+    {"sched_bench", 1, "--weights /nonexistent/w.safetensors",
+     {{"--weight W", 2, "unknown option --weight (names are matched exactly: did you mean --weights?)"},
+      {"--weights W --lens 512", 2, "--lens '512': item '512' is not an integer in 1024..1048576"},
+      {"--weights W --layers 1,32", 2, "--layers '1,32': item '32' is not an integer in 0..31"},
+      {"--weights W --batches 1,2,3,4,5,6,7,8,9", 2, "--batches '1,2,3,4,5,6,7,8,9' has more than 8 items"},
+      {"--weights W --mixed 4096-2048", 2, "--mixed '4096-2048': item '4096-2048' is not LO-HI with 1024 <= LO <= HI"},
+      {"--weights W --mixed 2048", 2, "--mixed '2048': item '2048' is not LO-HI"},
+      {"--weights W --distinct 17", 2, "--distinct '17' is not an integer in 1..16"},
+      {"--lens 16384", 2, "--weights is required"},
+      {"--weights W --csv /nonexistent/dir/s.csv", 1, "sched_bench: --csv: cannot create /nonexistent/dir/s.csv"},
+      {"--weights /nonexistent/w.safetensors", 1, "sched_bench: --weights: "}}},
+    {"tpot_bench", 1, "-m M --text /nonexistent/t.txt --predictor W",
+     {{"-m M --tex T --predictor W", 2, "unknown option --tex (names are matched exactly: did you mean --text?)"},
+      {"-m M --text T --predictor W --steps 3", 2, "--steps '3' is not an integer in 4..10000"},
+      {"-m M --text T --predictor W --batch 17", 2, "--batch '17' is not an integer in 1..16"},
+      {"-m M --text T --predictor W -t 0", 2, "-t '0' is not an integer in 1.."},
+      {"-m M --text T", 2, "--predictor is required"},
+      {"-m M --text /nonexistent/t.txt --predictor W", 1, "tpot_bench: --text: cannot open /nonexistent/t.txt"},
+      {"-m M --text /dev/null --predictor /nonexistent/w.safetensors", 1, "tpot_bench: --predictor: "}}},
+    {"step_bench", 1, "-m M --text /nonexistent/t.txt",
+     {{"-m M --text T --round 3", 2, "unknown option --round (names are matched exactly: did you mean --rounds?)"},
+      {"-m M --text T --rounds 65", 2, "--rounds '65' is not an integer in 1..64"},
+      {"-m M --text T --lens 2048,x", 2, "--lens '2048,x': item 'x' is not an integer"},
+      {"-m M --text T --mode sparse", 2, "--mode 'sparse' is not full, fixed or fluxion"},
+      {"-m M --text T --mode fluxion", 2, "--mode fluxion needs --predictor"},
+      {"-m M --text T --predictor W", 2, "--predictor has no effect without --mode fluxion"},
+      {"--text T", 2, "--model is required"},
+      {"-m M --text /nonexistent/t.txt", 1, "step_bench: --text: cannot open /nonexistent/t.txt"},
+      {"-m M --text /dev/null --csv /nonexistent/dir/s.csv", 1, "step_bench: --csv: cannot create"}}},
+    {"flx-fuzz-seeds", 0, "/nonexistent/dir/out",
+     {{"", 2, "missing argument OUT_DIR"},
+      {"a b", 2, "unexpected argument 'b' after OUT_DIR"},
+      {"--out a", 2, "unknown option --out"},
+      {"/nonexistent/dir/out", 1, "flx-fuzz-seeds: cannot create /nonexistent/dir/out"}}},
+    {"gen_node_corpus", 0, "/nonexistent/dir",
+     {{"", 2, "missing argument CORPUS_DIR"},
+      {"a b", 2, "unexpected argument 'b' after CORPUS_DIR"},
+      {"/nonexistent/dir", 1, "gen_node_corpus: cannot create /nonexistent/dir/grpc_requests"}}},
 };
 
 static const char *g_dir;
 
-/* Runs `env path args`; returns the exit status; out and err hold the two streams. */
-static int run(const char *env, const char *path, const char *args, char *out, char *err, size_t cap)
+/* Runs `env path args`; returns the exit status; *out_p and *err_p: the two streams (flx_test_slurp's
+ * buffers, valid until the next run). */
+static int run(const char *env, const char *path, const char *args, const char **out_p, const char **err_p)
 {
     char cmd[4096], fo[1024], fe[1024];
     snprintf(fo, sizeof fo, "%s/cli.out", g_dir);
     snprintf(fe, sizeof fe, "%s/cli.err", g_dir);
     snprintf(cmd, sizeof cmd, "%s %s %s </dev/null >%s 2>%s", env, path, args, fo, fe);
-    int r = system(cmd);
-    CHECK(r != -1 && WIFEXITED(r));
-    const char *files[2] = {fo, fe};
-    char *bufs[2] = {out, err};
-    for (int i = 0; i < 2; i++) {
-        FILE *f = fopen(files[i], "r");
-        CHECK(f);
-        size_t n = fread(bufs[i], 1, cap - 1, f);
-        fclose(f);
-        bufs[i][n] = 0;
-    }
-    return WEXITSTATUS(r);
+    const int rc = flx_test_sh(cmd);
+    *out_p = flx_test_slurp(fo);
+    *err_p = flx_test_slurp(fe);
+    return rc;
 }
 
 static int failures;
@@ -225,8 +267,8 @@ static int failures;
 /* One expectation; reports every mismatch (the test fails at the end, after all tools ran). */
 static void expect(const char *name, const char *env, const char *path, const char *args, int rc, const char *first)
 {
-    static char out[1 << 16], err[1 << 16];
-    int got = run(env, path, args, out, err, sizeof out);
+    const char *out, *err;
+    int got = run(env, path, args, &out, &err);
     const char *text = rc == 0 ? out : err;
     size_t l1 = strcspn(text, "\n");
     char line[1024];

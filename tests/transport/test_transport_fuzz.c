@@ -6,10 +6,11 @@
  *   test_transport_fuzz --write CORPUS_DIR  writes the seed corpus: one valid message of each kind
  *                                           for the target's sessions, made with flx/tp_wire.h
  */
+#include "../fuzz/fuzz_transport_header.c"   /* first: its fuzz_util.h defines _GNU_SOURCE */
+
 #include <dirent.h>
 #include <sys/stat.h>
 
-#include "../fuzz/fuzz_transport_header.c"
 #include "../kvstore/kv_testutil.h"
 
 static void put(const char *dir, const char *name, int mode, const flx_tp_hdr_t *h, const void *payload, size_t len)

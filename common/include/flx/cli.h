@@ -205,10 +205,17 @@ int flx_cli_usage_error(const flx_cli_t *cli, const char *fmt, ...) __attribute_
 int flx_cli_fail(const flx_cli_t *cli, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* A comma-separated list of decimal integers in [lo, hi] ("2048,4096"), at most cap of them, for
- * list-valued options: FLX_ERR_INVALID naming opt and the bad item; *n_p and out written only on
- * success. */
+ * list-valued options: FLX_ERR_INVALID naming opt and the bad item ("--OPT 'LIST': item ..."); *n_p
+ * and out written only on success (the whole list is checked first). */
 flx_status_t flx_cli_u64_list(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out, uint32_t cap,
                               uint32_t *n_p);
+/* The same for a list of ranges "LO-HI,LO-HI" (lo <= LO <= HI <= hi): out_lo[i], out_hi[i]. */
+flx_status_t flx_cli_range_list(const char *opt, const char *s, uint64_t lo, uint64_t hi, uint64_t *out_lo,
+                                uint64_t *out_hi, uint32_t cap, uint32_t *n_p);
+/* The same for a list of choices ("shm,tcp"; choices NULL-terminated, at most 32), each listed at
+ * most once: out[i] is the index of item i in choices. */
+flx_status_t flx_cli_enum_list(const char *opt, const char *s, const char *const *choices, int *out, uint32_t cap,
+                               uint32_t *n_p);
 
 /* Reads a whole file (path "-": stdin; a regular file through flx_file_read, a pipe to its end) into
  * a new NUL-terminated buffer (free() it): for prompts, texts and id lists the tools take. FLX_ERR_NOT_FOUND / FLX_ERR_IO naming the path and the system's
