@@ -360,15 +360,16 @@ int main(int argc, char **argv)
     if (long_layers) {
         const uint64_t per_layer = 4ull * HKV * HD * long_tokens;
         const uint64_t avail = (uint64_t)FLX_MAX(flx_bench_mem_available_kb(), 0) * 1024;
-        /* the node's session (+5 % side memory), the stub's source arrays and two packed layers, 1 GiB slack */
-        while (used_layers > 1 && per_layer * used_layers * 105 / 100 + 4 * per_layer + (1ull << 30) > avail)
+        /* the node's session (KV + window, pyramid and side tables: within 20 %), the stub's source arrays
+         * and two packed layers, 1 GiB slack */
+        while (used_layers > 1 && per_layer * used_layers * 120 / 100 + 4 * per_layer + (1ull << 30) > avail)
             used_layers--;
         const char *shm = tls_ix[0] == 0 || tls_ix[n_tls - 1] == 0 ? "shm" : "tcp";   /* shm when listed */
         printf("%s session: %" PRIu64 " tokens x %u of %" PRIu64 " layers (%.1f GiB of KV)%s; MemAvailable %.1f GiB\n",
                shm, long_tokens, used_layers, long_layers, per_layer * used_layers / 1073741824.0,
                used_layers < long_layers ? ": FEWER LAYERS THAN ASKED, MemAvailable is short" : "",
                avail / 1073741824.0);
-        flx_kv_store_h store = make_store(used_layers, per_layer * used_layers * 11 / 10 + (256u << 20));
+        flx_kv_store_h store = make_store(used_layers, per_layer * used_layers * 12 / 10 + (256u << 20));
         flx_tp_node_h node = make_node(store, shm, 1);
         run_t r = flx_run(node, store, shm, (uint32_t)long_tokens, used_layers, (uint32_t)chunk_mib, 0, 1, dir);
         long_ready_s = r.total_s;
