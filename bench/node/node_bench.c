@@ -629,8 +629,8 @@ int main(int argc, char **argv)
     const char *args[] = {"--model", model, "--model-id", "bench", "--predictor", pred, "--prefill", "local",
                           "--grpc-listen", "127.0.0.1:0", "--metrics-listen", "off", "--kv-capacity", cap_s,
                           "--max-batch", batch_s, "--log-level", "warn",
-                          /* READY sessions wait while the others prefill: the daemon applies its own lease,
-                             not OpenSession's lease_ms */
+                          /* READY sessions wait while the others prefill: the daemon's default lease and
+                             transfer timeout cover the whole run */
                           "--lease-ms", "3600000", "--transfer-timeout-ms", "3600000",
                           threads ? "--threads" : NULL, thr_s, NULL};
     daemon_proc_t d;

@@ -127,6 +127,13 @@ static void reply_info(flx_rpc_call_h call, const flx_node_session_info_t *in)
     reply_msg(call, &pb.base);
 }
 
+/* A refusal ends the call with st and the message set with it: 1; FLX_OK: 0. */
+static int refused(flx_rpc_call_h call, flx_status_t st)
+{
+    if (st) flx_rpc_finish(call, st, "%s", flx_error_msg());
+    return st != FLX_OK;
+}
+
 /* ---- DecodeNode ---- */
 
 static void h_open(void *ctx, flx_rpc_call_h call, const uint8_t *req, size_t len)
@@ -134,10 +141,7 @@ static void h_open(void *ctx, flx_rpc_call_h call, const uint8_t *req, size_t le
     flx_node_service_h svc = ctx;
     Fluxion__Decode__V1__OpenSessionRequest *r;
     flx_status_t st = flx_svc_parse_open_session(req, len, &svc->lim, &r);
-    if (st) {
-        flx_rpc_finish(call, st, "%s", flx_error_msg());
-        return;
-    }
+    if (refused(call, st)) return;
     flx_node_open_params_t p = {.prompt_len = r->prompt_len, .max_new_tokens = r->max_new_tokens,
                                 .transfer_timeout_ms = r->transfer_timeout_ms, .lease_ms = r->lease_ms,
                                 .local_tokens = r->local_prefill ? r->local_prefill->token_ids : NULL};
@@ -154,10 +158,7 @@ static void h_open(void *ctx, flx_rpc_call_h call, const uint8_t *req, size_t le
     flx_node_open_result_t res;
     st = flx_node_open(svc->node, &p, &res);
     protobuf_c_message_free_unpacked(&r->base, NULL);
-    if (st) {
-        flx_rpc_finish(call, st, "%s", flx_error_msg());
-        return;
-    }
+    if (refused(call, st)) return;
     Fluxion__Decode__V1__OpenSessionResponse pb;
     Fluxion__Decode__V1__UcxEndpoint ucx;
     fluxion__decode__v1__open_session_response__init(&pb);
@@ -201,10 +202,7 @@ static void h_close(void *ctx, flx_rpc_call_h call, const uint8_t *req, size_t l
         st = flx_node_close(svc->node, r->session_id, &prev);
         protobuf_c_message_free_unpacked(&r->base, NULL);
     }
-    if (st) {
-        flx_rpc_finish(call, st, "%s", flx_error_msg());
-        return;
-    }
+    if (refused(call, st)) return;
     Fluxion__Decode__V1__CloseSessionResponse pb;
     fluxion__decode__v1__close_session_response__init(&pb);
     pb.previous_state = (Fluxion__Decode__V1__SessionState)prev;
@@ -216,10 +214,7 @@ static void h_status(void *ctx, flx_rpc_call_h call, const uint8_t *req, size_t 
     flx_node_service_h svc = ctx;
     Fluxion__Decode__V1__NodeStatusRequest *r;
     flx_status_t st = flx_svc_parse_node_status(req, len, &svc->lim, &r);
-    if (st) {
-        flx_rpc_finish(call, st, "%s", flx_error_msg());
-        return;
-    }
+    if (refused(call, st)) return;
     protobuf_c_message_free_unpacked(&r->base, NULL);
     flx_node_status_t s;
     flx_node_status(svc->node, &s);
@@ -318,10 +313,7 @@ static void h_wait(void *ctx, flx_rpc_call_h call, const uint8_t *req, size_t le
     flx_node_service_h svc = ctx;
     Fluxion__Decode__V1__WaitReadyRequest *r;
     flx_status_t st = flx_svc_parse_wait_ready(req, len, &svc->lim, &r);
-    if (st) {
-        flx_rpc_finish(call, st, "%s", flx_error_msg());
-        return;
-    }
+    if (refused(call, st)) return;
     uint64_t id = r->session_id, deadline = flx_rpc_call_deadline_ns(call);
     if (r->timeout_ms)
         deadline = FLX_MIN(deadline, flx_now_ns() + (uint64_t)r->timeout_ms * 1000000ull);
@@ -406,10 +398,7 @@ static void h_generate(void *ctx, flx_rpc_call_h call, const uint8_t *req, size_
     flx_node_service_h svc = ctx;
     Fluxion__Decode__V1__GenerateRequest *r;
     flx_status_t st = flx_svc_parse_generate(req, len, &svc->lim, &r);
-    if (st) {
-        flx_rpc_finish(call, st, "%s", flx_error_msg());
-        return;
-    }
+    if (refused(call, st)) return;
     flx_node_gen_params_t gp = {.session = r->session_id, .sampling = flx_sampling_greedy(),
                                 .deadline_ns = flx_rpc_call_deadline_ns(call), .skip_text = r->skip_text};
     if (r->sampling) {
@@ -468,10 +457,7 @@ static void h_check(void *ctx, flx_rpc_call_h call, const uint8_t *req, size_t l
     flx_node_service_h svc = ctx;
     Grpc__Health__V1__HealthCheckRequest *r;
     flx_status_t st = flx_svc_parse_health(req, len, &svc->lim, &r);
-    if (st) {
-        flx_rpc_finish(call, st, "%s", flx_error_msg());
-        return;
-    }
+    if (refused(call, st)) return;
     int known = health_known(r->service);
     if (!known)
         flx_rpc_finish(call, FLX_ERR_NOT_FOUND, "unknown service '%s'", r->service);
@@ -515,10 +501,7 @@ static void h_watch(void *ctx, flx_rpc_call_h call, const uint8_t *req, size_t l
     flx_node_service_h svc = ctx;
     Grpc__Health__V1__HealthCheckRequest *r;
     flx_status_t st = flx_svc_parse_health(req, len, &svc->lim, &r);
-    if (st) {
-        flx_rpc_finish(call, st, "%s", flx_error_msg());
-        return;
-    }
+    if (refused(call, st)) return;
     Grpc__Health__V1__HealthCheckResponse pb;
     grpc__health__v1__health_check_response__init(&pb);
     int known = health_known(r->service);

@@ -115,7 +115,7 @@ int main(int argc, char **argv)
     snprintf(ds.criterion, sizeof ds.criterion, "%s", flx_crit_name(crit));
     snprintf(ds.source, sizeof ds.source, "%s", flx_kvsrc_describe(src));
     uint64_t t_start = flx_now_ns();
-    const uint64_t n_todo = (uint64_t)n_layers_on * n_steps_on;
+    const uint64_t n_total = (uint64_t)n_layers_on * n_steps_on;
     uint64_t n_done = 0;
     for (uint32_t l = 0; l < sh.n_layers; l++) {
         if (!on[l]) continue;
@@ -138,7 +138,7 @@ int main(int argc, char **argv)
                 ds.where[row * 3 + 2] = t;
                 n_stream += lab[h].streaming;
             }
-            flx_progress_report("labelling", ++n_done, n_todo, "steps");
+            flx_progress_report("labelling", ++n_done, n_total, "steps");
         }
         fprintf(stderr, "layer %u: %u steps, streaming share %.2f (%.1f s)\n", l, n_steps_on,
                 (double)n_stream / (n_steps_on * sh.n_q_heads), (double)(flx_now_ns() - t_start) * 1e-9);

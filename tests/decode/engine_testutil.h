@@ -39,6 +39,20 @@ static inline void flx_test_rec_on_logits(void *ctx, flx_engine_seq_id_t seq, co
     r->n_logits++;
 }
 
+/* Adds a prefilled session to e as a sampled sequence of ngen tokens recorded in r (reset here):
+ * its first token is the argmax of first_logits (vocab), the next ngen - 1 logits rows land in
+ * logits (ngen - 1, vocab). */
+static inline void flx_test_add_rec(flx_engine_h e, flx_kv_session_id_t sid, const float *first_logits, uint32_t vocab,
+                                    flx_sampling_params_t sp, uint32_t ngen, flx_test_rec_t *r, float *logits)
+{
+    flx_gen_params_t gp = {.max_new_tokens = ngen, .eos_id = -1, .sampling = sp, .on_token = flx_test_rec_on_token,
+                           .on_logits = flx_test_rec_on_logits, .ctx = r};
+    memset(r, 0, sizeof *r);
+    r->logits = logits, r->logits_cap = ngen - 1;
+    flx_engine_seq_id_t id;
+    CHECK_OK(flx_engine_add(e, sid, (int32_t)flx_sample_argmax(first_logits, vocab), &gp, &id));
+}
+
 /* A predictor whose every head predicts (bgt0, k) and the streaming logit stream_logit: zero
  * weights, the targets' means and the s output's bias set. */
 static inline flx_predictor_h constant_predictor(float bgt0, float k, float stream_logit)

@@ -139,12 +139,7 @@ static void run_pool(const int32_t *prompt, flx_predictor_h pred, flx_pool_h poo
         const uint32_t n = i ? PROMPT / 2 + 37 : PROMPT;
         CHECK_OK(flx_engine_prefill_with_stats(g_m, ws, store, prompt + (PROMPT - n), n, 64, 0.1f, &sid, lg));
         flx_sampling_params_t sp = {.temperature = 0.8f, .top_k = 0, .top_p = 0.9f, .seed = 11 + (uint64_t)i};
-        flx_gen_params_t gp = {.max_new_tokens = NGEN, .eos_id = -1, .sampling = sp, .on_token = flx_test_rec_on_token,
-                               .on_logits = flx_test_rec_on_logits, .ctx = &r[i]};
-        memset(&r[i], 0, sizeof r[i]);
-        r[i].logits = logits + (size_t)i * (NGEN - 1) * V, r[i].logits_cap = NGEN - 1;
-        flx_engine_seq_id_t id;
-        CHECK_OK(flx_engine_add(e, sid, (int32_t)flx_sample_argmax(lg, V), &gp, &id));
+        flx_test_add_rec(e, sid, lg, V, sp, NGEN, &r[i], logits + (size_t)i * (NGEN - 1) * V);
     }
     flx_status_t st;
     int guard = 0;
