@@ -9,9 +9,11 @@
  * then the engine decodes `steps` greedy tokens (EOS ignored, batch 1) in the mode under test. Each
  * mode gets its own prefill (an engine consumes its session), so prefill is measured twice per L.
  * The first WARM steps are not counted. Dense GB/s = weight bytes the forward pass read over the
- * time it spent outside attention; gemv_bw_frac = that over the best read-bandwidth sample of the run
- * (start and after each length; the mean
- * over every (L, mode) run: the dense part does not depend on L or the attention mode).
+ * time it spent outside attention, over the read bandwidth the same pool reaches on a buffer of the
+ * weights' size just before and just after that run (the mean of the two samples: this machine's
+ * bandwidth drifts within minutes, so the reference is taken next to what it judges);
+ * gemv_bw_frac = the median of that ratio over every (L, mode) run (the dense part does not depend
+ * on L or the attention mode).
  *
  * usage: model_bench -m MODEL --tokens IDS [--lens 2048,4096,8192] [--steps N] [-t T] [--csv PATH]
  * (-t: pool workers; absent: FLX_THREADS, else the process's CPU budget)
@@ -24,6 +26,7 @@
 
 #include "../common/bench_cli.h"
 #include "../common/bench_read.h"
+#include "../common/bench_stats.h"
 #include "flx/cli.h"
 #include "flx/engine.h"
 #include "flx/forward.h"
@@ -43,6 +46,7 @@ static void die(const char *what)
 
 typedef struct {
     double prefill_tok_s, tpot_ms, dense_ms, attn_ms, other_ms, dense_gbs, host_mb;
+    double read_gbs;   /* the read bandwidth around the run */
     uint32_t L;
     int mode;
 } run_t;
@@ -129,9 +133,13 @@ int main(int argc, char **argv)
     flx_pool_params_t pp = {.field_mask = threads ? FLX_POOL_FIELD_N_WORKERS : 0, .n_workers = (uint32_t)threads};
     flx_pool_h pool;
     if (flx_pool_create(&pp, &pool) != FLX_OK) die("worker pool");
-    double bw0 = flx_bench_read_bw_1g(pool, 5);
     flx_model_t *m;
     if (flx_model_load_pool(model_path, pool, &m) != FLX_OK) die("model");
+    const size_t rbytes = flx_model_weight_bytes(m) & ~(size_t)127;
+    uint8_t *rbuf = flx_aligned_alloc(4096, rbytes);
+    if (!rbuf) die("read buffer");
+    memset(rbuf, 1, rbytes);   /* faulted in once, outside every timed read */
+    const double bw0 = flx_bench_read_bw(pool, rbuf, rbytes, 3);
     const flx_model_config_t *c = &m->cfg;
     printf("model_bench: %s (%u layers, %u/%u heads, head_dim %u), %s, %u decode steps (%d warm-up)\n", c->name,
            c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, flx_pool_describe(pool), steps, WARM);
@@ -167,10 +175,11 @@ int main(int argc, char **argv)
     for (int k = 0; k < 2; k++) modes[k].max_batch = 1, modes[k].max_l_cpu = Lmax;
     run_t runs[16];
     int n_runs = 0;
-    double bw = bw0;   /* the best sample of the run: start, after each length, end */
     for (uint32_t li = 0; li < n_lens; li++) {
         for (int k = 0; k < 2; k++) {
+            const double b0 = flx_bench_read_bw(pool, rbuf, rbytes, 1);
             run_t r = run_one(m, fws, store, ids, lens[li], steps, pool, &modes[k], logits);
+            r.read_gbs = (b0 + flx_bench_read_bw(pool, rbuf, rbytes, 1)) / 2;
             r.L = lens[li];
             r.mode = k;
             printf("%6u %-14s %12.0f %9.2f %9.2f %9.2f %9.2f %11.1f %12.2f\n", lens[li], k ? "fixed(16,0.05)" : "full",
@@ -178,30 +187,30 @@ int main(int argc, char **argv)
             fflush(stdout);
             runs[n_runs++] = r;
         }
-        double b = flx_bench_read_bw_1g(pool, 5);
-        bw = b > bw ? b : bw;
     }
-    printf("\nread bandwidth samples: %.1f GB/s at the start, best of the run %.1f GB/s (fractions use the best)\n", bw0,
-           bw);
-    double frac_sum = 0, tpot_last[2] = {0, 0};
+    double frac[16], tpot_last[2] = {0, 0};
     for (int i = 0; i < n_runs; i++) {
         const run_t *r = &runs[i];
         if (csv)
             fprintf(csv, "%u,%s,%u,%.2f,%.1f,%.4f,%.4f,%.4f,%.4f,%.2f,%.2f,%.4f,%.3f\n", r->L, r->mode ? "fixed" : "full",
                     modes[r->mode].blk, r->mode ? (double)modes[r->mode].bgt : 1.0, r->prefill_tok_s, r->tpot_ms,
-                    r->dense_ms, r->attn_ms, r->other_ms, r->dense_gbs, bw, r->dense_gbs / bw, r->host_mb);
-        frac_sum += r->dense_gbs / bw;
+                    r->dense_ms, r->attn_ms, r->other_ms, r->dense_gbs, r->read_gbs, r->dense_gbs / r->read_gbs,
+                    r->host_mb);
+        frac[i] = r->dense_gbs / r->read_gbs;
         if (r->L == lens[n_lens - 1]) tpot_last[r->mode] = r->tpot_ms;
     }
-    printf("dense part / read bandwidth, mean over the %d runs: %.3f\n", n_runs, frac_sum / n_runs);
+    const double gemv_frac = flx_bench_median(frac, n_runs);   /* sorts frac */
+    printf("\ndense part / read bandwidth around the same run: median %.3f (%.3f .. %.3f) over %d runs\n", gemv_frac,
+           frac[0], frac[n_runs - 1], n_runs);
     printf("TPOT full / fixed(16, 0.05) at L %u: %.3f\n", lens[n_lens - 1], tpot_last[0] / tpot_last[1]);
     if (csv) fclose(csv);
     free(logits);
+    flx_aligned_free(rbuf);
     flx_aligned_free(wsmem);
     flx_kv_store_destroy(store);
     flx_model_destroy(m);
     flx_pool_destroy(pool);
     free(ids);
-    printf("SUMMARY gemv_bw_frac=%.3f tpot_full_over_16_005_8k=%.3f\n", frac_sum / n_runs, tpot_last[0] / tpot_last[1]);
+    printf("SUMMARY gemv_bw_frac=%.3f tpot_full_over_16_005_8k=%.3f\n", gemv_frac, tpot_last[0] / tpot_last[1]);
     return 0;
 }

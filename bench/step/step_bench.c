@@ -21,8 +21,10 @@
  * what a step costs in CPU, spinning included, whatever the wall time.
  *
  * gemv_bw_frac: the dense part's bandwidth (weight bytes a step reads over the time the forward
- * pass spends outside attention) in the quiet windows, over the read bandwidth this binary
- * measures on the same pool (the best of its samples: start and after each length).
+ * pass spends outside attention) in a quiet window, over the read bandwidth this binary measures on
+ * the same pool just before and just after that window (a STREAM-like read of a buffer as large as
+ * the weights; the mean of the two samples): one ratio per quiet window, median and range over the
+ * rounds of every length.
  *
  * usage: step_bench -m MODEL --text FILE [--lens 2048,8192] [--rounds 5] [--window 8] [--warm 2]
  *                   [--mode full|fixed|fluxion] [--predictor WEIGHTS] [--threads N] [--csv PATH]
@@ -118,6 +120,7 @@ static void side_open(side_t *s, const flx_model_t *m, flx_fwd_ws_t *fws, flx_kv
 
 typedef struct window {
     double tpot_ms, dense_ms, attn_ms, dense_gbs, cpu_ms;
+    double read_gbs;    /* quiet windows: the read bandwidth around the window (0 otherwise) */
 } window_t;
 
 /* CPU time of this process (its worker threads included), in ns. */
@@ -143,7 +146,7 @@ static window_t run_window(side_t *s, uint32_t warm, uint32_t n)
         sum.dense_bytes += st.dense_bytes;
     }
     window_t w = {sum.step_ns / 1e6 / n, sum.dense_ns / 1e6 / n, sum.attn_ns / 1e6 / n,
-                  sum.dense_ns ? sum.dense_bytes / (double)sum.dense_ns : 0, (cpu_ns() - c0) / 1e6 / n};
+                  sum.dense_ns ? sum.dense_bytes / (double)sum.dense_ns : 0, (cpu_ns() - c0) / 1e6 / n, 0};
     return w;
 }
 
@@ -206,7 +209,6 @@ int main(int argc, char **argv)
         if (CPU_ISSET(c, &mask)) cpus[nc++] = c;
     if (nc == 1) cpus[1] = cpus[0];
 
-    double bw = flx_bench_read_bw_1g(pool, 5);
     flx_model_t *m;
     flx_tok_h tok;
     if (flx_model_load_pool(model_path, pool, &m) || flx_tok_load(model_path, &tok)) die("model");
@@ -223,8 +225,14 @@ int main(int argc, char **argv)
            c->n_heads, c->n_kv_heads, c->head_dim, mode_s, flx_pool_describe(pool));
     printf("competitors: busy loops pinned to CPU %d (loaded1), CPUs %d and %d (loaded2); %u rounds of %u steps "
            "(+%u warm-up) per condition, order rotated per round\n", cpus[0], cpus[0], cpus[1], rounds, win, warm);
-    printf("text %s: %zu tokens; weights read per step %.1f MB; read bandwidth (same binary, same pool) %.1f GB/s\n",
-           text_path, n_ids, flx_model_weight_bytes(m) / 1e6, bw);
+    /* The reference read: a buffer of the weights' size, touched once so no page fault is timed. */
+    const size_t rbytes = flx_model_weight_bytes(m) & ~(size_t)127;
+    uint8_t *rbuf = flx_aligned_alloc(4096, rbytes);
+    if (!rbuf) die("read buffer");
+    memset(rbuf, 1, rbytes);
+    printf("text %s: %zu tokens; weights read per step %.1f MB; read bandwidth (same binary, same pool, %.1f MB "
+           "buffer) %.1f GB/s\n", text_path, n_ids, flx_model_weight_bytes(m) / 1e6, rbytes / 1e6,
+           flx_bench_read_bw(pool, rbuf, rbytes, 3));
 
     const uint32_t room = rounds * N_COND * (win + warm) + 8;
     size_t per_tok = (size_t)c->n_layers * c->n_kv_heads * c->head_dim * 2 * sizeof(flx_bf16_t);
@@ -241,9 +249,9 @@ int main(int argc, char **argv)
     if (flx_fwd_plan(m, &fs, &wsb) || !(wsmem = flx_aligned_alloc(64, wsb)) || flx_fwd_ws_init(m, &fs, wsmem, wsb, &fws))
         die("forward workspace");
     float *logits = malloc(c->vocab * sizeof *logits);
-    if (csv) fprintf(csv, "L,round,condition,tpot_ms,dense_ms,attn_ms,dense_GBps,cpu_ms,ratio_to_quiet\n");
+    if (csv) fprintf(csv, "L,round,condition,tpot_ms,dense_ms,attn_ms,dense_GBps,cpu_ms,ratio_to_quiet,read_GBps\n");
 
-    double summ[MAX_LENS][N_COND] = {{0}}, gb_sum = 0;
+    double summ[MAX_LENS][N_COND] = {{0}}, frac[MAX_LENS * MAX_ROUNDS];
     int frac_n = 0;
     printf("\n%6s %-9s %10s %10s %10s %12s %8s %22s\n", "L", "condition", "TPOT ms", "dense ms", "attn ms",
            "dense GB/s", "CPU ms", "x quiet: median (range)");
@@ -263,8 +271,10 @@ int main(int argc, char **argv)
                 pid_t pids[2];
                 int np = cond == C_LOADED1 ? 1 : cond == C_LOADED2 ? 2 : 0;
                 for (int i = 0; i < np; i++) pids[i] = spawn_busy(cpus[i]);
+                const double b0 = cond == C_QUIET ? flx_bench_read_bw(pool, rbuf, rbytes, 1) : 0;
                 w[r][cond] = run_window(cond == C_WORKERS1 ? &B : &A, warm, win);
                 kill_busy(pids, np);
+                if (cond == C_QUIET) w[r][cond].read_gbs = (b0 + flx_bench_read_bw(pool, rbuf, rbytes, 1)) / 2;
             }
         for (int cond = 0; cond < N_COND; cond++) {
             double t[MAX_ROUNDS], ratio[MAX_ROUNDS], dn[MAX_ROUNDS], at[MAX_ROUNDS], gb[MAX_ROUNDS], cp[MAX_ROUNDS];
@@ -273,9 +283,9 @@ int main(int argc, char **argv)
                 gb[r] = w[r][cond].dense_gbs, cp[r] = w[r][cond].cpu_ms;
                 ratio[r] = w[r][cond].tpot_ms / w[r][C_QUIET].tpot_ms;
                 if (csv)
-                    fprintf(csv, "%u,%u,%s,%.4f,%.4f,%.4f,%.3f,%.4f,%.4f\n", L, r, COND[cond], t[r], dn[r], at[r], gb[r],
-                            cp[r], ratio[r]);
-                if (cond == C_QUIET) gb_sum += gb[r], frac_n++;
+                    fprintf(csv, "%u,%u,%s,%.4f,%.4f,%.4f,%.3f,%.4f,%.4f,%.3f\n", L, r, COND[cond], t[r], dn[r], at[r],
+                            gb[r], cp[r], ratio[r], w[r][cond].read_gbs);
+                if (cond == C_QUIET) frac[frac_n++] = gb[r] / w[r][cond].read_gbs;
             }
             const double rmed = flx_bench_median(ratio, (int)rounds), rlo = ratio[0], rhi = ratio[rounds - 1];
             summ[li][cond] = rmed;
@@ -287,20 +297,19 @@ int main(int argc, char **argv)
         fflush(stdout);
         flx_engine_destroy(A.e);
         flx_engine_destroy(B.e);
-        double b = flx_bench_read_bw_1g(pool, 5);
-        bw = b > bw ? b : bw;
     }
-    const double gemv_frac = frac_n ? gb_sum / frac_n / bw : 0;
-    printf("\nread bandwidth, best sample of the run: %.1f GB/s; dense part in the quiet windows: %.3f of it\n", bw,
-           gemv_frac);
-    printf("(the quiet windows' dense GB/s above are against the best read sample; a shared machine makes every "
-           "figure noisy: re-measure on a quiet one)\n");
+    double fr[MAX_LENS * MAX_ROUNDS];
+    memcpy(fr, frac, sizeof(double) * (size_t)frac_n);
+    const double gemv_frac = frac_n ? flx_bench_median(fr, frac_n) : 0;   /* sorts fr */
+    printf("\ndense part / read bandwidth around the same quiet window (%d windows): median %.3f (%.3f .. %.3f)\n",
+           frac_n, gemv_frac, frac_n ? fr[0] : 0, frac_n ? fr[frac_n - 1] : 0);
     if (csv) fclose(csv);
     const uint32_t last = n_lens - 1;
     printf("SUMMARY tpot_loaded_over_quiet_real_8k=%.3f tpot_2loaded_over_quiet_real_8k=%.3f "
            "tpot_workers1_over_quiet_real_8k=%.3f gemv_bw_frac=%.3f\n",
            summ[last][C_LOADED1], summ[last][C_LOADED2], summ[last][C_WORKERS1], gemv_frac);
     free(logits);
+    flx_aligned_free(rbuf);
     free(ids);
     free(text);
     flx_aligned_free(wsmem);
