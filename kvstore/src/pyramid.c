@@ -193,20 +193,71 @@ static void build(const flx_kv_head_view_t *v, flx_bf16_t *const meta[FLX_KV_MET
     }
 }
 
+/* Level 0 of blocks [b0, b1) only. */
+static void build_level0(const flx_kv_head_view_t *v, flx_bf16_t *meta0, uint32_t b0, uint32_t b1, rows_fn rows)
+{
+    const uint32_t d = v->head_dim, l = v->l_cpu, n0 = flx_kv_meta_count(l, 0);
+    const size_t esz = 2 * (size_t)d;
+    for (uint32_t b = b0; b < b1 && b < n0; b++) {
+        uint32_t r = l - b * FLX_KV_BLOCK_TOKENS;
+        rows(flx_kv_block_k(v, b), r < FLX_KV_BLOCK_TOKENS ? r : FLX_KV_BLOCK_TOKENS, d, meta0 + b * esz,
+             b + 1 < b1 && b + 1 < n0 ? flx_kv_block_k(v, b + 1) : NULL);
+    }
+}
+
+/* Levels 1..3 from level 0 (the same pairs, in the same order, as build's). */
+static void build_upper(const flx_kv_head_view_t *v, flx_bf16_t *const meta[FLX_KV_META_LEVELS], pair_fn pair)
+{
+    const uint32_t d = v->head_dim, l = v->l_cpu;
+    const size_t esz = 2 * (size_t)d;
+    for (int j = 1; j < FLX_KV_META_LEVELS; j++) {
+        const uint32_t nj = flx_kv_meta_count(l, j), nb = flx_kv_meta_count(l, j - 1);
+        for (uint32_t b = 0; b < nj; b++) {
+            const flx_bf16_t *a = meta[j - 1] + (size_t)(2 * b) * esz;
+            pair(a, 2 * b + 1 < nb ? a + esz : NULL, d, meta[j] + b * esz);
+        }
+    }
+}
+
 void flx_kv_pyramid_build_ref(const flx_kv_head_view_t *view, flx_bf16_t *const meta[FLX_KV_META_LEVELS])
 {
     build(view, meta, rows_minmax_ref, pair_minmax_ref);
 }
 
-void flx_kv_pyramid_build(const flx_kv_head_view_t *view, flx_bf16_t *const meta[FLX_KV_META_LEVELS])
+/* The kernels flx_isa_active() picks. */
+static void kernels(rows_fn *rows, pair_fn *pair)
 {
+    *rows = rows_minmax_ref, *pair = pair_minmax_ref;
 #if defined(__x86_64__)
     switch (flx_isa_active()) {
     case FLX_ISA_AVX512BF16:
-    case FLX_ISA_AVX512: build(view, meta, rows_minmax_avx512, pair_minmax_avx512); return;
-    case FLX_ISA_AVX2: build(view, meta, rows_minmax_avx2, pair_minmax_avx2); return;
+    case FLX_ISA_AVX512: *rows = rows_minmax_avx512, *pair = pair_minmax_avx512; break;
+    case FLX_ISA_AVX2: *rows = rows_minmax_avx2, *pair = pair_minmax_avx2; break;
     default: break;
     }
 #endif
-    build(view, meta, rows_minmax_ref, pair_minmax_ref);
+}
+
+void flx_kv_pyramid_build_blocks(const flx_kv_head_view_t *view, flx_bf16_t *meta0, uint32_t b0, uint32_t b1)
+{
+    rows_fn rows;
+    pair_fn pair;
+    kernels(&rows, &pair);
+    build_level0(view, meta0, b0, b1, rows);
+}
+
+void flx_kv_pyramid_build_upper(const flx_kv_head_view_t *view, flx_bf16_t *const meta[FLX_KV_META_LEVELS])
+{
+    rows_fn rows;
+    pair_fn pair;
+    kernels(&rows, &pair);
+    build_upper(view, meta, pair);
+}
+
+void flx_kv_pyramid_build(const flx_kv_head_view_t *view, flx_bf16_t *const meta[FLX_KV_META_LEVELS])
+{
+    rows_fn rows;
+    pair_fn pair;
+    kernels(&rows, &pair);
+    build(view, meta, rows, pair);
 }

@@ -18,9 +18,12 @@
  * Ingest. Chunks are validated against the session, then claimed: their (layer, head, granule) bits
  * are set under the session lock, so an overlapping or duplicate chunk is refused before a byte is
  * written. The copy (or a transport's zero-copy receive) happens outside any lock, straight into
- * the final place. Completion counts granules per layer; the thread completing a layer's last
- * granule builds that layer's pyramid, outside the lock (no other writer touches that layer any
- * more). READY = every layer built (+ statistics unless NO_STATS).
+ * the final place. Completion counts granules per layer. Each completed chunk first builds level 0
+ * of the pyramid for the blocks it landed whole (outside the lock, while its bytes are still in
+ * cache; disjoint chunks write disjoint entries), so the pyramid is built as the data streams in;
+ * the thread completing a layer's last granule builds the rest (blocks that straddled two chunks,
+ * then levels 1..3 from level 0), outside the lock (no other writer touches that layer any more).
+ * READY = every layer built (+ statistics unless NO_STATS).
  *
  * Lifetime. Two counts. refs keeps the session struct (state, reason, counters): one for the
  * session table, one per view, one per outstanding claim, one per call in progress. mem_refs keeps
@@ -116,13 +119,13 @@ struct flx_kv_store {
 };
 
 typedef struct session_layout {
-    uint32_t n_sink, n_local, l_cpu, n_blocks, n_gran, win_cap, gran_words;
+    uint32_t n_sink, n_local, l_cpu, n_blocks, n_gran, win_cap, gran_words, blk_words;
     uint32_t meta_n[FLX_KV_META_LEVELS];
     size_t meta_off[FLX_KV_META_LEVELS]; /* bf16 elements from a head's meta start */
     size_t meta_per_head;                /* bf16 elements per (layer, head) */
     /* byte offsets in the side allocation */
     size_t off_table, off_meta, off_wk, off_wv, off_nwin, off_stats, off_meank, off_qa, off_sdone, off_bits,
-        off_missing;
+        off_missing, off_built0;
     size_t side_bytes;
     size_t kv_bytes;                     /* blocks * block_bytes */
     size_t dev_bytes;                    /* device window bytes (K and V); 0 when host-only */
@@ -158,6 +161,7 @@ struct flx_kv_session {
     uint8_t *stats_done;      /* (n_layers) */
     uint64_t *bits;           /* (n_layers, n_kv_heads, gran_words): granule claimed */
     uint32_t *missing;        /* (n_layers): granules (all heads) not yet completed */
+    uint64_t *built0;         /* (n_layers, n_kv_heads, blk_words): block's pyramid level 0 built */
     uint32_t layers_built, stats_received;
     uint64_t bytes_received;
     uint32_t claims_inflight;
@@ -193,6 +197,7 @@ static flx_status_t session_layout(const struct flx_kv_store *s, uint32_t L, uin
     lay->n_blocks = FLX_DIV_UP(lay->l_cpu, FLX_KV_BLOCK_TOKENS);
     lay->n_gran = FLX_DIV_UP(L, FLX_KV_BLOCK_TOKENS);
     lay->gran_words = FLX_DIV_UP(lay->n_gran, 64);
+    lay->blk_words = FLX_DIV_UP(lay->n_blocks, 64);
     lay->win_cap = lay->n_sink + lay->n_local + max_new;
     size_t e = 0;
     for (int j = 0; j < FLX_KV_META_LEVELS; j++) {
@@ -217,6 +222,7 @@ static flx_status_t session_layout(const struct flx_kv_store *s, uint32_t L, uin
     lay->off_sdone = take(&off, s->n_layers);
     lay->off_bits = take(&off, LH * lay->gran_words * sizeof(uint64_t));
     lay->off_missing = take(&off, s->n_layers * sizeof(uint32_t));
+    lay->off_built0 = take(&off, LH * lay->blk_words * sizeof(uint64_t));
     lay->side_bytes = FLX_ALIGN_UP(off, 4096);
     lay->kv_bytes = LH * lay->n_blocks * s->block_bytes;
     lay->dev_bytes = s->win_dev ? 2 * LH * lay->win_cap * D * sizeof(flx_bf16_t) : 0;
@@ -639,6 +645,11 @@ flx_status_t flx_kv_session_open(flx_kv_store_h s, const flx_kv_session_params_t
         free(x);
         return flx_error_set(FLX_ERR_NOMEM, "session side memory of %zu bytes", lay.side_bytes);
     }
+    /* Faulted in now, at open: the pyramid, window and bitmaps are written while KV streams in and
+     * right before READY, where a first-touch fault (a zeroed page each) would delay READY (2 ms of
+     * a 512 MiB session's last layer was page faults). The memory is reserved against the budget
+     * anyway. */
+    for (size_t off = 0; off < lay.side_bytes; off += 4096) x->side[off] = 0;
     x->table = (uint32_t *)(x->side + lay.off_table);
 
     /* The slot is taken under the lock but the id is published only once the session is complete
@@ -728,6 +739,7 @@ flx_status_t flx_kv_session_open(flx_kv_store_h s, const flx_kv_session_params_t
     x->stats_done = x->side + lay.off_sdone;
     x->bits = (uint64_t *)(x->side + lay.off_bits);
     x->missing = (uint32_t *)(x->side + lay.off_missing);
+    x->built0 = (uint64_t *)(x->side + lay.off_built0);
     for (uint32_t l = 0; l < s->n_layers; l++) {
         x->missing[l] = s->n_kv_heads * lay.n_gran;
         x->n_win[l] = lay.n_sink + lay.n_local;
@@ -1227,20 +1239,81 @@ refuse:
     return st;
 }
 
+/* The pyramid view and levels of (layer, head). */
+static void head_view(struct flx_kv_session *x, uint32_t layer, uint32_t h, flx_kv_head_view_t *v,
+                      flx_bf16_t *meta[FLX_KV_META_LEVELS])
+{
+    const size_t lh = (size_t)layer * x->store->n_kv_heads + h;
+    flx_bf16_t *base = x->meta + lh * x->lay.meta_per_head;
+    v->head_dim = x->store->head_dim;
+    v->l_cpu = x->lay.l_cpu;
+    v->n_blocks = x->lay.n_blocks;
+    v->block_table = x->table + lh * x->lay.n_blocks;
+    v->pool_base = x->store->arena;
+    v->block_bytes = x->store->block_bytes;
+    for (int j = 0; j < FLX_KV_META_LEVELS; j++) meta[j] = base + x->lay.meta_off[j];
+}
+
+/* Host blocks [*b0, *b1) whose rows all lie in prompt positions [t0, t1): a chunk that lands them
+ * can build their level 0 alone. */
+static void blocks_within(const struct flx_kv_session *x, uint32_t t0, uint32_t t1, uint32_t *b0, uint32_t *b1)
+{
+    const session_layout_t *lay = &x->lay;
+    const uint32_t host0 = lay->n_sink, host1 = lay->n_sink + lay->l_cpu;
+    *b0 = *b1 = 0;
+    if (t1 <= host0 || t0 >= host1) return;
+    const uint32_t i0 = FLX_MAX(t0, host0) - host0, i1 = FLX_MIN(t1, host1) - host0;
+    *b0 = FLX_DIV_UP(i0, FLX_KV_BLOCK_TOKENS);
+    *b1 = i1 == lay->l_cpu ? lay->n_blocks : i1 / FLX_KV_BLOCK_TOKENS;
+    if (*b1 < *b0) *b1 = *b0;
+}
+
+/* Level 0 of the blocks a completed chunk landed whole (run before its completion is counted, so
+ * the thread that completes the layer sees it). Blocks that straddle two chunks are left to it. */
+static void build_chunk_blocks(struct flx_kv_session *x, const flx_kv_chunk_t *c)
+{
+    uint32_t b0, b1;
+    blocks_within(x, c->tok_begin, c->tok_end, &b0, &b1);
+    if (b0 >= b1) return;
+    for (uint32_t h = c->head_begin; h < c->head_end; h++) {
+        flx_kv_head_view_t v;
+        flx_bf16_t *meta[FLX_KV_META_LEVELS];
+        head_view(x, c->layer, h, &v, meta);
+        flx_kv_pyramid_build_blocks(&v, meta[0], b0, b1);
+    }
+}
+
+/* Marks the blocks build_chunk_blocks built (caller holds x->lock). */
+static void mark_chunk_blocks_locked(struct flx_kv_session *x, const flx_kv_chunk_t *c)
+{
+    uint32_t b0, b1;
+    blocks_within(x, c->tok_begin, c->tok_end, &b0, &b1);
+    for (uint32_t h = c->head_begin; h < c->head_end; h++) {
+        uint64_t *w = x->built0 + ((size_t)c->layer * x->store->n_kv_heads + h) * x->lay.blk_words;
+        for (uint32_t b = b0; b < b1; b++) w[b / 64] |= 1ull << (b % 64);
+    }
+}
+
+/* A complete layer: level 0 of the blocks no chunk built whole, then levels 1..3 (bit for bit
+ * flx_kv_pyramid_build's result). */
 static void build_layer(struct flx_kv_session *x, uint32_t layer)
 {
     for (uint32_t h = 0; h < x->store->n_kv_heads; h++) {
         flx_kv_head_view_t v;
         flx_bf16_t *meta[FLX_KV_META_LEVELS];
-        flx_bf16_t *base = x->meta + ((size_t)layer * x->store->n_kv_heads + h) * x->lay.meta_per_head;
-        v.head_dim = x->store->head_dim;
-        v.l_cpu = x->lay.l_cpu;
-        v.n_blocks = x->lay.n_blocks;
-        v.block_table = x->table + ((size_t)layer * x->store->n_kv_heads + h) * x->lay.n_blocks;
-        v.pool_base = x->store->arena;
-        v.block_bytes = x->store->block_bytes;
-        for (int j = 0; j < FLX_KV_META_LEVELS; j++) meta[j] = base + x->lay.meta_off[j];
-        flx_kv_pyramid_build(&v, meta);
+        head_view(x, layer, h, &v, meta);
+        const uint64_t *w = x->built0 + ((size_t)layer * x->store->n_kv_heads + h) * x->lay.blk_words;
+        for (uint32_t b = 0; b < x->lay.n_blocks;) {
+            if (w[b / 64] >> (b % 64) & 1) {
+                b++;
+                continue;
+            }
+            uint32_t e = b + 1;
+            while (e < x->lay.n_blocks && !(w[e / 64] >> (e % 64) & 1)) e++;
+            flx_kv_pyramid_build_blocks(&v, meta[0], b, e);
+            b = e;
+        }
+        flx_kv_pyramid_build_upper(&v, meta);
     }
 }
 
@@ -1273,6 +1346,7 @@ flx_status_t flx_kv_chunk_complete(flx_kv_store_h s, flx_kv_claim_t *cl, int ok)
     const uint32_t nh = c->head_end - c->head_begin;
     const uint32_t ng = FLX_DIV_UP(c->tok_end, FLX_KV_BLOCK_TOKENS) - c->tok_begin / FLX_KV_BLOCK_TOKENS;
     int build = 0;
+    if (ok) build_chunk_blocks(sess, c); /* its bytes are still in cache (the receiver just hashed them) */
     pthread_mutex_lock(&sess->lock);
     sess->claims_inflight--;
     if (!ok) {
@@ -1285,6 +1359,7 @@ flx_status_t flx_kv_chunk_complete(flx_kv_store_h s, flx_kv_claim_t *cl, int ok)
         sess->bytes_received += cl->bytes;
         if (sess->bytes_received == bytes_expected(sess)) sess->t_last = flx_now_ns();
         sess->missing[c->layer] -= nh * ng;
+        mark_chunk_blocks_locked(sess, c);
         build = sess->missing[c->layer] == 0;
     } else {
         st = flx_error_set(FLX_ERR_STATE, "chunk completed for session %#llx in state %s",

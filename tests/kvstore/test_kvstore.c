@@ -103,6 +103,18 @@ static void test_pyramid(void)
                 flx_kv_pyramid_build(&v, fast);
                 for (int j = 0; j < 4; j++)
                     CHECK(memcmp(fast[j], ref[j], (size_t)flx_kv_meta_count(L, j) * 4 * D) == 0);
+                /* In two steps, as the store builds it while chunks land: level 0 over random runs
+                 * of blocks in random order, then levels 1..3. */
+                for (int j = 0; j < 4; j++) memset(fast[j], 0xab, (size_t)flx_kv_meta_count(L, j) * 4 * D);
+                uint32_t cuts[8], nc = 0;
+                cuts[nc++] = 0;
+                while (nc < 7 && cuts[nc - 1] < nb) cuts[nc] = cuts[nc - 1] + 1 + (uint32_t)flx_rng_below(&rng, nb), nc++;
+                cuts[nc - 1] = FLX_MIN(cuts[nc - 1], nb);
+                if (cuts[nc - 1] < nb) cuts[nc++] = nb;
+                for (uint32_t i = nc - 1; i > 0; i--) flx_kv_pyramid_build_blocks(&v, fast[0], cuts[i - 1], cuts[i]);
+                flx_kv_pyramid_build_upper(&v, fast);
+                for (int j = 0; j < 4; j++)
+                    CHECK(memcmp(fast[j], ref[j], (size_t)flx_kv_meta_count(L, j) * 4 * D) == 0);
             }
             flx_isa_force(FLX_ISA_AVX512BF16);
             for (int j = 0; j < 4; j++) {

@@ -10,6 +10,8 @@
 #include <stdio.h>
 
 #include "tp_testutil.h"
+#include "../../transport/src/tp_hash.h"
+#include "flx/cpu.h"
 
 static flx_rng_t rng;
 static flx_tp_err_mode_t em;
@@ -140,6 +142,48 @@ static void test_wire(void)
 
 /* The planner covers every (head, token) of a layer exactly once, on 16-token granules, and its
  * rendezvous chunks are single contiguous destinations in a fresh store. */
+/* The payload hash: the AVX2 kernel and the library agree on every length (XXH3 switches
+ * algorithms at 16, 128 and 240 bytes and works in 1 KiB stripes) and however a payload is cut
+ * into an IOV; the empty input gives XXH3's published value. */
+static void test_hash(void)
+{
+    static const size_t lens[] = {0, 1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 1023, 1024, 1025, 4096 + 7,
+                                  (1u << 20) + 13, 16u << 20};
+    const size_t cap = 16u << 20;
+    uint8_t *buf = malloc(cap);
+    CHECK(buf);
+    for (size_t i = 0; i < cap; i++) buf[i] = (uint8_t)flx_rng_u32(&rng);
+    const flx_isa_t best = flx_isa_best();
+    CHECK(flx_tp_hash("", 0) == 0x2D06800538D394C2ull);
+    for (size_t i = 0; i < FLX_ARRAY_SIZE(lens); i++) {
+        const size_t n = lens[i];
+        const uint64_t h_best = flx_tp_hash(buf, n);
+        flx_isa_force(FLX_ISA_SCALAR);
+        const uint64_t h_lib = flx_tp_hash(buf, n);
+        flx_isa_force(best);
+        if (h_best != h_lib) fprintf(stderr, "hash: %zu bytes: %016llx (%s) vs %016llx (library)\n", n,
+                                     (unsigned long long)h_best, flx_isa_name(best), (unsigned long long)h_lib);
+        CHECK(h_best == h_lib);
+        /* the same bytes as an IOV of up to 5 pieces at random cuts */
+        for (int t = 0; t < 3; t++) {
+            flx_kv_iov_t iov[5];
+            uint32_t k = 0;
+            size_t off = 0;
+            while (off < n && k < 4) {
+                const size_t len = 1 + flx_rng_u32(&rng) % (n - off);
+                iov[k++] = (flx_kv_iov_t){buf + off, len};
+                off += len;
+            }
+            if (off < n || k == 0) iov[k++] = (flx_kv_iov_t){buf + off, n - off};
+            CHECK(tp_hash_iov(iov, k) == h_best);
+            flx_isa_force(FLX_ISA_SCALAR);
+            CHECK(tp_hash_iov(iov, k) == h_best);
+            flx_isa_force(best);
+        }
+    }
+    free(buf);
+}
+
 static void test_plan(void)
 {
     const uint32_t Ls[] = {1, 15, 64, 100, 320, 321, 336, 999, 1024 + 320, 5000};
@@ -294,6 +338,7 @@ int main(int argc, char **argv)
     em = tp_test_transport(argv[1]);
     flx_rng_seed(&rng, flx_test_seed("test_transport"));
     test_wire();
+    test_hash();
     test_plan();
     test_loop();
     test_iov();

@@ -468,7 +468,7 @@ flx_status_t flx_tp_node_create(const flx_tp_node_params_t *p, flx_tp_node_h *no
     if (cp.default_timeout_ms == 0 || cp.default_lease_ms == 0)
         return flx_error_set(FLX_ERR_INVALID, "transport node: default timeout %u ms and lease %u ms must be > 0",
                              cp.default_timeout_ms, cp.default_lease_ms);
-    const uint32_t nc = (m & FLX_TP_NODE_FIELD_THREADS) ? p->n_completion_threads : 1;
+    const uint32_t nc = (m & FLX_TP_NODE_FIELD_THREADS) ? p->n_completion_threads : 2;
     if (nc == 0 || nc > 16) return flx_error_set(FLX_ERR_INVALID, "transport node: n_completion_threads %u outside [1, 16]", nc);
 
     struct flx_tp_node *n = calloc(1, sizeof *n);

@@ -63,6 +63,9 @@ struct flx_tp_sender {
     uint8_t hb_hdr[FLX_TP_HDR_BYTES];
     ucp_dt_iov_t hb_iov;
     int hb_inflight;            /* progress thread only */
+    uint32_t rndv_window;       /* immutable after create */
+    uint32_t rndv_inflight;     /* progress thread only: rendezvous sends posted, not completed */
+    send_cmd_t *held;           /* progress thread only: the queue's head, waiting for the window */
 
     pthread_mutex_t lock;
     pthread_cond_t cv;
@@ -111,6 +114,7 @@ static void cmd_finish(send_cmd_t *c, flx_status_t st, const char *why)
 static void sent(void *req, ucs_status_t status, void *user_data)
 {
     send_cmd_t *c = user_data;
+    if (c->flags & FLX_TP_SEND_RNDV) c->s->rndv_inflight--; /* runs on the progress thread */
     char why[96];
     snprintf(why, sizeof why, "send: %s", ucs_status_string(status));
     cmd_finish(c, tp_status_from_ucs(status), why);
@@ -122,7 +126,10 @@ static void post(struct flx_tp_sender *s, send_cmd_t *c)
     const uint32_t flags = UCP_AM_SEND_FLAG_REPLY | (c->flags & FLX_TP_SEND_RNDV ? UCP_AM_SEND_FLAG_RNDV : 0) |
                            (c->flags & FLX_TP_SEND_EAGER ? UCP_AM_SEND_FLAG_EAGER : 0);
     void *req = tp_am_send(s->ep, c->hdr, c->payload, c->len, flags, sent, c, &c->iov);
-    if (UCS_PTR_IS_PTR(req)) return;
+    if (UCS_PTR_IS_PTR(req)) {
+        if (c->flags & FLX_TP_SEND_RNDV) s->rndv_inflight++;
+        return;
+    }
     char why[96];
     snprintf(why, sizeof why, "send: %s", ucs_status_string(UCS_PTR_STATUS(req)));
     cmd_finish(c, tp_status_from_ucs(UCS_PTR_STATUS(req)), why);
@@ -199,8 +206,17 @@ static void *progress_main(void *arg)
     struct flx_tp_sender *s = arg;
     uint64_t next_hb = 0;
     for (;;) {
-        send_cmd_t *c;
-        while ((c = tp_fifo_pop(&s->cmds))) post(s, c);
+        /* In queue order; a rendezvous send waits (and everything behind it) while the window is full. */
+        for (;;) {
+            send_cmd_t *c = s->held ? s->held : tp_fifo_pop(&s->cmds);
+            s->held = NULL;
+            if (!c) break;
+            if ((c->flags & FLX_TP_SEND_RNDV) && s->rndv_inflight >= s->rndv_window) {
+                s->held = c;
+                break;
+            }
+            post(s, c);
+        }
         if (atomic_load(&s->stop)) break;
         pthread_mutex_lock(&s->lock);
         const uint32_t hb = s->heartbeat_ms;
@@ -228,6 +244,8 @@ static void *progress_main(void *arg)
     }
     s->ep = NULL;
     send_cmd_t *c;
+    if (s->held) cmd_finish(s->held, FLX_ERR_CANCELED, "send: sender destroyed");
+    s->held = NULL;
     while ((c = tp_fifo_pop(&s->cmds))) cmd_finish(c, FLX_ERR_CANCELED, "send: sender destroyed");
     return NULL;
 }
@@ -245,11 +263,14 @@ flx_status_t flx_tp_sender_create(const flx_tp_sender_params_t *p, flx_tp_sender
     socklen_t sl;
     flx_status_t st = tp_resolve(p->host, p->port, &ss, &sl);
     if (st) return st;
+    if ((p->field_mask & FLX_TP_SENDER_FIELD_WINDOW) && (p->rndv_window < 1 || p->rndv_window > 1024))
+        return flx_error_set(FLX_ERR_INVALID, "transport sender: rndv_window %u outside [1, 1024]", p->rndv_window);
     struct flx_tp_sender *s = calloc(1, sizeof *s);
     if (!s) return flx_error_set(FLX_ERR_NOMEM, "transport sender");
     s->err_mode = em;
     s->connect_timeout_ms = (p->field_mask & FLX_TP_SENDER_FIELD_TIMEOUT) && p->connect_timeout_ms
                                 ? p->connect_timeout_ms : 10000;
+    s->rndv_window = (p->field_mask & FLX_TP_SENDER_FIELD_WINDOW) ? p->rndv_window : 4;
     s->loop.wake_fd = -1;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cv, NULL);

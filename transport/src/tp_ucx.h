@@ -56,10 +56,11 @@ typedef struct tp_loop {
 flx_status_t tp_loop_init(tp_loop_t *l, ucp_worker_h worker);
 void tp_loop_fini(tp_loop_t *l);
 void tp_loop_wake(tp_loop_t *l);
-/* Progresses until UCX has nothing to do, then spins at most spin_ns more progressing (0: none;
- * used only while receives are in flight, never when idle), arms the worker and sleeps in poll()
- * up to timeout_ms (-1: no limit) until UCX or a waker has something. Returns 1 when woken by
- * tp_loop_wake. */
+/* Progresses until UCX has nothing to do and returns 0 if that ran anything (its callbacks may have
+ * made work possible: a send window with room); otherwise spins at most spin_ns more progressing
+ * (0: none; used only while transfers are in flight, never when idle), arms the worker and sleeps
+ * in poll() up to timeout_ms (-1: no limit) until UCX or a waker has something. Returns 1 when
+ * woken by tp_loop_wake. */
 int tp_loop_wait(tp_loop_t *l, int timeout_ms, uint64_t spin_ns);
 
 /* A FIFO of nodes linked through their first field (a `void *next` at offset 0). */

@@ -148,7 +148,9 @@ void tp_loop_wake(tp_loop_t *l)
 
 int tp_loop_wait(tp_loop_t *l, int timeout_ms, uint64_t spin_ns)
 {
-    while (ucp_worker_progress(l->worker)) {}
+    int progressed = 0;
+    while (ucp_worker_progress(l->worker)) progressed = 1;
+    if (progressed) return 0; /* completions ran: the caller may have work they made possible */
     if (spin_ns) {
         uint64_t end = flx_now_ns() + spin_ns;
         while (flx_now_ns() < end)

@@ -17,9 +17,13 @@
 
 #include <stdio.h>
 #include <string.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
 #include <xxhash.h>
 
+#include "flx/cpu.h"
+
 #include "flx/util.h"
+#include "tp_hash.h"
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire format is little-endian; port get/put");
 _Static_assert(sizeof(flx_head_stats_t) == FLX_TP_STATS_RECORD_BYTES, "flx_head_stats_t is 30 32-bit fields");
@@ -61,7 +65,20 @@ const char *flx_tp_kind_name(uint32_t kind)
 
 uint64_t flx_tp_hash(const void *data, size_t len)
 {
-    return XXH3_64bits(data, len);
+    const flx_kv_iov_t one = {(void *)(uintptr_t)data, len};
+    return tp_hash_iov(&one, 1);
+}
+
+uint64_t tp_hash_iov(const flx_kv_iov_t *iov, uint32_t n)
+{
+#if defined(__x86_64__)
+    if (flx_isa_active() >= FLX_ISA_AVX2) return tp_hash_iov_avx2(iov, n);
+#endif
+    if (n == 1) return XXH3_64bits(iov[0].dst, iov[0].len);
+    XXH3_state_t st;
+    XXH3_64bits_reset(&st);
+    for (uint32_t i = 0; i < n; i++) XXH3_64bits_update(&st, iov[i].dst, iov[i].len);
+    return XXH3_64bits_digest(&st);
 }
 
 void flx_tp_hdr_encode(const flx_tp_hdr_t *h, uint8_t out[FLX_TP_HDR_BYTES])

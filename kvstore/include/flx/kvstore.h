@@ -513,6 +513,12 @@ static inline uint32_t flx_kv_meta_count(uint32_t l_cpu, int level)
 void flx_kv_pyramid_build(const flx_kv_head_view_t *view, flx_bf16_t *const meta[FLX_KV_META_LEVELS]);
 void flx_kv_pyramid_build_ref(const flx_kv_head_view_t *view, flx_bf16_t *const meta[FLX_KV_META_LEVELS]);
 
+/* The same pyramid in two steps, bit for bit: level 0 of blocks [b0, b1) (their rows must have
+ * landed; the store calls it per chunk, as each chunk completes, while the chunk is still in cache),
+ * then levels 1..3 from a complete level 0 (when the layer is complete). */
+void flx_kv_pyramid_build_blocks(const flx_kv_head_view_t *view, flx_bf16_t *meta0, uint32_t b0, uint32_t b1);
+void flx_kv_pyramid_build_upper(const flx_kv_head_view_t *view, flx_bf16_t *const meta[FLX_KV_META_LEVELS]);
+
 /* ---- NUMA ---- */
 
 /* Number of configured NUMA nodes (1 without libnuma support). */
