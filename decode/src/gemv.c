@@ -203,7 +203,7 @@ T512 static AI __m512 hsum16x16_avx512(const __m512 *a)
  * bandwidth: 0.55 to 0.72 of a plain read on one core, against 0.9 and more this way; a software
  * prefetch ahead of the stream cost 0.05 to 0.1 of the bandwidth on two cores and is left out), every
  * widened 16-value chunk feeding its NB vectors. One vector alone gets two accumulators per row
- * (even and odd chunks) so that two FMA chains are in flight. The group's G * NB dot products are
+ * (even and odd chunks) so that two FMA chains are in flight. The group's nr * NB dot products are
  * reduced together (hsum16x16); the accumulator of (row g, vector v) is a[g * NB + v]. */
 T512 static AI void gv_group_avx512(const int NB, const flx_bf16_t *w, size_t cols, uint32_t nr,
                                     const float *x, float *y, size_t ldy)

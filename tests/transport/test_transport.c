@@ -152,7 +152,7 @@ static void test_hash(void)
     const size_t cap = 16u << 20;
     uint8_t *buf = malloc(cap);
     CHECK(buf);
-    for (size_t i = 0; i < cap; i++) buf[i] = (uint8_t)flx_rng_u32(&rng);
+    for (size_t i = 0; i < cap; i++) buf[i] = (uint8_t)flx_rng_u64(&rng);
     const flx_isa_t best = flx_isa_best();
     CHECK(flx_tp_hash("", 0) == 0x2D06800538D394C2ull);
     for (size_t i = 0; i < FLX_ARRAY_SIZE(lens); i++) {
@@ -170,7 +170,7 @@ static void test_hash(void)
             uint32_t k = 0;
             size_t off = 0;
             while (off < n && k < 4) {
-                const size_t len = 1 + flx_rng_u32(&rng) % (n - off);
+                const size_t len = 1 + flx_rng_u64(&rng) % (n - off);
                 iov[k++] = (flx_kv_iov_t){buf + off, len};
                 off += len;
             }
