@@ -136,7 +136,7 @@ int main(int argc, char **argv)
     flx_model_t *m;
     if (flx_model_load_pool(model_path, pool, &m) != FLX_OK) die("model");
     const size_t rbytes = flx_model_weight_bytes(m) & ~(size_t)127;
-    uint8_t *rbuf = flx_aligned_alloc(4096, rbytes);
+    uint8_t *rbuf = flx_stream_alloc(rbytes);   /* the weights' page policy: like with like */
     if (!rbuf) die("read buffer");
     memset(rbuf, 1, rbytes);   /* faulted in once, outside every timed read */
     const double bw0 = flx_bench_read_bw(pool, rbuf, rbytes, 3);

@@ -227,7 +227,7 @@ int main(int argc, char **argv)
            "(+%u warm-up) per condition, order rotated per round\n", cpus[0], cpus[0], cpus[1], rounds, win, warm);
     /* The reference read: a buffer of the weights' size, touched once so no page fault is timed. */
     const size_t rbytes = flx_model_weight_bytes(m) & ~(size_t)127;
-    uint8_t *rbuf = flx_aligned_alloc(4096, rbytes);
+    uint8_t *rbuf = flx_stream_alloc(rbytes);   /* the weights' page policy: like with like */
     if (!rbuf) die("read buffer");
     memset(rbuf, 1, rbytes);
     printf("text %s: %zu tokens; weights read per step %.1f MB; read bandwidth (same binary, same pool, %.1f MB "

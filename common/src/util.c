@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -30,6 +31,16 @@ void *flx_aligned_alloc(size_t align, size_t size)
 void flx_aligned_free(void *p)
 {
     free(p);
+}
+
+void *flx_stream_alloc(size_t size)
+{
+    const size_t huge = (size_t)2 << 20;
+    if (size < huge / 2) return flx_aligned_alloc(64, size);
+    const size_t bytes = (size + huge - 1) & ~(huge - 1);
+    void *p = flx_aligned_alloc(huge, bytes);
+    if (p) (void)madvise(p, bytes, MADV_HUGEPAGE); /* advice: without THP the memory works the same */
+    return p;
 }
 
 static uint64_t splitmix64(uint64_t *x)

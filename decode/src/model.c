@@ -77,7 +77,7 @@ flx_status_t flx_model_mem_add_release(flx_model_t *m, void *p, void (*release)(
 
 void *flx_model_mem_alloc(flx_model_t *m, size_t bytes)
 {
-    void *p = flx_aligned_alloc(64, bytes);
+    void *p = flx_stream_alloc(bytes);   /* read every step: huge pages from 1 MiB up */
     if (!p) {
         flx_error_set(FLX_ERR_NOMEM, "model: %zu bytes of weights", bytes);
         return NULL;

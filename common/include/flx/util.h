@@ -74,6 +74,11 @@ flx_status_t flx_file_read(const char *path, size_t max_bytes, char **buf_p, siz
 /* Aligned allocation (alignment a power of two >= sizeof(void*)); free with flx_aligned_free. */
 void *flx_aligned_alloc(size_t align, size_t size);
 void flx_aligned_free(void *p);
+/* Memory streamed every step (weights; the benchmarks' reference reads, so they compare like with
+ * like): from 1 MiB up, 2 MiB-aligned, rounded up to 2 MiB and madvise(MADV_HUGEPAGE)'d, so that
+ * transparent huge pages back it where the kernel allows them (THP "madvise" mode included: the
+ * development VM's). Smaller sizes: 64-byte aligned. Free with flx_aligned_free. */
+void *flx_stream_alloc(size_t size);
 
 /*
  * xoshiro256** generator. Seeded, deterministic, not thread-safe (one per thread). Used by tests,
