@@ -164,9 +164,10 @@ int main(int argc, char **argv)
     printf("%-16s TPOT median %8.2f ms, host bytes per step %8.2f MiB\n", name[1], med[1],
            (double)tx.host_bytes / tx.n_steps / 1048576.0);
     printf("ratio per step pair fluxion / fixed(16,0.05): median %.3f [%.3f, %.3f] over %d pairs; fluxion's decisions "
-           "(features + predictor + selector) %.1f%% of its step, %.0f of %u groups streaming-only per step\n",
+           "(features + predictor + selector) %.1f%% of its step, %.0f of %u (layer, sequence, kv group)s "
+           "streaming-only per step\n",
            rmed, rmin, rmax, n, step_ns > 0 ? 100.0 * pred_ns / step_ns : 0.0, (double)tf.n_skipped / tf.n_steps,
-           c->n_layers * c->n_kv_heads);
+           c->n_layers * c->n_kv_heads * (uint32_t)batch);
     printf("RESULT tpot_fluxion_vs_16_005=%.3f tpot_fluxion_ms=%.2f tpot_16_005_ms=%.2f predictor_share=%.4f\n", rmed,
            med[0], med[1], step_ns > 0 ? pred_ns / step_ns : 0.0);
     for (int k = 0; k < 2; k++) {
