@@ -202,9 +202,12 @@ T512 static AI __m512 hsum16x16_avx512(const __m512 *a)
  * stream (interleaving rows, as an earlier tile did, left the prefetchers a fraction of the
  * bandwidth: 0.55 to 0.72 of a plain read on one core, against 0.9 and more this way; a software
  * prefetch ahead of the stream cost 0.05 to 0.1 of the bandwidth on two cores and is left out), every
- * widened 16-value chunk feeding its NB vectors. One vector alone gets two accumulators per row
- * (even and odd chunks) so that two FMA chains are in flight. The group's nr * NB dot products are
- * reduced together (hsum16x16); the accumulator of (row g, vector v) is a[g * NB + v]. */
+ * widened 16-value chunk feeding its NB vectors. Each (row, vector) dot product has two
+ * accumulators (even and odd 16-value chunks, so two FMA chains are in flight even for one vector),
+ * added the same way whatever NB: a sequence's result does not depend on the batch around it
+ * (test_forward: batch vs alone). The group's nr * NB dot products are reduced together
+ * (hsum16x16, which sums every accumulator's lanes in the same order whatever its place); the
+ * accumulator of (row g, vector v) is a[g * NB + v]. */
 T512 static AI void gv_group_avx512(const int NB, const flx_bf16_t *w, size_t cols, uint32_t nr,
                                     const float *x, float *y, size_t ldy)
 {
@@ -214,27 +217,25 @@ T512 static AI void gv_group_avx512(const int NB, const flx_bf16_t *w, size_t co
     const size_t c16 = cols & ~(size_t)15, c32 = cols & ~(size_t)31;
     for (uint32_t g = 0; g < nr; g++) {
         const flx_bf16_t *wr = w + (size_t)g * cols;
-        if (NB == 1) {
-            __m512 e = _mm512_setzero_ps(), o = _mm512_setzero_ps();
-            size_t c = 0;
-            for (; c < c32; c += 32) {
-                e = _mm512_fmadd_ps(ld16_bf16_avx512(wr + c), _mm512_loadu_ps(x + c), e);
-                o = _mm512_fmadd_ps(ld16_bf16_avx512(wr + c + 16), _mm512_loadu_ps(x + c + 16), o);
+        __m512 e[4], o[4];
+#pragma GCC unroll 4
+        for (int v = 0; v < NB; v++) e[v] = o[v] = _mm512_setzero_ps();
+        size_t c = 0;
+        for (; c < c32; c += 32) {
+            const __m512 w0 = ld16_bf16_avx512(wr + c), w1 = ld16_bf16_avx512(wr + c + 16);
+#pragma GCC unroll 4
+            for (int v = 0; v < NB; v++) {
+                e[v] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + (size_t)v * cols + c), e[v]);
+                o[v] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + (size_t)v * cols + c + 16), o[v]);
             }
-            if (c < c16) e = _mm512_fmadd_ps(ld16_bf16_avx512(wr + c), _mm512_loadu_ps(x + c), e);
-            a[g] = _mm512_add_ps(e, o);
-        } else {
-            __m512 s[4];
-#pragma GCC unroll 4
-            for (int v = 0; v < NB; v++) s[v] = _mm512_setzero_ps();
-            for (size_t c = 0; c < c16; c += 16) {
-                const __m512 wv = ld16_bf16_avx512(wr + c);
-#pragma GCC unroll 4
-                for (int v = 0; v < NB; v++) s[v] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (size_t)v * cols + c), s[v]);
-            }
-#pragma GCC unroll 4
-            for (int v = 0; v < NB; v++) a[g * NB + v] = s[v];
         }
+        if (c < c16) {
+            const __m512 w0 = ld16_bf16_avx512(wr + c);
+#pragma GCC unroll 4
+            for (int v = 0; v < NB; v++) e[v] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + (size_t)v * cols + c), e[v]);
+        }
+#pragma GCC unroll 4
+        for (int v = 0; v < NB; v++) a[g * NB + v] = _mm512_add_ps(e[v], o[v]);
     }
     float sums[16];
     _mm512_storeu_ps(sums, hsum16x16_avx512(a));

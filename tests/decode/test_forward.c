@@ -108,6 +108,18 @@ static void test_gemv(void)
                     free(yw[i]);
                 }
             }
+            /* each vector's result is the one it gets alone: the batch around it changes no bit */
+            for (uint32_t j = 0; j < n; j++) {
+                flx_gemv_mat_t m1[3];
+                float *y1[3];
+                for (int i = 0; i < 3; i++) y1[i] = malloc((size_t)r3[i] * 4), m1[i] = (flx_gemv_mat_t){w[i], r3[i], y1[i]};
+                flx_gemv_bf16(m1, 3, cols, x + (size_t)j * cols, 1, g_pool);
+                for (int i = 0; i < 3; i++) {
+                    snprintf(label, sizeof label, "gemv %ux%u vector %u of %u vs alone, mat %d", r3[i], cols, j, n, i);
+                    CHECK_SAME(label, y1[i], y[i] + (size_t)j * r3[i], r3[i]);
+                    free(y1[i]);
+                }
+            }
             for (int i = 0; i < 3; i++) free(w[i]), free(y[i]), free(yr[i]);
             free(x);
         }
