@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "flx/pool.h"
 #include "flx/util.h"
@@ -56,16 +57,15 @@ static inline double flx_bench_read_bw(flx_pool_h pool, const uint8_t *buf, size
     return best;
 }
 
-/* The same over a fresh 1 GiB buffer (0 when it cannot be allocated). */
-static inline double flx_bench_read_bw_1g(flx_pool_h pool, int reps)
+/* A reference buffer for flx_bench_read_bw, allocated as weights are (flx_stream_alloc: like with
+ * like) and faulted in, so no timed read pays a page fault: *bytes rounded down to a multiple of 128.
+ * NULL when it cannot be allocated; free with flx_aligned_free. */
+static inline uint8_t *flx_bench_read_buf(size_t *bytes)
 {
-    const size_t sb = (size_t)1 << 30;
-    uint8_t *b = flx_stream_alloc(sb);   /* the weights' page policy: like with like */
-    if (!b) return 0;
-    for (size_t i = 0; i < sb; i += 4096) b[i] = 1;
-    const double bw = flx_bench_read_bw(pool, b, sb, reps);
-    flx_aligned_free(b);
-    return bw;
+    *bytes &= ~(size_t)127;
+    uint8_t *b = flx_stream_alloc(*bytes);
+    if (b) memset(b, 1, *bytes);
+    return b;
 }
 
 #endif

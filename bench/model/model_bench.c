@@ -135,10 +135,9 @@ int main(int argc, char **argv)
     if (flx_pool_create(&pp, &pool) != FLX_OK) die("worker pool");
     flx_model_t *m;
     if (flx_model_load_pool(model_path, pool, &m) != FLX_OK) die("model");
-    const size_t rbytes = flx_model_weight_bytes(m) & ~(size_t)127;
-    uint8_t *rbuf = flx_stream_alloc(rbytes);   /* the weights' page policy: like with like */
+    size_t rbytes = flx_model_weight_bytes(m);
+    uint8_t *rbuf = flx_bench_read_buf(&rbytes);
     if (!rbuf) die("read buffer");
-    memset(rbuf, 1, rbytes);   /* faulted in once, outside every timed read */
     const double bw0 = flx_bench_read_bw(pool, rbuf, rbytes, 3);
     const flx_model_config_t *c = &m->cfg;
     printf("model_bench: %s (%u layers, %u/%u heads, head_dim %u), %s, %u decode steps (%d warm-up)\n", c->name,

@@ -226,10 +226,9 @@ int main(int argc, char **argv)
     printf("competitors: busy loops pinned to CPU %d (loaded1), CPUs %d and %d (loaded2); %u rounds of %u steps "
            "(+%u warm-up) per condition, order rotated per round\n", cpus[0], cpus[0], cpus[1], rounds, win, warm);
     /* The reference read: a buffer of the weights' size, touched once so no page fault is timed. */
-    const size_t rbytes = flx_model_weight_bytes(m) & ~(size_t)127;
-    uint8_t *rbuf = flx_stream_alloc(rbytes);   /* the weights' page policy: like with like */
+    size_t rbytes = flx_model_weight_bytes(m);
+    uint8_t *rbuf = flx_bench_read_buf(&rbytes);
     if (!rbuf) die("read buffer");
-    memset(rbuf, 1, rbytes);
     printf("text %s: %zu tokens; weights read per step %.1f MB; read bandwidth (same binary, same pool, %.1f MB "
            "buffer) %.1f GB/s\n", text_path, n_ids, flx_model_weight_bytes(m) / 1e6, rbytes / 1e6,
            flx_bench_read_bw(pool, rbuf, rbytes, 3));

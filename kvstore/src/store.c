@@ -1268,14 +1268,12 @@ static void blocks_within(const struct flx_kv_session *x, uint32_t t0, uint32_t 
     if (*b1 < *b0) *b1 = *b0;
 }
 
-/* Level 0 of the blocks a completed chunk landed whole (run before its completion is counted, so
- * the thread that completes the layer sees it). Blocks that straddle two chunks are left to it. */
-static void build_chunk_blocks(struct flx_kv_session *x, const flx_kv_chunk_t *c)
+/* Level 0 of blocks [b0, b1), the ones a completed chunk landed whole (run before its completion is
+ * counted, so the thread that completes the layer sees it). Blocks that straddle two chunks are left
+ * to that thread. */
+static void build_chunk_blocks(struct flx_kv_session *x, const flx_kv_chunk_t *c, uint32_t b0, uint32_t b1)
 {
-    uint32_t b0, b1;
-    blocks_within(x, c->tok_begin, c->tok_end, &b0, &b1);
-    if (b0 >= b1) return;
-    for (uint32_t h = c->head_begin; h < c->head_end; h++) {
+    for (uint32_t h = c->head_begin; h < c->head_end && b0 < b1; h++) {
         flx_kv_head_view_t v;
         flx_bf16_t *meta[FLX_KV_META_LEVELS];
         head_view(x, c->layer, h, &v, meta);
@@ -1284,10 +1282,8 @@ static void build_chunk_blocks(struct flx_kv_session *x, const flx_kv_chunk_t *c
 }
 
 /* Marks the blocks build_chunk_blocks built (caller holds x->lock). */
-static void mark_chunk_blocks_locked(struct flx_kv_session *x, const flx_kv_chunk_t *c)
+static void mark_chunk_blocks_locked(struct flx_kv_session *x, const flx_kv_chunk_t *c, uint32_t b0, uint32_t b1)
 {
-    uint32_t b0, b1;
-    blocks_within(x, c->tok_begin, c->tok_end, &b0, &b1);
     for (uint32_t h = c->head_begin; h < c->head_end; h++) {
         uint64_t *w = x->built0 + ((size_t)c->layer * x->store->n_kv_heads + h) * x->lay.blk_words;
         for (uint32_t b = b0; b < b1; b++) w[b / 64] |= 1ull << (b % 64);
@@ -1346,7 +1342,9 @@ flx_status_t flx_kv_chunk_complete(flx_kv_store_h s, flx_kv_claim_t *cl, int ok)
     const uint32_t nh = c->head_end - c->head_begin;
     const uint32_t ng = FLX_DIV_UP(c->tok_end, FLX_KV_BLOCK_TOKENS) - c->tok_begin / FLX_KV_BLOCK_TOKENS;
     int build = 0;
-    if (ok) build_chunk_blocks(sess, c); /* its bytes are still in cache (the receiver just hashed them) */
+    uint32_t b0, b1;   /* the host blocks this chunk landed whole */
+    blocks_within(sess, c->tok_begin, c->tok_end, &b0, &b1);
+    if (ok) build_chunk_blocks(sess, c, b0, b1); /* its bytes are still in cache (the receiver just hashed them) */
     pthread_mutex_lock(&sess->lock);
     sess->claims_inflight--;
     if (!ok) {
@@ -1359,7 +1357,7 @@ flx_status_t flx_kv_chunk_complete(flx_kv_store_h s, flx_kv_claim_t *cl, int ok)
         sess->bytes_received += cl->bytes;
         if (sess->bytes_received == bytes_expected(sess)) sess->t_last = flx_now_ns();
         sess->missing[c->layer] -= nh * ng;
-        mark_chunk_blocks_locked(sess, c);
+        mark_chunk_blocks_locked(sess, c, b0, b1);
         build = sess->missing[c->layer] == 0;
     } else {
         st = flx_error_set(FLX_ERR_STATE, "chunk completed for session %#llx in state %s",
