@@ -9,7 +9,9 @@
  * turn, the order swapped every pair (A B, B A, ...); after WARM steps each pair gives the ratio
  * TPOT_fluxion / TPOT_fixed of two steps measured back to back, and the median and the spread of the
  * ratios are printed, with each engine's median TPOT and Fluxion's decision share (features +
- * predictor + selector) of its step.
+ * predictor + selector) of its step, and per engine where a step's time went (dense part, attention:
+ * decisions and tasks; the thread time of the features, the predictor, and in the tasks of the
+ * window, scoring, top-k and attention).
  *
  * usage: tpot_bench -m MODEL --text FILE --predictor W [--len 8192] [--batch 4] [--steps 24]
  *                   [--threads N]   (tpot_bench --help; flx/cli.h's convention)
@@ -159,10 +161,21 @@ int main(int argc, char **argv)
     flx_engine_stats_t tf, tx;
     flx_engine_total_stats(sd[0].e, &tf);
     flx_engine_total_stats(sd[1].e, &tx);
-    printf("%-16s TPOT median %8.2f ms, host bytes per step %8.2f MiB\n", name[0], med[0],
-           (double)tf.host_bytes / tf.n_steps / 1048576.0);
-    printf("%-16s TPOT median %8.2f ms, host bytes per step %8.2f MiB\n", name[1], med[1],
-           (double)tx.host_bytes / tx.n_steps / 1048576.0);
+    const flx_engine_stats_t *tt[2] = {&tf, &tx};
+    for (int k = 0; k < 2; k++) {
+        const flx_engine_stats_t *t = tt[k];
+        const double ns = 1e-6 / (double)(t->n_steps ? t->n_steps : 1);   /* ns summed -> ms per step */
+        printf("%-16s TPOT median %8.2f ms, host bytes per step %8.2f MiB; per step (mean, warm-up included): dense "
+               "%.2f ms, attention %.2f ms (decisions %.2f: features and predictor %.2f, selector %.2f; tasks %.2f); "
+               "thread-ms: features %.2f, predictor %.2f, in tasks window %.2f, scoring %.2f, top-k %.2f, attention "
+               "%.2f\n",
+               name[k], med[k], (double)t->host_bytes / (double)(t->n_steps ? t->n_steps : 1) / 1048576.0,
+               (double)t->dense_ns * ns, (double)t->attn_ns * ns, (double)t->predict_ns * ns, (double)t->decide_ns * ns,
+               (double)t->select_ns * ns, (double)t->sched_wall_ns * ns, (double)t->feat_cpu_ns * ns,
+               (double)t->mlp_cpu_ns * ns,
+               (double)t->window_ns * ns, (double)t->score_ns * ns, (double)t->topk_ns * ns,
+               (double)t->host_attn_ns * ns);
+    }
     printf("ratio per step pair fluxion / fixed(16,0.05): median %.3f [%.3f, %.3f] over %d pairs; fluxion's decisions "
            "(features + predictor + selector) %.1f%% of its step, %.0f of %u (layer, sequence, kv group)s "
            "streaming-only per step\n",

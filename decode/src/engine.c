@@ -702,6 +702,10 @@ static void layer_stats_add(struct flx_engine *e, uint32_t layer, const flx_attn
     e->cur.n_tasks += s->n_tasks;
     e->cur.n_skipped += x->n_groups - x->n_tasks;
     e->cur.predict_ns += x->predict_ns;
+    e->cur.decide_ns += x->decide_ns;
+    e->cur.select_ns += x->select_ns;
+    e->cur.feat_cpu_ns += x->feat_cpu_ns;
+    e->cur.mlp_cpu_ns += x->mlp_cpu_ns;
     e->cur.window_ns += s->attn.window_ns;
     e->cur.score_ns += s->attn.score_ns;
     e->cur.topk_ns += s->attn.topk_ns;
@@ -861,6 +865,10 @@ void flx_engine_stats_add(flx_engine_stats_t *a, const flx_engine_stats_t *b)
     a->host_bytes += b->host_bytes;
     a->dense_bytes += b->dense_bytes;
     a->predict_ns += b->predict_ns;
+    a->decide_ns += b->decide_ns;
+    a->select_ns += b->select_ns;
+    a->feat_cpu_ns += b->feat_cpu_ns;
+    a->mlp_cpu_ns += b->mlp_cpu_ns;
     a->n_skipped += b->n_skipped;
     a->cpu_busy_ns += b->cpu_busy_ns;
     a->n_gpu_tasks += b->n_gpu_tasks;

@@ -301,6 +301,22 @@ void flx_attn_host_chunk(const flx_attn_ws_t *ws, const flx_kv_head_view_t *view
     }
 }
 
+/* a[d] += acc[d] * w and o[d] = (float)(a[d] * inv), d < D (a multiple of 16): products and sums
+ * rounded one by one as the scalar loops round them, eight doubles at a time. */
+__attribute__((target("avx512f"))) static void acc_add_512(double *a, const float *acc, double w, uint32_t D)
+{
+    const __m512d wv = _mm512_set1_pd(w);
+    for (uint32_t d = 0; d < D; d += 8)
+        _mm512_storeu_pd(a + d, _mm512_add_pd(_mm512_loadu_pd(a + d),
+                                              _mm512_mul_pd(_mm512_cvtps_pd(_mm256_loadu_ps(acc + d)), wv)));
+}
+
+__attribute__((target("avx512f"))) static void scale_out_512(float *o, const double *a, double inv, uint32_t D)
+{
+    const __m512d iv = _mm512_set1_pd(inv);
+    for (uint32_t d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_loadu_pd(a + d), iv)));
+}
+
 /* Merges the states of chunks [first, first + n) in order into o, lse (outputs back in natural
  * order); no chunk, or no token in any: o = 0, lse = -inf. */
 void flx_attn_part_finish(const flx_attn_ws_t *ws, uint32_t first, uint32_t n, float *o, float *lse)
@@ -326,12 +342,22 @@ void flx_attn_part_finish(const flx_attn_ws_t *ws, uint32_t first, uint32_t n, f
             w[t] = st[1] > 0 ? exp((double)st[0] - M) : 0.0;
             L += st[1] * w[t];
         }
-        for (uint32_t d = 0; d < D; d++) {
-            double a = 0;
-            for (uint32_t t = 0; t < n; t++)
-                if (w[t] != 0.0) a += flx_attn_slot(ws, first + t)[h * PART_STRIDE(D) + 16 + d] * w[t];
-            oh[d] = (float)(a / L);
+        /* per d the chunks in order, as a sum over t of the d-th terms: t outer keeps that order
+         * and lets the d loop run in vectors */
+        double a[FLX_ATTN_MAX_HEAD_DIM];
+        for (uint32_t d = 0; d < D; d++) a[d] = 0;
+        for (uint32_t t = 0; t < n; t++) {
+            if (w[t] == 0.0) continue;
+            const float *acc = flx_attn_slot(ws, first + t) + h * PART_STRIDE(D) + 16;
+            const double wt = w[t];
+            if (isa >= FLX_ISA_AVX512) acc_add_512(a, acc, wt, D);
+            else
+                for (uint32_t d = 0; d < D; d++) a[d] += acc[d] * wt;
         }
+        const double inv = 1.0 / L;   /* one division a head: D of them were a quarter of a window's time */
+        if (isa >= FLX_ISA_AVX512) scale_out_512(oh, a, inv, D);
+        else
+            for (uint32_t d = 0; d < D; d++) oh[d] = (float)(a[d] * inv);
         lse[h] = (float)(M + log(L));
         if (isa == FLX_ISA_AVX2) unperm_eo(oh, D);
         else if (isa >= FLX_ISA_AVX512) unperm_eo32(oh, D);
@@ -426,6 +452,44 @@ flx_status_t flx_attn_window(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, 
     chunk_job_t j = {ws, view, 0};
     if ((st = flx_pool_for(ws->shape.pool, nc, 1, chunk_run, &j))) return st;
     flx_attn_part_finish(ws, 0, nc, o, lse);
+    return FLX_OK;
+}
+
+flx_status_t flx_attn_window_segments(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q,
+                                      uint32_t n_seg, const uint32_t *seg_rows, float *o_seg, float *lse_seg,
+                                      float *o, float *lse)
+{
+    flx_status_t st = flx_attn_check_view(view, "window segments");
+    if (st) return st;
+    if (!ws || !q || !seg_rows || !o_seg || !lse_seg || !o || !lse || n_seg == 0 || n_seg > FLX_ATTN_WIN_SEGMENTS)
+        return flx_error_set(FLX_ERR_INVALID, "window segments: NULL argument or %u segments (1..%d)", n_seg,
+                             FLX_ATTN_WIN_SEGMENTS);
+    if (view->head_dim != ws->shape.head_dim)
+        return flx_error_set(FLX_ERR_INVALID, "window segments: view head_dim %u vs workspace %u", view->head_dim,
+                             ws->shape.head_dim);
+    uint64_t total = 0;
+    for (uint32_t s = 0; s < n_seg; s++) total += seg_rows[s];
+    if (total != view->n_win)
+        return flx_error_set(FLX_ERR_INVALID, "window segments: %llu rows in segments, the window has %u",
+                             (unsigned long long)total, view->n_win);
+    if (view->n_win && (!view->win_k || !view->win_v))
+        return flx_error_set(FLX_ERR_INVALID, "window segments: n_win %u but no window arrays", view->n_win);
+    _Static_assert(FLX_ATTN_WIN_SEGMENTS * FLX_ATTN_WIN_CHUNKS <= FLX_ATTN_MAX_CHUNKS, "window segments' slots");
+    const uint32_t G = ws->shape.group, D = ws->shape.head_dim;
+    flx_attn_prep_attn_q(ws, q);
+    uint32_t slot = 0, row = 0;
+    for (uint32_t s = 0; s < n_seg; s++) {
+        /* the segment as a window of its own, its chunks in the slots after the previous segment's
+         * (<= FLX_ATTN_WIN_CHUNKS each, FLX_ATTN_WIN_SEGMENTS * that within FLX_ATTN_MAX_CHUNKS) */
+        flx_kv_head_view_t sv = *view;
+        sv.win_k = view->win_k + (size_t)row * D, sv.win_v = view->win_v + (size_t)row * D;
+        sv.n_win = sv.win_cap = seg_rows[s];
+        const uint32_t nc = seg_rows[s] ? flx_attn_plan_window(ws, seg_rows[s]) : 0;
+        for (uint32_t c = 0; c < nc; c++) flx_attn_window_chunk(ws, &sv, c, flx_attn_slot(ws, slot + c));
+        flx_attn_part_finish(ws, slot, nc, o_seg + (size_t)s * G * D, lse_seg + (size_t)s * G);
+        slot += nc, row += seg_rows[s];
+    }
+    flx_attn_part_finish(ws, 0, slot, o, lse);
     return FLX_OK;
 }
 

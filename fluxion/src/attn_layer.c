@@ -9,19 +9,32 @@
  * one features workspace per worker, the predictor's scratch, the host parts' LSE for deferred
  * merges. A run allocates nothing.
  *
- * Everything runs on the caller's worker pool: the features per (sequence, KV group) item (each
- * worker its own workspace for the window kernel), the predictor in its row chunks, the tasks on
- * the scheduler; the pool reports the lowest failing item's error on the driving thread.
+ * Everything runs on the caller's worker pool, in two runs a layer: the decisions, then the tasks
+ * on the scheduler. The decision run's items are the features of each (sequence, KV group) (each
+ * worker its own workspace for the window kernel), then the predictor's 8-row tiles. A sequence's
+ * rows need all its groups' features (MAX_ONORM_Q is a maximum over its heads), not the batch's:
+ * the item that completes a sequence's groups finishes its features and publishes it, and a tile
+ * waits only for the sequences its rows belong to, so the predictor of the first sequences runs
+ * while the features of the last are still being computed (a barrier between two runs had left a
+ * worker idle at its end, and the tiles of the whole batch split unevenly). The selector (about 1
+ * us a group) runs on the calling thread after it. The pool reports the lowest failing item's error
+ * on the driving thread; a tile whose sequence's features failed fails after them.
  */
 #include "flx/attn_layer.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <sched.h>
+
 #include "flx/features.h"
 #include "flx/util.h"
+
+enum { SEQ_PENDING = 0, SEQ_READY = 1, SEQ_FAILED = 2 };
+#define PRED_TILE 8   /* predictor rows per item: one of its 8-row register tiles */
 
 struct flx_attn_layer {
     flx_attn_layer_params_t p;
@@ -47,6 +60,11 @@ struct flx_attn_layer {
     flx_attn_ws_t *fws;          /* (W) */
     void *pscratch;              /* the predictor's scratch for max_batch * Hq rows */
     size_t ps_bytes;
+    _Atomic uint32_t *seq_left;  /* (max_batch) the run's feature items of each sequence not yet done */
+    _Atomic uint32_t *seq_state; /* (max_batch) SEQ_PENDING, SEQ_READY (features final), SEQ_FAILED */
+    _Atomic uint32_t *seq_fail;  /* (max_batch) 1: a feature item of the sequence failed */
+    uint32_t n_feat_items, n_rows;   /* the run in progress: B * Hkv feature items, B * Hq predictor rows */
+    _Atomic uint64_t feat_cpu_ns, mlp_cpu_ns;   /* the run in progress: thread time of each kind of item */
     /* the run in progress */
     const flx_attn_layer_args_t *a;
 };
@@ -130,7 +148,10 @@ flx_status_t flx_attn_layer_create(const flx_attn_layer_params_t *params, flx_at
         L->fmem = flx_aligned_alloc(FLX_CACHELINE, L->fws_bytes * L->W);
         L->fws = calloc(L->W, sizeof *L->fws);
         L->pscratch = flx_aligned_alloc(FLX_CACHELINE, L->ps_bytes);
-        if (!L->feat || !L->pred || !L->budgets || !L->o_win || !L->lse_win || !L->win_ptr || !L->feat_in || !L->fmem ||
+        L->seq_left = calloc(B, sizeof *L->seq_left);
+        L->seq_state = calloc(B, sizeof *L->seq_state);
+        L->seq_fail = calloc(B, sizeof *L->seq_fail);
+        if (!L->seq_left || !L->seq_state || !L->seq_fail || !L->feat || !L->pred || !L->budgets || !L->o_win || !L->lse_win || !L->win_ptr || !L->feat_in || !L->fmem ||
             !L->fws || !L->pscratch) {
             st = flx_error_set(FLX_ERR_NOMEM, "attention layer: fluxion buffers for %u sequences", B);
             goto fail;
@@ -165,25 +186,70 @@ void flx_attn_layer_destroy(flx_attn_layer_h L)
     flx_aligned_free(L->fmem);
     free(L->fws);
     flx_aligned_free(L->pscratch);
+    free((void *)L->seq_left);
+    free((void *)L->seq_state);
+    free((void *)L->seq_fail);
     free(L);
 }
 
-/* Items b * Hkv + g: the features (and window partials) of KV group g of sequence b. */
-static flx_status_t feat_items(void *arg, const flx_pool_worker_t *w, uint64_t i0, uint64_t i1)
+/* Feature item b * Hkv + g: the features (and window partials) of KV group g of sequence b. The
+ * item that completes a sequence's groups (failed or not) finishes its features (the maximum
+ * over its heads) and publishes the sequence's state for the predictor items waiting on it. */
+static flx_status_t feat_item(struct flx_attn_layer *L, uint32_t wi, uint32_t id)
+{
+    const uint32_t b = id / L->Hkv, g = id % L->Hkv;
+    flx_feat_layer_t in = L->feat_in[b];
+    in.ws = &L->fws[wi];
+    const size_t r0 = (size_t)b * L->Hq;
+    float *feat = L->feat + r0 * FLX_FEAT_COUNT;
+    flx_status_t st = flx_features_decode_groups(&in, g, g + 1, feat, L->o_win + r0 * L->D, L->lse_win + r0);
+    if (st) {
+        st = flx_error_set(st, "layer %u batch row %u kv group %u: features: %s", L->a->layer, b, g, flx_error_msg());
+        atomic_store_explicit(&L->seq_fail[b], 1, memory_order_relaxed);
+    }
+    /* acq_rel: the last one sees every group's rows (and the fail flag) of the others */
+    if (atomic_fetch_sub_explicit(&L->seq_left[b], 1, memory_order_acq_rel) == 1) {
+        const int ok = !atomic_load_explicit(&L->seq_fail[b], memory_order_relaxed);
+        if (ok) flx_features_decode_finish(&L->feat_in[b], feat);
+        atomic_store_explicit(&L->seq_state[b], ok ? SEQ_READY : SEQ_FAILED, memory_order_release);
+    }
+    return st;
+}
+
+/* Predictor item t: rows [8t, 8t + 8) once the sequences they belong to have their features. Items
+ * are claimed in order, so every feature item below a claimed predictor item is running or done
+ * (or the pool skipped both, past a failure): the wait ends. */
+static flx_status_t pred_item(struct flx_attn_layer *L, uint32_t t)
+{
+    const uint32_t r0 = t * PRED_TILE, r1 = r0 + PRED_TILE < L->n_rows ? r0 + PRED_TILE : L->n_rows;
+    for (uint32_t b = r0 / L->Hq; b <= (r1 - 1) / L->Hq; b++) {
+        uint32_t s, spins = 0;
+        while ((s = atomic_load_explicit(&L->seq_state[b], memory_order_acquire)) == SEQ_PENDING) {
+            if (++spins < 256) __builtin_ia32_pause();
+            else sched_yield();   /* the feature item's worker may need this CPU */
+        }
+        if (s == SEQ_FAILED)
+            return flx_error_set(FLX_ERR_STATE, "layer %u batch row %u: predictor: the features failed",
+                                 L->a->layer, b);
+    }
+    flx_status_t st = flx_predictor_run_rows(L->p.predictor, L->feat, L->n_rows, r0, r1, L->pred, L->pscratch,
+                                             L->ps_bytes);
+    if (st) return flx_error_set(st, "layer %u: predictor: %s", L->a->layer, flx_error_msg());
+    return FLX_OK;
+}
+
+/* The decision run: B * Hkv feature items, then the predictor's row tiles, in one pool run. */
+static flx_status_t decide_items(void *arg, const flx_pool_worker_t *w, uint64_t i0, uint64_t i1)
 {
     struct flx_attn_layer *L = arg;
     const uint32_t wi = w ? w->index : 0;
     if (FLX_NEVER(wi >= L->W)) return flx_error_set(FLX_ERR_INTERNAL, "attention layer: worker %u of %u", wi, L->W);
     for (uint64_t id = i0; id < i1; id++) {
-        const uint32_t b = (uint32_t)(id / L->Hkv), g = (uint32_t)(id % L->Hkv);
-        flx_feat_layer_t in = L->feat_in[b];
-        in.ws = &L->fws[wi];
-        const size_t r0 = (size_t)b * L->Hq;
-        flx_status_t st = flx_features_decode_groups(&in, g, g + 1, L->feat + r0 * FLX_FEAT_COUNT,
-                                                     L->o_win + r0 * L->D, L->lse_win + r0);
-        if (st)
-            return flx_error_set(st, "layer %u batch row %u kv group %u: features: %s", L->a->layer, b, g,
-                                 flx_error_msg());
+        const uint64_t t0 = flx_now_ns();
+        const int is_feat = id < L->n_feat_items;
+        flx_status_t st = is_feat ? feat_item(L, wi, (uint32_t)id) : pred_item(L, (uint32_t)(id - L->n_feat_items));
+        atomic_fetch_add_explicit(is_feat ? &L->feat_cpu_ns : &L->mlp_cpu_ns, flx_now_ns() - t0, memory_order_relaxed);
+        if (st) return st;
     }
     return FLX_OK;
 }
@@ -240,7 +306,7 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
     L->last_batch = B;
     memset(L->row_streaming, 0, B * sizeof *L->row_streaming);
     memset(L->row_skipped, 0, B * sizeof *L->row_skipped);
-    uint64_t predict_ns = 0, merge_ns = 0;
+    uint64_t predict_ns = 0, merge_ns = 0, decide_ns = 0;
     uint32_t n = 0;
     flx_sched_layer_t sl = {.layer = a->layer, .batch = B, .sess = a->sess, .q = a->q, .o = a->o};
     if (L->p.mode == FLX_LAYER_FLUXION) {
@@ -252,13 +318,18 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
                 goto out;
             }
         }
-        if ((st = flx_pool_for(L->pool, (uint64_t)B * Hkv, 1, feat_items, L))) goto out;
-        for (uint32_t b = 0; b < B; b++)
-            flx_features_decode_finish(&L->feat_in[b], L->feat + (size_t)b * Hq * FLX_FEAT_COUNT);
-        if ((st = flx_predictor_run(L->p.predictor, L->feat, B * Hq, L->pred, L->pscratch, L->ps_bytes, L->pool))) {
-            st = flx_error_set(st, "layer %u: predictor: %s", a->layer, flx_error_msg());
-            goto out;
+        /* one run: a sequence's predictor rows start as soon as its features are in */
+        L->n_feat_items = B * Hkv, L->n_rows = B * Hq;
+        atomic_store_explicit(&L->feat_cpu_ns, 0, memory_order_relaxed);
+        atomic_store_explicit(&L->mlp_cpu_ns, 0, memory_order_relaxed);
+        for (uint32_t b = 0; b < B; b++) {
+            atomic_store_explicit(&L->seq_left[b], Hkv, memory_order_relaxed);
+            atomic_store_explicit(&L->seq_state[b], SEQ_PENDING, memory_order_relaxed);
+            atomic_store_explicit(&L->seq_fail[b], 0, memory_order_relaxed);
         }
+        if ((st = flx_pool_for(L->pool, L->n_feat_items + FLX_DIV_UP(L->n_rows, PRED_TILE), 1, decide_items, L)))
+            goto out;
+        decide_ns = flx_now_ns() - t0;
         for (uint32_t b = 0; b < B; b++) {
             for (uint32_t g = 0; g < Hkv; g++) {
                 const size_t r0 = (size_t)b * Hq + (size_t)g * G;
@@ -318,6 +389,10 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
         stats->sched = ss;
         stats->wall_ns = flx_now_ns() - t0;
         stats->predict_ns = predict_ns;
+        stats->decide_ns = decide_ns;
+        stats->feat_cpu_ns = atomic_load_explicit(&L->feat_cpu_ns, memory_order_relaxed);
+        stats->mlp_cpu_ns = atomic_load_explicit(&L->mlp_cpu_ns, memory_order_relaxed);
+        stats->select_ns = predict_ns ? predict_ns - decide_ns : 0;
         stats->merge_ns = merge_ns;
         stats->n_groups = B * Hkv;
         stats->n_tasks = n;

@@ -69,6 +69,8 @@ static size_t carve(flx_attn_ws_t *ws, const flx_attn_shape_t *s, void *mem, siz
     ws->chunk_ns = flx_arena_alloc(&a, T * sizeof(uint64_t));
     ws->o_win = flx_arena_alloc(&a, G * D * sizeof(float));
     ws->lse_win = flx_arena_alloc(&a, G * sizeof(float));
+    ws->o_seg = flx_arena_alloc(&a, FLX_ATTN_WIN_SEGMENTS * G * D * sizeof(float));
+    ws->lse_seg = flx_arena_alloc(&a, FLX_ATTN_WIN_SEGMENTS * G * sizeof(float));
     ws->shape = *s;
     ws->n_max = (uint32_t)n;
     return a.used + FLX_CACHELINE;   /* room to align an unaligned start */

@@ -7,8 +7,10 @@
  * partials; bgt*(blk) is flx_label_layer itself (criterion FLUXION) on views that
  * flx_attn_layout_build lays out in the store's format with the window = sink + local, so the
  * statistic is the very search the labels use. Decode runs per layer per step and allocates
- * nothing: per query head one two-pass softmax per window segment (sink, local, generated) over
- * fp32 logits, then an LSE merge into the window partial the attention step reuses; the host
+ * nothing: per KV group one pass of the attention core's window kernel whose chunks stop at the
+ * segment boundaries (sink, local, generated), so the same chunk states give each segment's
+ * partial (its LSE and output norm) and, merged, the window partial the attention step reuses (the
+ * scalar path without a workspace: one two-pass softmax per segment, then LSE merges); the host
  * segment enters only through the stored statistics (LSE_cpu by the moment approximation).
  */
 #include <math.h>
@@ -278,37 +280,26 @@ static void merge_into(float *o, float *lse, const float *op, float lsep, uint32
     flx_attn_merge(1, D, o, lse, op, &lsep, o, lse);
 }
 
-/* The partials of the G heads of one kv group with the attention core's window kernel, one call
- * per segment (sink, local, generated): a view whose window is the segment's rows. Per head the
- * sink and local LSE and output norms go to seg_lse / seg_norm [0] and [1]; o (G, D), lse (G)
- * receive the merged partial of the whole window. */
+/* The partials of the G heads of one kv group in one pass of the attention core's window kernel
+ * over the segments (sink, local, generated): per head the sink and local LSE and output norms go
+ * to seg_lse / seg_norm [0] and [1]; o (G, D), lse (G) receive the whole window's partial. */
 static flx_status_t group_partials(flx_attn_ws_t *ws, const flx_bf16_t *K, const flx_bf16_t *V, uint32_t ns,
                                    uint32_t nl, uint32_t nn, uint32_t D, const float *q, float *o, float *lse,
                                    float seg_lse[2][FLX_ATTN_MAX_GROUP], float seg_norm[2][FLX_ATTN_MAX_GROUP])
 {
-    const uint32_t G = ws->shape.group, off[3] = {0, ns, ns + nl}, cnt[3] = {ns, nl, nn};
-    for (uint32_t j = 0; j < G; j++) lse[j] = -INFINITY;
-    memset(o, 0, (size_t)G * D * sizeof(float));
-    for (int sgm = 0; sgm < 3; sgm++) {
-        float *so = ws->o_win, *sl = ws->lse_win;   /* the workspace's (G, D), (G) scratch */
-        if (cnt[sgm]) {
-            flx_kv_head_view_t v;
-            memset(&v, 0, sizeof v);
-            v.head_dim = D, v.numa_node = -1, v.win_device = -1;
-            v.win_k = (flx_bf16_t *)(K + (size_t)off[sgm] * D), v.win_v = (flx_bf16_t *)(V + (size_t)off[sgm] * D);
-            v.n_win = v.win_cap = cnt[sgm];
-            flx_status_t st = flx_attn_window(ws, &v, q, so, sl);
-            if (st) return st;
-        }
+    const uint32_t G = ws->shape.group, rows[3] = {ns, nl, nn};
+    flx_kv_head_view_t v;
+    memset(&v, 0, sizeof v);
+    v.head_dim = D, v.numa_node = -1, v.win_device = -1;
+    v.win_k = (flx_bf16_t *)K, v.win_v = (flx_bf16_t *)V;
+    v.n_win = v.win_cap = ns + nl + nn;
+    flx_status_t st = flx_attn_window_segments(ws, &v, q, 3, rows, ws->o_seg, ws->lse_seg, o, lse);
+    if (st) return st;
+    for (int sgm = 0; sgm < 2; sgm++)
         for (uint32_t j = 0; j < G; j++) {
-            const float l = cnt[sgm] ? sl[j] : -INFINITY;
-            if (sgm < 2) {
-                seg_lse[sgm][j] = l;
-                seg_norm[sgm][j] = cnt[sgm] ? norm_vec(so + (size_t)j * D, D) : 0.0f;
-            }
-            if (cnt[sgm]) merge_into(o + (size_t)j * D, &lse[j], so + (size_t)j * D, l, D);
+            seg_lse[sgm][j] = rows[sgm] ? ws->lse_seg[sgm * G + j] : -INFINITY;
+            seg_norm[sgm][j] = rows[sgm] ? norm_vec(ws->o_seg + ((size_t)sgm * G + j) * D, D) : 0.0f;
         }
-    }
     return FLX_OK;
 }
 

@@ -73,6 +73,38 @@ static void run_case(uint32_t D, uint32_t G, uint32_t l_cpu, uint32_t n_win)
     CHECK_CLOSE(lab, o, o_ref, GD, O_ATOL, O_RTOL);
     CHECK(lse_close("window fast vs ref lse", lse, lse_ref, G, L_ATOL, L_RTOL));
 
+    /* (1b) the window in segments (the features' sink / local / generated): each segment's
+     * partial bitwise the window kernel on that segment alone, the whole within the kernel's
+     * tolerance of the reference; refusals */
+    {
+        uint32_t rows[3];
+        rows[0] = (uint32_t)flx_rng_below(&rng, (uint64_t)n_win + 1);
+        rows[1] = (uint32_t)flx_rng_below(&rng, (uint64_t)(n_win - rows[0]) + 1);
+        rows[2] = n_win - rows[0] - rows[1];
+        float *os = malloc(3 * GD * 4 + 4), ls[3 * FLX_ATTN_MAX_GROUP], *o1 = malloc(GD * 4), l1[FLX_ATTN_MAX_GROUP];
+        CHECK(os && o1);
+        CHECK_OK(flx_attn_window_segments(&ws, &t.view, q, 3, rows, os, ls, o, lse));
+        snprintf(lab, sizeof lab, "[%s D%u G%u] window segments %u+%u+%u vs ref o", isa, D, G, rows[0], rows[1],
+                 rows[2]);
+        CHECK_CLOSE(lab, o, o_ref, GD, O_ATOL, O_RTOL);
+        CHECK(lse_close("window segments vs ref lse", lse, lse_ref, G, L_ATOL, L_RTOL));
+        for (uint32_t sg = 0, r0 = 0; sg < 3; r0 += rows[sg++]) {
+            flx_kv_head_view_t sv = t.view;
+            sv.win_k += (size_t)r0 * D, sv.win_v += (size_t)r0 * D, sv.n_win = sv.win_cap = rows[sg];
+            CHECK_OK(flx_attn_window(&ws, &sv, q, o1, l1));
+            snprintf(lab, sizeof lab, "[%s D%u G%u] segment %u (%u rows) vs window on it", isa, D, G, sg, rows[sg]);
+            CHECK_SAME(lab, os + (size_t)sg * GD, o1, GD);
+            CHECK(memcmp(ls + sg * G, l1, G * sizeof(float)) == 0);
+        }
+        rows[2]++;   /* one row more than the window has */
+        CHECK_ST(flx_attn_window_segments(&ws, &t.view, q, 3, rows, os, ls, o, lse), FLX_ERR_INVALID);
+        rows[2]--;
+        CHECK_ST(flx_attn_window_segments(&ws, &t.view, q, 0, rows, os, ls, o, lse), FLX_ERR_INVALID);
+        CHECK_ST(flx_attn_window_segments(&ws, &t.view, q, FLX_ATTN_WIN_SEGMENTS + 1, rows, os, ls, o, lse),
+                 FLX_ERR_INVALID);
+        free(os), free(o1);
+    }
+
     /* (2) scoring at every level */
     for (int lv = 0; lv < FLX_KV_META_LEVELS; lv++) {
         uint32_t n = t.view.meta_n[lv];

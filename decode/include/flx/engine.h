@@ -261,7 +261,11 @@ typedef struct flx_engine_stats {
     uint64_t window_ns, score_ns, topk_ns, host_attn_ns, merge_ns;  /* flx_attn_timing_t sums */
     uint64_t host_bytes;      /* host-resident bytes read: Quest metadata + K/V blocks */
     uint64_t dense_bytes;     /* weight bytes the dense part read */
-    uint64_t predict_ns;      /* FLUXION: features + predictor + selector, wall time */
+    uint64_t predict_ns;      /* FLUXION: features + predictor + selector, wall time, of which: */
+    uint64_t decide_ns;       /*   the pool runs of the features and the predictor */
+    uint64_t select_ns;       /*   the selector */
+    uint64_t feat_cpu_ns;     /* FLUXION: thread time in the features (they give the window partials) */
+    uint64_t mlp_cpu_ns;      /* FLUXION: thread time in the predictor's network */
     uint64_t n_skipped;       /* FLUXION: (sequence, layer, kv group)s that were streaming-only (no host task) */
     /* the scheduler (flx/sched.h), summed over layers */
     uint64_t cpu_busy_ns;     /* CPU workers' time inside tasks */

@@ -97,6 +97,7 @@ extern "C" {
 #define FLX_ATTN_MAX_GROUP 64
 #define FLX_ATTN_MAX_HEAD_DIM 256
 #define FLX_ATTN_WIN_CHUNKS 16     /* most chunks of a window */
+#define FLX_ATTN_WIN_SEGMENTS 4    /* most segments of flx_attn_window_segments */
 #define FLX_ATTN_HOST_CHUNKS 64    /* most chunks of a task's host blocks */
 #define FLX_ATTN_MAX_CHUNKS (FLX_ATTN_WIN_CHUNKS + FLX_ATTN_HOST_CHUNKS)
 
@@ -133,6 +134,7 @@ typedef struct flx_attn_ws {
     float *part;                /* (FLX_ATTN_MAX_CHUNKS, G, D + 16): per-chunk online-softmax states */
     uint64_t *chunk_ns;         /* (FLX_ATTN_MAX_CHUNKS) time each chunk took */
     float *o_win, *lse_win;     /* (G, D), (G) window partials of the task */
+    float *o_seg, *lse_seg;     /* (FLX_ATTN_WIN_SEGMENTS, G, D), (.., G) room for window segments' partials */
     /* the task in progress (flx_attn_task_begin .. _end) */
     flx_kv_head_view_t view;
     int isa, level, with_window;
@@ -150,6 +152,16 @@ flx_status_t flx_attn_ws_init(flx_attn_ws_t *ws, const flx_attn_shape_t *shape, 
 flx_status_t flx_attn_window_ref(const flx_kv_head_view_t *view, uint32_t G, const float *q, float *o, float *lse);
 flx_status_t flx_attn_window(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q, float *o,
                              float *lse);
+/* The window cut into n_seg consecutive segments of seg_rows[s] rows (summing to view->n_win;
+ * at most FLX_ATTN_WIN_SEGMENTS): one pass over the rows gives every segment's partial, o_seg
+ * (n_seg, G, D) and lse_seg (n_seg, G) (an empty segment: o = 0, lse = -inf; ws->o_seg and
+ * ws->lse_seg have room for them), and the whole
+ * window's, o and lse, merged from the same chunk states (the features' sink / local / generated
+ * partials and the window partial the attention reuses). Chunks never cross a segment boundary;
+ * they run on the calling thread (the features run one call per worker). */
+flx_status_t flx_attn_window_segments(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q,
+                                      uint32_t n_seg, const uint32_t *seg_rows, float *o_seg, float *lse_seg,
+                                      float *o, float *lse);
 
 /* (2) Quest scores of all n = meta_n[level] logical blocks at blk = 16 << level for G heads:
  * scores (G, n). The fast version reads each metadata entry once for all G heads. */

@@ -24,9 +24,12 @@
  *             host work overlaps the device's window.
  *
  * COST OF FLUXION'S DECISIONS (stats.predict_ns, the features + predictor + selector time)
- * Features run per (sequence, KV group) on the pool's workers (they are the window attention too),
- * the predictor once over all rows of the batch in row chunks on the workers (SIMD, the scratch
- * planned at create), the selector per group on the calling thread; nothing allocates.
+ * Features run per (sequence, KV group) on the pool's workers (they are the window attention too,
+ * one pass over the window's sink, local and generated segments), the predictor in 8-row tiles in
+ * the same pool run, each tile as soon as its sequences' features are in (SIMD; the hidden layers
+ * in bf16 where the CPU has AVX-512 BF16; the scratch planned at create), the selector per group on
+ * the calling thread; nothing allocates. stats.decide_ns is that run's wall time, feat_cpu_ns and
+ * mlp_cpu_ns the thread time its two kinds of items took.
  *
  * THREAD MODE
  * One thread drives a layer object (create, run, destroy); runs use the pool's workers. Results do
@@ -100,7 +103,11 @@ typedef struct flx_attn_layer_args {
 typedef struct flx_attn_layer_stats {
     flx_sched_layer_stats_t sched;    /* the scheduler's figures of the layer's tasks */
     uint64_t wall_ns;                 /* the whole call */
-    uint64_t predict_ns;              /* FLUXION: features + predictor + selector */
+    uint64_t predict_ns;              /* FLUXION: features + predictor + selector, of which: */
+    uint64_t decide_ns;               /*   the one pool run of the features and the predictor */
+    uint64_t select_ns;               /*   the selector and the task list, on the calling thread */
+    uint64_t feat_cpu_ns, mlp_cpu_ns; /* FLUXION: thread time of that run in the features (with the
+                                         window partials they give) and in the predictor's network */
     uint64_t merge_ns;                /* DEFERRED: the merges after win_wait */
     uint32_t n_groups;                /* (sequence, KV group)s of the batch */
     uint32_t n_tasks;                 /* of them tasks (the rest streaming-only) */

@@ -145,15 +145,30 @@ flx_select_params_t flx_predictor_select_params(flx_predictor_h p);
 /* Scratch bytes for up to max_rows rows per call. */
 size_t flx_predictor_scratch_bytes(uint32_t max_rows);
 /* feat (n_rows, 41) -> out (n_rows); rows are independent (all heads of a layer, of every sequence
- * in the batch), in chunks of 32 rows on pool's workers (NULL: the caller alone); the result does
+ * in the batch), in chunks of whole 8-row tiles on pool's workers (NULL: the caller alone); the result does
  * not depend on the pool. Non-finite features are refused with FLX_ERR_INVALID naming row and
  * feature. */
 flx_status_t flx_predictor_run(flx_predictor_h p, const float *feat, uint32_t n_rows, flx_head_pred_t *out,
                                void *scratch, size_t scratch_bytes, flx_pool_h pool);
+/* Rows [r0, r1) of a run over n_rows rows, on the calling thread: feat, out and scratch laid out
+ * as flx_predictor_run lays them out for n_rows, so disjoint ranges may run at once on one scratch
+ * (the decode layer runs a sequence's rows as soon as its features are in); each row comes out
+ * bitwise as flx_predictor_run computes it. Checks only its own rows' features. */
+flx_status_t flx_predictor_run_rows(flx_predictor_h p, const float *feat, uint32_t n_rows, uint32_t r0, uint32_t r1,
+                                    flx_head_pred_t *out, void *scratch, size_t scratch_bytes);
 
 /* The oracle of flx_predictor_run: the same network in double straight from the (out, in) weights,
  * one row at a time, no dispatch. Does not check the features (tests feed it finite ones). */
 flx_status_t flx_mlp_forward_ref(const flx_mlp_t *m, const float *feat, uint32_t n_rows, flx_head_pred_t *out);
+/* The oracle of the AVX-512 BF16 path (flx_predictor_bf16_hidden): as flx_mlp_forward_ref with the
+ * two hidden 256-wide layers' weights and inputs rounded to bf16, the sums still in double. */
+flx_status_t flx_mlp_forward_ref_bf16(const flx_mlp_t *m, const float *feat, uint32_t n_rows, flx_head_pred_t *out);
+/* 1 when runs of p take the bf16 path now: the CPU has AVX-512 BF16 (and FLX_ISA allows it). The
+ * hidden layers (256 -> 256 -> 128, 90 % of the multiply-adds) then multiply bf16 weights and
+ * activations with fp32 sums, twice the work per instruction of fp32 FMA: the predictor is bound
+ * by arithmetic (about 4 M multiply-adds a decode layer at batch 4 on SmolLM2). The input layer
+ * and the 3-output head stay fp32. */
+int flx_predictor_bf16_hidden(flx_predictor_h p);
 
 /* ---- dataset ---- */
 
