@@ -151,8 +151,8 @@ flx_status_t flx_attn_layer_create(const flx_attn_layer_params_t *params, flx_at
         L->seq_left = calloc(B, sizeof *L->seq_left);
         L->seq_state = calloc(B, sizeof *L->seq_state);
         L->seq_fail = calloc(B, sizeof *L->seq_fail);
-        if (!L->seq_left || !L->seq_state || !L->seq_fail || !L->feat || !L->pred || !L->budgets || !L->o_win || !L->lse_win || !L->win_ptr || !L->feat_in || !L->fmem ||
-            !L->fws || !L->pscratch) {
+        if (!L->feat || !L->pred || !L->budgets || !L->o_win || !L->lse_win || !L->win_ptr || !L->feat_in || !L->fmem ||
+            !L->fws || !L->pscratch || !L->seq_left || !L->seq_state || !L->seq_fail) {
             st = flx_error_set(FLX_ERR_NOMEM, "attention layer: fluxion buffers for %u sequences", B);
             goto fail;
         }
@@ -225,8 +225,10 @@ static flx_status_t pred_item(struct flx_attn_layer *L, uint32_t t)
     for (uint32_t b = r0 / L->Hq; b <= (r1 - 1) / L->Hq; b++) {
         uint32_t s, spins = 0;
         while ((s = atomic_load_explicit(&L->seq_state[b], memory_order_acquire)) == SEQ_PENDING) {
-            if (++spins < 256) __builtin_ia32_pause();
-            else sched_yield();   /* the feature item's worker may need this CPU */
+            if (++spins >= 256) sched_yield();   /* the feature item's worker may need this CPU */
+#if defined(__x86_64__) || defined(__i386__)
+            else __builtin_ia32_pause();
+#endif
         }
         if (s == SEQ_FAILED)
             return flx_error_set(FLX_ERR_STATE, "layer %u batch row %u: predictor: the features failed",
