@@ -314,7 +314,8 @@ __attribute__((target("avx512f"))) static void acc_add_512(double *a, const floa
 __attribute__((target("avx512f"))) static void scale_out_512(float *o, const double *a, double inv, uint32_t D)
 {
     const __m512d iv = _mm512_set1_pd(inv);
-    for (uint32_t d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_loadu_pd(a + d), iv)));
+    for (uint32_t d = 0; d < D; d += 8)
+        _mm256_storeu_ps(o + d, _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_loadu_pd(a + d), iv)));
 }
 
 /* Merges the states of chunks [first, first + n) in order into o, lse (outputs back in natural

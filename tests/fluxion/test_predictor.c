@@ -53,7 +53,10 @@ static void check_fast_vs_ref(const flx_mlp_t *m, flx_predictor_h p, flx_rng_t *
         uint32_t n = ROWS[ri];
         random_feat(m, feat, n, rng);
         /* the bf16 path against its own oracle (bf16 weights and hidden inputs, double sums): what
-         * is left is fp32 summation and an activation that rounds to the other bf16 neighbour */
+         * is left is fp32 summation and now and then an activation within 1e-7 of a bf16 rounding
+         * midpoint that rounds to the other neighbour (a 2^-8 step in one input: up to about 1e-3
+         * at the outputs of these random networks, seen at 9.1e-4); a packing or layout error
+         * is off by the outputs' own size */
         const int bf = flx_predictor_bf16_hidden(p);
         if (bf) CHECK_OK(flx_mlp_forward_ref_bf16(m, feat, n, ref));
         else CHECK_OK(flx_mlp_forward_ref(m, feat, n, ref));
@@ -66,13 +69,14 @@ static void check_fast_vs_ref(const flx_mlp_t *m, flx_predictor_h p, flx_rng_t *
             char label[96];
             snprintf(label, sizeof label, "%s rows %u workers %u", flx_isa_name(flx_isa_active()), n,
                      FLX_TEST_WORKERS[wi]);
-            if (bf) CHECK_CLOSE(label, (const float *)got, (const float *)ref, 3 * n, 5e-4, 5e-3);
+            if (bf) CHECK_CLOSE(label, (const float *)got, (const float *)ref, 3 * n, 3e-3, 2e-2);
             else CHECK_CLOSE(label, (const float *)got, (const float *)ref, 3 * n, 1e-4, 1e-3);
-            if (bf && wi == 0) {   /* and how far bf16 moves the outputs from the fp32 network's */
+            if (bf && wi == 0) {   /* and how far bf16 moves the outputs from the fp32 network's (a
+                                       * guard against gross errors: up to 0.018 over 25 seeds) */
                 flx_head_pred_t ref32[100];
                 CHECK_OK(flx_mlp_forward_ref(m, feat, n, ref32));
                 strncat(label, " vs fp32", sizeof label - strlen(label) - 1);
-                CHECK_CLOSE(label, (const float *)got, (const float *)ref32, 3 * n, 2e-2, 5e-2);
+                CHECK_CLOSE(label, (const float *)got, (const float *)ref32, 3 * n, 4e-2, 1e-1);
             }
             if (wi == 0) memcpy(one, got, n * sizeof *got);
             else CHECK_SAME(label, (const float *)got, (const float *)one, 3 * n);
