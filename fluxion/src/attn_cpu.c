@@ -436,18 +436,26 @@ flx_status_t flx_attn_score(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, i
 
 /* ---------------- window and sparse kernels ---------------- */
 
+/* The arguments every window entry point takes; `who` names it in the error. */
+static flx_status_t check_window(const flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q,
+                                 const float *o, const float *lse, const char *who)
+{
+    flx_status_t st = flx_attn_check_view(view, who);
+    if (st) return st;
+    if (!ws || !q || !o || !lse) return flx_error_set(FLX_ERR_INVALID, "%s: NULL argument", who);
+    if (view->head_dim != ws->shape.head_dim)
+        return flx_error_set(FLX_ERR_INVALID, "%s: view head_dim %u vs workspace %u", who, view->head_dim,
+                             ws->shape.head_dim);
+    if (view->n_win && (!view->win_k || !view->win_v))
+        return flx_error_set(FLX_ERR_INVALID, "%s: n_win %u but no window arrays", who, view->n_win);
+    return FLX_OK;
+}
+
 flx_status_t flx_attn_window(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q, float *o,
                              float *lse)
 {
-    flx_status_t st = flx_attn_check_view(view, "window");
+    flx_status_t st = check_window(ws, view, q, o, lse, "window");
     if (st) return st;
-    if (!ws || !q || !o || !lse)
-        return flx_error_set(FLX_ERR_INVALID, "window: NULL argument");
-    if (view->head_dim != ws->shape.head_dim)
-        return flx_error_set(FLX_ERR_INVALID, "window: view head_dim %u vs workspace %u", view->head_dim,
-                             ws->shape.head_dim);
-    if (view->n_win && (!view->win_k || !view->win_v))
-        return flx_error_set(FLX_ERR_INVALID, "window: n_win %u but no window arrays", view->n_win);
     flx_attn_prep_attn_q(ws, q);
     const uint32_t nc = flx_attn_plan_window(ws, view->n_win);
     chunk_job_t j = {ws, view, 0};
@@ -460,21 +468,16 @@ flx_status_t flx_attn_window_segments(flx_attn_ws_t *ws, const flx_kv_head_view_
                                       uint32_t n_seg, const uint32_t *seg_rows, float *o_seg, float *lse_seg,
                                       float *o, float *lse)
 {
-    flx_status_t st = flx_attn_check_view(view, "window segments");
+    flx_status_t st = check_window(ws, view, q, o, lse, "window segments");
     if (st) return st;
-    if (!ws || !q || !seg_rows || !o_seg || !lse_seg || !o || !lse || n_seg == 0 || n_seg > FLX_ATTN_WIN_SEGMENTS)
+    if (!seg_rows || !o_seg || !lse_seg || n_seg == 0 || n_seg > FLX_ATTN_WIN_SEGMENTS)
         return flx_error_set(FLX_ERR_INVALID, "window segments: NULL argument or %u segments (1..%d)", n_seg,
                              FLX_ATTN_WIN_SEGMENTS);
-    if (view->head_dim != ws->shape.head_dim)
-        return flx_error_set(FLX_ERR_INVALID, "window segments: view head_dim %u vs workspace %u", view->head_dim,
-                             ws->shape.head_dim);
     uint64_t total = 0;
     for (uint32_t s = 0; s < n_seg; s++) total += seg_rows[s];
     if (total != view->n_win)
         return flx_error_set(FLX_ERR_INVALID, "window segments: %llu rows in segments, the window has %u",
                              (unsigned long long)total, view->n_win);
-    if (view->n_win && (!view->win_k || !view->win_v))
-        return flx_error_set(FLX_ERR_INVALID, "window segments: n_win %u but no window arrays", view->n_win);
     _Static_assert(FLX_ATTN_WIN_SEGMENTS * FLX_ATTN_WIN_CHUNKS <= FLX_ATTN_MAX_CHUNKS, "window segments' slots");
     const uint32_t G = ws->shape.group, D = ws->shape.head_dim;
     flx_attn_prep_attn_q(ws, q);

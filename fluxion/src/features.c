@@ -295,10 +295,10 @@ static flx_status_t group_partials(flx_attn_ws_t *ws, const flx_bf16_t *K, const
     v.n_win = v.win_cap = ns + nl + nn;
     flx_status_t st = flx_attn_window_segments(ws, &v, q, 3, rows, ws->o_seg, ws->lse_seg, o, lse);
     if (st) return st;
-    for (int sgm = 0; sgm < 2; sgm++)
+    for (int sgm = 0; sgm < 2; sgm++)   /* an empty segment's partial is already o = 0, lse = -inf */
         for (uint32_t j = 0; j < G; j++) {
-            seg_lse[sgm][j] = rows[sgm] ? ws->lse_seg[sgm * G + j] : -INFINITY;
-            seg_norm[sgm][j] = rows[sgm] ? norm_vec(ws->o_seg + ((size_t)sgm * G + j) * D, D) : 0.0f;
+            seg_lse[sgm][j] = ws->lse_seg[sgm * G + j];
+            seg_norm[sgm][j] = norm_vec(ws->o_seg + ((size_t)sgm * G + j) * D, D);
         }
     return FLX_OK;
 }
