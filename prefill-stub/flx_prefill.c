@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "flx/cli.h"
@@ -225,13 +226,14 @@ typedef struct push {
     uint32_t layers_inflight;    /* guarded by lock */
     int stalled;
     struct prepared *all;        /* --pregenerate: (n_layers) packed layers, pushed after the prefill */
+    layer_buf_t **held;          /* --pregenerate: (n_layers) held by push_all until push_release */
 } push_t;
 
 static void layer_unref(layer_buf_t *b)
 {
     if (atomic_fetch_sub(&b->refs, 1) != 1) return;
     push_t *p = b->push;
-    free(b->data);
+    flx_aligned_free(b->data);
     free(b);
     pthread_mutex_lock(&p->lock);
     p->layers_inflight--;
@@ -307,6 +309,7 @@ static flx_status_t send_raw_kv(push_t *p, flx_tp_hdr_t *h, const void *payload,
 typedef struct prepared {
     uint32_t layer, n_chunks;
     flx_tp_plan_chunk_t *plan;
+    uint64_t *hash;              /* (n_chunks) each chunk's payload XXH3, taken as it was packed; or NULL */
     layer_buf_t *buf;
     flx_head_stats_t *stats;     /* (Hq) or NULL */
     float *mean_k, *q_anchor;    /* (Hq, D) */
@@ -315,11 +318,22 @@ typedef struct prepared {
 static void prepared_free(prepared_t *pl)
 {
     free(pl->plan);
+    free(pl->hash);
     free(pl->stats);
     free(pl->mean_k);
     free(pl->q_anchor);
     if (pl->buf) layer_unref(pl->buf);
     memset(pl, 0, sizeof *pl);
+}
+
+/* A layer's buffer on transparent huge pages where the kernel gives them: the node's rendezvous reads
+ * it page by page (CMA pins each page of the source), 2 MiB pages make that 512 times fewer. */
+static uint8_t *layer_alloc(uint64_t bytes)
+{
+    const size_t huge = 2u << 20, len = (size_t)(bytes + huge - 1) / huge * huge;
+    uint8_t *m = flx_aligned_alloc(huge, len);
+    if (m) (void)madvise(m, len, MADV_HUGEPAGE);
+    return m;
 }
 
 /* Plans and packs one layer (k, v (Hkv, n, D)) and copies its statistics. */
@@ -334,16 +348,18 @@ static flx_status_t layer_pack(push_t *p, uint32_t layer, uint32_t n, const flx_
     pl->layer = layer;
     pl->n_chunks = flx_tp_plan_layer(&p->w, layer, p->max_chunk, NULL, 0);
     pl->plan = malloc(pl->n_chunks * sizeof *pl->plan);
+    if (!p->hash_flag) pl->hash = malloc(pl->n_chunks * sizeof *pl->hash);
     layer_buf_t *b = calloc(1, sizeof *b);
     const uint64_t layer_bytes = 4ull * p->w.n_kv_heads * n * D;
-    if (b) b->data = malloc(layer_bytes);
+    if (b) b->data = layer_alloc(layer_bytes);
     if (stats) {
         pl->stats = malloc(Hq * sizeof *pl->stats);
         pl->mean_k = malloc((size_t)Hq * D * sizeof(float));
         pl->q_anchor = malloc((size_t)Hq * D * sizeof(float));
     }
-    if (!pl->plan || !b || !b->data || (stats && (!pl->stats || !pl->mean_k || !pl->q_anchor))) {
-        if (b) free(b->data);
+    if (!pl->plan || (!p->hash_flag && !pl->hash) || !b || !b->data ||
+        (stats && (!pl->stats || !pl->mean_k || !pl->q_anchor))) {
+        if (b) flx_aligned_free(b->data);
         free(b);
         prepared_free(pl);
         return flx_error_set(FLX_ERR_NOMEM, "layer %u: %llu bytes", layer, (unsigned long long)layer_bytes);
@@ -355,10 +371,14 @@ static flx_status_t layer_pack(push_t *p, uint32_t layer, uint32_t n, const flx_
     p->layers_inflight++;
     pthread_mutex_unlock(&p->lock);
     flx_tp_plan_layer(&p->w, layer, p->max_chunk, pl->plan, pl->n_chunks);
+    /* Each chunk hashed right after it is packed, while its bytes are still in cache: a prefill node
+     * hashes what it produces, and the send then only queues it. */
     uint8_t *dst = b->data;
     for (uint32_t i = 0; i < pl->n_chunks; i++) {
         const flx_kv_chunk_t *c = &pl->plan[i].chunk;
+        uint8_t *chunk = dst;
         dst = pack_granules(dst, k, v, n, D, c->head_begin, c->head_end, c->tok_begin, c->tok_end);
+        if (pl->hash) pl->hash[i] = flx_tp_hash(chunk, (size_t)(dst - chunk));
     }
     if (stats) {
         memcpy(pl->stats, stats, Hq * sizeof *stats);
@@ -366,6 +386,15 @@ static flx_status_t layer_pack(push_t *p, uint32_t layer, uint32_t n, const flx_
         memcpy(pl->q_anchor, q_anchor, (size_t)Hq * D * sizeof(float));
     }
     return FLX_OK;
+}
+
+/* Sends chunk i of a packed layer with the hash taken when it was packed (or none). */
+static flx_status_t send_chunk(push_t *p, const prepared_t *pl, uint32_t i, const uint8_t *payload, chunk_ctx_t *cc)
+{
+    const flx_kv_chunk_t *c = &pl->plan[i].chunk;
+    const uint32_t flags = pl->plan[i].send_flags;
+    return pl->hash ? flx_tp_send_kv_hashed(p->snd, &p->ref, c, payload, pl->hash[i], flags, chunk_sent, cc)
+                    : flx_tp_send_kv(p->snd, &p->ref, c, payload, flags | FLX_TP_SEND_NO_HASH, chunk_sent, cc);
 }
 
 /* Sends a packed layer (with the faults asked for), then frees it (its buffer lives until the last
@@ -403,7 +432,7 @@ static flx_status_t layer_send(push_t *p, prepared_t *pl)
                     idx, c->layer, c->tok_begin, c->tok_end);
             st = send_raw_kv(p, &h, payload, pl->plan[i].send_flags, cc);
         } else {
-            st = flx_tp_send_kv(p->snd, &p->ref, c, payload, pl->plan[i].send_flags | p->hash_flag, chunk_sent, cc);
+            st = send_chunk(p, pl, i, payload, cc);
         }
         if (!st && idx == o->dup_chunk) {
             chunk_ctx_t *c2 = malloc(sizeof *c2);
@@ -413,7 +442,7 @@ static flx_status_t layer_send(push_t *p, prepared_t *pl)
                 atomic_fetch_add(&b->refs, 1);
                 fprintf(stderr, PROG ": --duplicate-chunk %" PRIu64 ": layer %u tokens [%u, %u) sent twice\n", idx,
                         c->layer, c->tok_begin, c->tok_end);
-                st = flx_tp_send_kv(p->snd, &p->ref, c, payload, pl->plan[i].send_flags, chunk_sent, c2);
+                st = send_chunk(p, pl, i, payload, c2);
             }
         }
         if (!st) p->kv_bytes += bytes;
@@ -459,6 +488,15 @@ static flx_status_t on_layer(void *ctx, uint32_t layer, uint32_t n, const flx_bf
     return st ? st : layer_send(p, &pl);
 }
 
+/* Drops push_all's hold on the layers (a send still in flight keeps its own reference). */
+static void push_release(push_t *p)
+{
+    for (uint32_t l = 0; p->held && l < p->w.n_layers; l++)
+        if (p->held[l]) layer_unref(p->held[l]);
+    free(p->held);
+    p->held = NULL;
+}
+
 /* --pregenerate: every layer computed and packed; now pushed one after the other. */
 static flx_status_t push_all(push_t *p, uint64_t t_compute_ns)
 {
@@ -467,6 +505,11 @@ static flx_status_t push_all(push_t *p, uint64_t t_compute_ns)
         fprintf(stderr, PROG ": --pregenerate: %u layers computed in %.1f s; pushing them all now\n", p->w.n_layers,
                 (double)t_compute_ns / 1e9);
     p->t_start = p->t_last_print = flx_now_ns();
+    /* The layers were all allocated anyway: they are freed together after the commit (push_release),
+     * so that unmapping them (a third of this process's time while pushing) stays out of the transfer. */
+    p->held = calloc(p->w.n_layers, sizeof *p->held);
+    for (uint32_t l = 0; p->held && l < p->w.n_layers; l++)
+        if ((p->held[l] = p->all[l].buf)) atomic_fetch_add(&p->held[l]->refs, 1);
     flx_status_t st = FLX_OK;
     for (uint32_t l = 0; l < p->w.n_layers; l++) {
         if (!st && !p->stalled && p->all[l].buf) st = layer_send(p, &p->all[l]);
@@ -811,6 +854,7 @@ int main(int argc, char **argv)
             fprintf(stderr, PROG ": %s\n", flx_error_msg());
             /* the node's STATUS below says what happened to the session */
         }
+        push_release(&p);
         const double s = (double)(flx_now_ns() - p.t_start) / 1e9;
         progress(&p, p.w.n_layers, 1);
         if (!o.quiet)
@@ -835,7 +879,8 @@ int main(int argc, char **argv)
                 why, si.error[0] ? "; " : "", si.error);
     }
 out:
-    flx_tp_sender_destroy(p.snd);
+    flx_tp_sender_destroy(p.snd); /* sends in flight end here, cancelled: their layer references with them */
+    push_release(&p);
     model_src_free(&ms);
     return rc;
 }

@@ -358,6 +358,10 @@ flx_status_t flx_kv_store_create(const flx_kv_store_params_t *p, flx_kv_store_h 
         goto err;
     }
     if (s->flags & FLX_KV_STORE_HUGEPAGES) s->hugepages = madvise(s->arena, s->arena_bytes, MADV_HUGEPAGE) == 0;
+    /* Not inherited by a child: a fork (a helper the node starts, a benchmark's peer processes) would
+     * otherwise make the arena copy-on-write, and a receive landing after it would fault a copy of
+     * each page it writes (or, with RDMA, write into the page the child kept). Advice only. */
+    (void)madvise(s->arena, s->arena_bytes, MADV_DONTFORK);
     if (s->flags & FLX_KV_STORE_PREFAULT)
         for (size_t off = 0; off < s->arena_bytes; off += 4096) s->arena[off] = 0;
     if ((s->flags & FLX_KV_STORE_PIN_CUDA) && flx_cuda_device_count() > 0) {
@@ -649,6 +653,7 @@ flx_status_t flx_kv_session_open(flx_kv_store_h s, const flx_kv_session_params_t
      * right before READY, where a first-touch fault (a zeroed page each) would delay READY (2 ms of
      * a 512 MiB session's last layer was page faults). The memory is reserved against the budget
      * anyway. */
+    (void)madvise(x->side, lay.side_bytes, MADV_DONTFORK); /* as the arena */
     for (size_t off = 0; off < lay.side_bytes; off += 4096) x->side[off] = 0;
     x->table = (uint32_t *)(x->side + lay.off_table);
 

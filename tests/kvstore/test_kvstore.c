@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "flx/cpu.h"
@@ -984,6 +986,46 @@ static void test_numa(void)
     flx_kv_store_destroy(s);
 }
 
+/* Whether the page holding p is mapped in this process (mincore fails with ENOMEM where it is not). */
+static int mapped(const void *p)
+{
+    unsigned char vec;
+    void *page = (void *)((uintptr_t)p & ~(uintptr_t)4095);
+    return mincore(page, 4096, &vec) == 0;
+}
+
+/* Neither the arena nor a session's side memory is inherited by a child: a fork cannot turn memory
+ * that receives write into copy-on-write. */
+static void test_no_fork(void)
+{
+    const uint32_t L = 700;
+    flx_kv_store_h s = kv_make_store(2, 2, 2, 64, 64, 256, 32u << 20);
+    kv_prompt_t pr;
+    kv_prompt_random(&pr, 2, 2, 64, L, &rng);
+    flx_kv_session_id_t sid = open_session(s, L, 4, FLX_KV_SESSION_NO_STATS);
+    kv_push_random(s, sid, &pr, &rng);
+    flx_kv_session_h sess;
+    CHECK_OK(flx_kv_session_acquire(s, sid, &sess));
+    flx_kv_head_view_t v;
+    CHECK_OK(flx_kv_head_view(sess, 1, 1, &v));
+    const uint8_t *block = v.pool_base + (size_t)v.block_table[0] * v.block_bytes;
+    const void *side = v.meta[0];
+    CHECK(mapped(block) && mapped(side) && mapped(&v));
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) _exit(!mapped(&v) ? 3 : mapped(block) ? 1 : mapped(side) ? 2 : 0);
+    int st;
+    CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st));
+    fprintf(stderr, "no fork: the child %s\n", WEXITSTATUS(st) == 0 ? "maps neither the arena nor the side memory"
+                                                                   : "still maps store memory");
+    CHECK(WEXITSTATUS(st) == 0);
+    flx_kv_session_release(sess);
+    CHECK_OK(flx_kv_session_close(s, sid));
+    kv_prompt_free(&pr);
+    flx_kv_store_destroy(s);
+}
+
 /* The state callback: called for READY, DECODING, FAILED and CLOSED, never for RECEIVING. */
 static void count_state(void *ctx)
 {
@@ -1036,6 +1078,7 @@ int main(void)
     test_capacity();
     test_window_device();
     test_numa();
+    test_no_fork();
     test_cycles();
     printf("test_kvstore: ok\n");
     return 0;

@@ -264,6 +264,17 @@ static void test_hostile(void)
     CHECK_OK(flx_tp_sender_status(good, d.sid, 5000, &state, why, sizeof why));
     CHECK(state == FLX_KV_FAILED && strstr(why, "payload_xxh3"));
     CHECK_OK(flx_tp_session_close(node, d.sid));
+    /* a producer's hash that is not the bytes' fails the session the same way */
+    d = tp_test_open(node, store, L, 0, 20000, 20000);
+    ref = tp_test_ref(&d);
+    CHECK_OK(flx_tp_sender_hello(good, &ref, &w));
+    CHECK_ST(flx_tp_send_kv_hashed(good, &ref, &c, junk, 0, FLX_TP_SEND_RNDV | FLX_TP_SEND_NO_HASH, NULL, NULL),
+             FLX_ERR_INVALID);
+    const uint64_t junk_hash = flx_tp_hash(junk, flx_kv_chunk_bytes(&c));
+    CHECK_OK(flx_tp_send_kv_hashed(good, &ref, &c, junk, junk_hash ^ 1, FLX_TP_SEND_RNDV, NULL, NULL));
+    CHECK_OK(flx_tp_session_wait(node, d.sid, 20000, &info));
+    CHECK(info.kv.state == FLX_KV_FAILED && strstr(info.kv.fail_reason, "payload_xxh3"));
+    CHECK_OK(flx_tp_session_close(node, d.sid));
     /* shutdown: a session half received fails with the reason, its memory back */
     d = tp_test_open(node, store, L, 0, 20000, 20000);
     ref = tp_test_ref(&d);
@@ -307,7 +318,12 @@ static void test_iov(void)
         flx_kv_chunk_t c = {.layer = l, .head_begin = 0, .head_end = HKV, .tok_begin = 0, .tok_end = L,
                             .dtype = FLX_DT_BF16, .head_dim = D, .order = FLX_KV_ORDER_GRANULE};
         bufs[l] = kv_granule_payload(&pr, l, 0, HKV, 0, L);
-        CHECK_OK(flx_tp_send_kv(s, &ref, &c, bufs[l], FLX_TP_SEND_RNDV, NULL, NULL));
+        if (l == 0) { /* hashed here, and by the producer */
+            CHECK_OK(flx_tp_send_kv(s, &ref, &c, bufs[l], FLX_TP_SEND_RNDV, NULL, NULL));
+        } else {
+            const uint64_t h = flx_tp_hash(bufs[l], flx_kv_chunk_bytes(&c));
+            CHECK_OK(flx_tp_send_kv_hashed(s, &ref, &c, bufs[l], h, FLX_TP_SEND_RNDV, NULL, NULL));
+        }
         bytes += flx_kv_chunk_bytes(&c);
     }
     flx_kv_commit_t cm = {.first_token = 1, .kv_bytes = bytes};

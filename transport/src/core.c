@@ -26,11 +26,10 @@
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
-#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
-#include <xxhash.h>
 
 #include "flx/log.h"
 #include "flx/util.h"
+#include "tp_hash.h"
 
 #define MOD "transport"
 #define CHANGED_CAP 4096u
@@ -464,17 +463,13 @@ flx_status_t tp_core_ingest(tp_core_t *c, uint64_t conn, const char *peer, const
     return FLX_OK;
 }
 
-/* XXH3 of a recv's landed bytes, in payload order. */
+/* XXH3 of a recv's landed bytes, in payload order (the wire's kernel: AVX2 where the CPU has it). */
 static uint64_t landed_hash(const tp_recv_t *r)
 {
     const flx_kv_iov_t *iov;
     flx_kv_iov_t one;
-    uint32_t n = tp_recv_iov(r, &iov, &one);
-    if (n == 1) return XXH3_64bits(iov[0].dst, iov[0].len);
-    XXH3_state_t st;
-    XXH3_64bits_reset(&st);
-    for (uint32_t i = 0; i < n; i++) XXH3_64bits_update(&st, iov[i].dst, iov[i].len);
-    return XXH3_64bits_digest(&st);
+    const uint32_t n = tp_recv_iov(r, &iov, &one);
+    return tp_hash_iov(iov, n);
 }
 
 static void describe(const flx_tp_hdr_t *h, char *out, size_t cap)

@@ -415,8 +415,9 @@ flx_status_t flx_tp_sender_hello(flx_tp_sender_h s, const flx_tp_ref_t *ref, flx
     return st;
 }
 
-flx_status_t flx_tp_send_kv(flx_tp_sender_h s, const flx_tp_ref_t *ref, const flx_kv_chunk_t *ch, const void *payload,
-                            uint32_t flags, flx_tp_sent_fn done, void *ctx)
+/* A KV chunk's header and send; hash NULL: computed here (or none with FLX_TP_SEND_NO_HASH). */
+static flx_status_t send_kv(flx_tp_sender_h s, const flx_tp_ref_t *ref, const flx_kv_chunk_t *ch, const void *payload,
+                            const uint64_t *hash, uint32_t flags, flx_tp_sent_fn done, void *ctx)
 {
     if (!s || !ref || !ch || !payload) return flx_error_set(FLX_ERR_INVALID, "send kv: NULL argument");
     flx_tp_hdr_t h = {.kind = FLX_TP_KV, .sid = ref->sid, .layer = ch->layer, .head_begin = ch->head_begin,
@@ -426,10 +427,30 @@ flx_status_t flx_tp_send_kv(flx_tp_sender_h s, const flx_tp_ref_t *ref, const fl
     const uint64_t len = flx_tp_kv_bytes(&h);
     if (!len) return flx_error_set(FLX_ERR_INVALID, "send kv: empty chunk (heads [%u, %u), tokens [%u, %u))",
                                    ch->head_begin, ch->head_end, ch->tok_begin, ch->tok_end);
-    flx_tp_hdr_set_payload(&h, payload, len, !(flags & FLX_TP_SEND_NO_HASH));
+    if (hash) {
+        h.payload_len = len;
+        h.flags |= FLX_TP_FLAG_PAYLOAD_XXH3;
+        h.payload_xxh3 = *hash;
+    } else {
+        flx_tp_hdr_set_payload(&h, payload, len, !(flags & FLX_TP_SEND_NO_HASH));
+    }
     send_cmd_t *c = cmd_new(&h, payload, len, flags, done, ctx);
     if (!c) return flx_error_set(FLX_ERR_NOMEM, "send kv");
     return enqueue(s, c);
+}
+
+flx_status_t flx_tp_send_kv(flx_tp_sender_h s, const flx_tp_ref_t *ref, const flx_kv_chunk_t *ch, const void *payload,
+                            uint32_t flags, flx_tp_sent_fn done, void *ctx)
+{
+    return send_kv(s, ref, ch, payload, NULL, flags, done, ctx);
+}
+
+flx_status_t flx_tp_send_kv_hashed(flx_tp_sender_h s, const flx_tp_ref_t *ref, const flx_kv_chunk_t *ch,
+                                   const void *payload, uint64_t payload_xxh3, uint32_t flags, flx_tp_sent_fn done,
+                                   void *ctx)
+{
+    if (flags & FLX_TP_SEND_NO_HASH) return flx_error_set(FLX_ERR_INVALID, "send kv hashed: FLX_TP_SEND_NO_HASH");
+    return send_kv(s, ref, ch, payload, &payload_xxh3, flags, done, ctx);
 }
 
 flx_status_t flx_tp_send_stats(flx_tp_sender_h s, const flx_tp_ref_t *ref, uint32_t layer, uint32_t hq, uint32_t d,

@@ -47,7 +47,8 @@
  * node of the calling CPU) with libnuma, advised for transparent huge pages, optionally pinned
  * for CUDA UVA. Per-session side memory (block tables, metadata, window, statistics, completion
  * bitmaps) is one allocation on the same node. Both count against capacity_bytes; a session that
- * does not fit is refused with FLX_ERR_CAPACITY at open, never later.
+ * does not fit is refused with FLX_ERR_CAPACITY at open, never later. Neither is inherited by a
+ * child process (MADV_DONTFORK): a fork must not turn memory that receives write into copy-on-write.
  * A session's blocks are taken in ascending arena order, as one contiguous run when the pool has
  * one (first fit), so consecutive blocks of a (layer, kv head), and of consecutive heads, are
  * usually adjacent in memory: a chunk in GRANULE order whose tokens are all host-resident then

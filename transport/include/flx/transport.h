@@ -286,6 +286,12 @@ enum {
  * computed here, on the caller's thread. */
 flx_status_t flx_tp_send_kv(flx_tp_sender_h sender, const flx_tp_ref_t *ref, const flx_kv_chunk_t *chunk,
                             const void *payload, uint32_t flags, flx_tp_sent_fn done, void *ctx);
+/* The same with the payload's hash computed by the producer (flx_tp_hash of the packed bytes), where
+ * it writes them and they are in cache, instead of here; the hash is sent as given (one that does not
+ * match the bytes fails the session on the node). FLX_TP_SEND_NO_HASH is refused here. */
+flx_status_t flx_tp_send_kv_hashed(flx_tp_sender_h sender, const flx_tp_ref_t *ref, const flx_kv_chunk_t *chunk,
+                                   const void *payload, uint64_t payload_xxh3, uint32_t flags, flx_tp_sent_fn done,
+                                   void *ctx);
 /* Statistics of one layer: stats (n_q_heads), mean_k and q_anchor (n_q_heads, head_dim) f32; copied. */
 flx_status_t flx_tp_send_stats(flx_tp_sender_h sender, const flx_tp_ref_t *ref, uint32_t layer, uint32_t n_q_heads,
                                uint32_t head_dim, const flx_head_stats_t *stats, const float *mean_k,
