@@ -48,6 +48,7 @@
 #include "flx/log.h"
 #include "flx/model_load.h"
 #include "flx/pool.h"
+#include "flx/prefill_control.h"
 #include "flx/rpc.h"
 #include "flx/sampling.h"
 #include "flx/synth.h"
@@ -687,10 +688,10 @@ static flx_status_t run_synthetic(push_t *p, const opts_t *o)
 
 #define SVC "/fluxion.decode.v1.DecodeNode/"
 
-/* A unary DecodeNode call: the response unpacked with desc, or FLX_ERR_STATE naming the method and
- * the node's status. */
-static flx_status_t node_call(flx_rpc_client_h c, const char *method, const ProtobufCMessage *req,
-                              const ProtobufCMessageDescriptor *desc, uint32_t timeout_ms, ProtobufCMessage **resp_p)
+/* A unary DecodeNode call: the answer's bytes (the caller's to free and to parse), or FLX_ERR_STATE
+ * naming the method and the node's status. */
+static flx_status_t node_call(flx_rpc_client_h c, const char *method, const ProtobufCMessage *req, uint32_t timeout_ms,
+                              void **resp_p, size_t *resp_len_p)
 {
     const size_t len = protobuf_c_message_get_packed_size(req);
     uint8_t *buf = malloc(len ? len : 1);
@@ -698,52 +699,54 @@ static flx_status_t node_call(flx_rpc_client_h c, const char *method, const Prot
     protobuf_c_message_pack(req, buf);
     char path[96];
     snprintf(path, sizeof path, SVC "%s", method);
-    void *resp = NULL;
-    size_t resp_len = 0;
     flx_rpc_result_t res;
-    flx_status_t st = flx_rpc_unary(c, path, buf, len, timeout_ms, &resp, &resp_len, &res);
+    *resp_p = NULL;
+    flx_status_t st = flx_rpc_unary(c, path, buf, len, timeout_ms, resp_p, resp_len_p, &res);
     free(buf);
     if (st) return st;
-    if (res.code != FLX_RPC_OK)
+    if (res.code != FLX_RPC_OK) {
+        free(*resp_p);
+        *resp_p = NULL;
         return flx_error_set(FLX_ERR_STATE, "%s: %s: %s", method, flx_rpc_code_name(res.code), res.msg);
-    ProtobufCMessage *m = protobuf_c_message_unpack(desc, NULL, resp_len, resp);
-    free(resp);
-    if (!m) return flx_error_set(FLX_ERR_FORMAT, "%s: the node's answer is not a %s", method, desc->name);
-    *resp_p = m;
+    }
     return FLX_OK;
 }
 
 /* NodeStatus (the model id and shape the session must name), then OpenSession with this prompt's
- * length; on success the UCX endpoint, the id and the token are in o and ref. */
+ * length; on success the UCX endpoint, the id and the token are in o and ref. Both answers go
+ * through flx/prefill_control.h's checks before anything in them is used. */
 static flx_status_t control_open(opts_t *o, const model_src_t *ms, flx_tp_ref_t *ref)
 {
     flx_rpc_client_h c = NULL;
-    Fluxion__Decode__V1__NodeStatusResponse *ns = NULL;
-    Fluxion__Decode__V1__OpenSessionResponse *os = NULL;
+    void *resp = NULL;
+    size_t resp_len = 0;
     const uint32_t tmo = (uint32_t)FLX_MIN(o->timeout_ms, UINT32_MAX);
     flx_status_t st = flx_rpc_client_create(o->control, 0, &c);
     if (st) return st;
     Fluxion__Decode__V1__NodeStatusRequest nreq;
     fluxion__decode__v1__node_status_request__init(&nreq);
-    if ((st = node_call(c, "NodeStatus", &nreq.base, &fluxion__decode__v1__node_status_response__descriptor, tmo,
-                        (ProtobufCMessage **)&ns)))
+    flx_pfx_node_t node;
+    if ((st = node_call(c, "NodeStatus", &nreq.base, tmo, &resp, &resp_len)) ||
+        (st = flx_pfx_parse_node_status(resp, resp_len, &node)))
         goto out;
-    if (!ns->shape) {
-        st = flx_error_set(FLX_ERR_FORMAT, "NodeStatus: the node sent no shape");
-        goto out;
-    }
-    if (ms->m && (ms->m->cfg.n_layers != ns->shape->n_layers || ms->m->cfg.n_kv_heads != ns->shape->n_kv_heads ||
-                  ms->m->cfg.n_heads != ns->shape->n_q_heads || ms->m->cfg.head_dim != ns->shape->head_dim)) {
+    if (ms->m && (ms->m->cfg.n_layers != node.n_layers || ms->m->cfg.n_kv_heads != node.n_kv_heads ||
+                  ms->m->cfg.n_heads != node.n_q_heads || ms->m->cfg.head_dim != node.head_dim)) {
         st = flx_error_set(FLX_ERR_INVALID, "the model (%u layers, %u/%u heads of %u) is not the node's (%u layers, "
                                             "%u/%u heads of %u)",
                            ms->m->cfg.n_layers, ms->m->cfg.n_heads, ms->m->cfg.n_kv_heads, ms->m->cfg.head_dim,
-                           ns->shape->n_layers, ns->shape->n_q_heads, ns->shape->n_kv_heads, ns->shape->head_dim);
+                           node.n_layers, node.n_q_heads, node.n_kv_heads, node.head_dim);
         goto out;
     }
+    free(resp);
+    resp = NULL;
     Fluxion__Decode__V1__OpenSessionRequest req;
     Fluxion__Decode__V1__AttentionConfig attn;
+    Fluxion__Decode__V1__ModelShape shape;
     fluxion__decode__v1__open_session_request__init(&req);
     fluxion__decode__v1__attention_config__init(&attn);
+    fluxion__decode__v1__model_shape__init(&shape);
+    shape.n_layers = node.n_layers, shape.n_kv_heads = node.n_kv_heads;
+    shape.n_q_heads = node.n_q_heads, shape.head_dim = node.head_dim;
     static const Fluxion__Decode__V1__AttentionMode modes[] = {
         FLUXION__DECODE__V1__ATTENTION_MODE__ATTENTION_MODE_FULL, FLUXION__DECODE__V1__ATTENTION_MODE__ATTENTION_MODE_FIXED,
         FLUXION__DECODE__V1__ATTENTION_MODE__ATTENTION_MODE_FLUXION};
@@ -754,32 +757,26 @@ static flx_status_t control_open(opts_t *o, const model_src_t *ms, flx_tp_ref_t 
     } else if (o->mode == 2) {
         attn.tau = (float)o->tau;
     }
-    req.model_id = (char *)(o->model_id ? o->model_id : ns->model_id);
-    req.shape = ns->shape;
+    req.model_id = (char *)(o->model_id ? o->model_id : node.model_id);
+    req.shape = &shape;
     req.prompt_len = ms->m ? (uint32_t)ms->n_ids : (uint32_t)FLX_MIN(o->prompt_len, UINT32_MAX);
     req.max_new_tokens = (uint32_t)o->max_new;
     req.kv_dtype = FLUXION__DECODE__V1__KV_DTYPE__KV_DTYPE_BF16;
     req.attention = &attn;
     req.transfer_timeout_ms = (uint32_t)o->transfer_timeout_ms;
     req.lease_ms = (uint32_t)o->lease_ms;
-    if ((st = node_call(c, "OpenSession", &req.base, &fluxion__decode__v1__open_session_response__descriptor, tmo,
-                        (ProtobufCMessage **)&os)))
+    flx_pfx_session_t ss;
+    if ((st = node_call(c, "OpenSession", &req.base, tmo, &resp, &resp_len)) ||
+        (st = flx_pfx_parse_open_session(resp, resp_len, &ss)))
         goto out;
-    if (os->session_id == 0 || os->transfer_token.len != FLX_TP_TOKEN_BYTES || !os->ucx || !os->ucx->listener_host ||
-        !os->ucx->listener_host[0] || os->ucx->listener_port == 0 || os->ucx->listener_port > 65535 ||
-        strlen(os->ucx->listener_host) >= sizeof o->host) {
-        st = flx_error_set(FLX_ERR_FORMAT, "OpenSession: the node's answer has no session id, 16-byte token or UCX "
-                                           "listener (is it running --prefill local?)");
-        goto out;
-    }
-    snprintf(o->host, sizeof o->host, "%s", os->ucx->listener_host);
-    o->port = (uint16_t)os->ucx->listener_port;
-    o->sid = os->session_id;
-    ref->sid = os->session_id;
-    memcpy(ref->token, os->transfer_token.data, FLX_TP_TOKEN_BYTES);
+    _Static_assert(sizeof o->host == sizeof ss.host, "the listener host fits opts");
+    memcpy(o->host, ss.host, sizeof o->host);
+    o->port = ss.port;
+    o->sid = ss.sid;
+    ref->sid = ss.sid;
+    memcpy(ref->token, ss.token, FLX_TP_TOKEN_BYTES);
 out:
-    if (ns) protobuf_c_message_free_unpacked(&ns->base, NULL);
-    if (os) protobuf_c_message_free_unpacked(&os->base, NULL);
+    free(resp);
     flx_rpc_client_destroy(c);
     return st;
 }

@@ -1,10 +1,11 @@
 /*
- * gen_node_corpus - writes the seed corpora of fuzz_grpc_requests and fuzz_node_config with the
- * project's own writers: protobuf-c packing of well-formed requests of every type (the first byte
- * selects the type and the node's limits, as the target reads it), and config files printed by
+ * gen_node_corpus - writes the seed corpora of fuzz_grpc_requests, fuzz_prefill_replies and
+ * fuzz_node_config with the project's own writers: protobuf-c packing of well-formed requests of
+ * every type (the first byte selects the type and the node's limits, as the target reads it) and of
+ * the node's NodeStatus and OpenSession answers, and config files printed by
  * flx_node_config_format plus a hand-written one with comments.
- *   gen_node_corpus CORPUS_DIR     (writes CORPUS_DIR/grpc_requests/ and CORPUS_DIR/node_config/;
- *                                   --help: flx/cli.h's convention)
+ *   gen_node_corpus CORPUS_DIR     (writes CORPUS_DIR/grpc_requests/, prefill_replies/ and
+ *                                   node_config/; --help: flx/cli.h's convention)
  */
 #include <errno.h>
 #include <stdio.h>
@@ -58,8 +59,8 @@ int main(int argc, char **argv)
                      "fuzz_node_config (tests/fuzz/make_corpus.sh).", .pos = pos, .n_pos = 1};
     int rc = flx_cli_main(&cli, argc, argv);
     if (rc != FLX_CLI_PROCEED) return rc;
-    const char *subs[] = {"grpc_requests", "node_config"};
-    for (int i = 0; i < 2; i++) {
+    const char *subs[] = {"grpc_requests", "node_config", "prefill_replies"};
+    for (int i = 0; i < 3; i++) {
         char p[1024];
         snprintf(p, sizeof p, "%s/%s", g_dir, subs[i]);
         if (mkdir(p, 0755) && errno != EEXIST) return flx_cli_fail(&cli, "cannot create %s: %s", p, strerror(errno));
@@ -122,6 +123,29 @@ int main(int argc, char **argv)
     put("grpc_requests", "close_session", 0x04, &close.base);
     Fluxion__Decode__V1__NodeStatusRequest status = FLUXION__DECODE__V1__NODE_STATUS_REQUEST__INIT;
     put("grpc_requests", "node_status", 0x05, &status.base);
+    /* the answers a prefill node reads (fuzz_prefill_replies: byte 0 bit 0 picks OpenSession) */
+    Fluxion__Decode__V1__NodeStatusResponse nsr = FLUXION__DECODE__V1__NODE_STATUS_RESPONSE__INIT;
+    nsr.model_id = (char *)"smollm2-135m-instruct";
+    nsr.version = (char *)"0.1.0";
+    nsr.shape = &shape;
+    nsr.max_prompt_len = 8192;
+    nsr.max_new_tokens = 4096;
+    put("prefill_replies", "node_status", 0x00, &nsr.base);
+    uint8_t token[16];
+    for (int i = 0; i < 16; i++) token[i] = (uint8_t)(17 * i + 3);
+    Fluxion__Decode__V1__UcxEndpoint ep = FLUXION__DECODE__V1__UCX_ENDPOINT__INIT;
+    ep.listener_host = (char *)"127.0.0.1";
+    ep.listener_port = 40123;
+    Fluxion__Decode__V1__OpenSessionResponse osr = FLUXION__DECODE__V1__OPEN_SESSION_RESPONSE__INIT;
+    osr.session_id = 0x100000001ull;
+    osr.transfer_token.data = token;
+    osr.transfer_token.len = 16;
+    osr.ucx = &ep;
+    osr.transfer_deadline_unix_ms = 1795581319000;
+    osr.reserved_bytes = 1u << 26;
+    put("prefill_replies", "open_session_ucx", 0x01, &osr.base);
+    osr.ucx = NULL;   /* a node running --prefill local: refused, named */
+    put("prefill_replies", "open_session_local", 0x01, &osr.base);
     Grpc__Health__V1__HealthCheckRequest health = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
     health.service = (char *)"fluxion.decode.v1.DecodeNode";
     put("grpc_requests", "health", 0x06, &health.base);

@@ -4,7 +4,7 @@
 # that read them:
 #   flx-fuzz-seeds OUT            (gen_corpus.c) the model, tokenizer, predictor, dataset, KV dump,
 #                                 token id and command-line targets
-#   gen_node_corpus OUT           grpc_requests, node_config
+#   gen_node_corpus OUT           grpc_requests, prefill_replies, node_config
 #   test_transport_fuzz --write   transport_header
 #   test_cpus FIXTURES --corpus   cgroup (the fixture trees of tests/common/cgroup)
 # A target's seed-* files are replaced as a whole; crash inputs found by fuzzing (crash-*, timeout-*,
