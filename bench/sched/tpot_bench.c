@@ -11,12 +11,16 @@
  * ratios are printed, with each engine's median TPOT and Fluxion's decision share (features +
  * predictor + selector) of its step, and per engine where a step's time went (dense part, attention:
  * decisions and tasks; the thread time of the features, the predictor, and in the tasks of the
- * window, scoring, top-k and attention).
+ * window, scoring, top-k and attention), and the pairs' median by quarter of the run (Fluxion's
+ * decisions change as the answers grow: more groups turn streaming-only after the first 20 to 30
+ * steps). --csv writes every step of both engines (time, dense and attention time, host bytes,
+ * streaming-only groups); bench/sched/plot_tpot.py draws it.
  *
- * usage: tpot_bench -m MODEL --text FILE --predictor W [--len 8192] [--batch 4] [--steps 24]
- *                   [--threads N]   (tpot_bench --help; flx/cli.h's convention)
+ * usage: tpot_bench -m MODEL --text FILE --predictor W [--len 8192] [--batch 4] [--steps 128]
+ *                   [--threads N] [--csv FILE]   (tpot_bench --help; flx/cli.h's convention)
  * Last line: RESULT tpot_fluxion_vs_16_005=<median ratio> ... (bench/sched/run puts it in SUMMARY).
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,8 +55,8 @@ static void on_token(void *ctx, flx_engine_seq_id_t seq, int32_t token, int is_l
 
 int main(int argc, char **argv)
 {
-    const char *model_path = NULL, *text_path = NULL, *pred_path = NULL;
-    uint64_t len = 8192, batch = 4, steps = 24, threads = 0;
+    const char *model_path = NULL, *text_path = NULL, *pred_path = NULL, *csv_path = NULL;
+    uint64_t len = 8192, batch = 4, steps = 128, threads = 0;
     flx_cli_opt_t opts[] = {
         FLX_CLI_PATH('m', "model", "MODEL", &model_path, FLX_CLI_REQUIRED, "a .gguf file or a Hugging Face folder"),
         FLX_CLI_PATH(0, "text", "FILE", &text_path, FLX_CLI_REQUIRED, "the text the sequences are cut from"),
@@ -60,7 +64,9 @@ int main(int argc, char **argv)
         FLX_CLI_UINT(0, "len", "N", &len, 64, 1u << 20, 0, "tokens of each sequence (default 8192)"),
         FLX_CLI_UINT(0, "batch", "N", &batch, 1, MAXB, 0, "sequences per engine (default 4)"),
         FLX_CLI_UINT(0, "steps", "N", &steps, WARM + 2, 10000, 0, "decode steps per engine, the first 2 not counted "
-                     "(default 24)"),
+                     "(default 128)"),
+        FLX_CLI_PATH(0, "csv", "FILE", &csv_path, 0, "per step and engine: ms, dense and attention ms, host bytes, "
+                     "streaming-only groups (default: none)"),
         FLX_CLI_UINT('t', "threads", "N", &threads, 1, FLX_POOL_MAX_WORKERS, 0, "pool workers (default: the CPU "
                      "budget)"),
     };
@@ -134,6 +140,9 @@ int main(int argc, char **argv)
             if (flx_engine_add(sd[k].e, sid, (int32_t)flx_sample_argmax(lg, c->vocab), &gp, &id)) die("add");
         }
     }
+    FILE *csv = NULL;
+    if (csv_path && !(csv = fopen(csv_path, "w"))) die("--csv: cannot create the file");
+    if (csv) fprintf(csv, "step,engine,ms,dense_ms,attn_ms,decide_ms,host_mib,skipped_groups\n");
     double pred_ns = 0, step_ns = 0;
     for (uint64_t s = 0; s < steps; s++)
         for (int j = 0; j < 2; j++) {
@@ -142,15 +151,35 @@ int main(int argc, char **argv)
             flx_status_t st = flx_engine_step(sd[k].e);
             if (st < 0) die(name[k]);
             sd[k].ms[s] = (double)(flx_now_ns() - t0) * 1e-6;
+            if (csv) {
+                flx_engine_stats_t x;
+                flx_engine_last_stats(sd[k].e, &x);
+                fprintf(csv, "%llu,%s,%.3f,%.3f,%.3f,%.3f,%.3f,%llu\n", (unsigned long long)s,
+                        k == 0 ? "fluxion" : "fixed_16_005", sd[k].ms[s],
+                        (double)x.dense_ns * 1e-6, (double)x.attn_ns * 1e-6, (double)x.predict_ns * 1e-6,
+                        (double)x.host_bytes / 1048576.0, (unsigned long long)x.n_skipped);
+            }
             if (k == 0 && s >= WARM) {
                 flx_engine_stats_t x;
                 flx_engine_last_stats(sd[0].e, &x);
                 pred_ns += (double)x.predict_ns, step_ns += (double)x.step_ns;
             }
         }
+    if (csv) fclose(csv);
     const int n = (int)(steps - WARM);   /* >= 2: --steps is at least WARM + 2 */
     double *r = malloc((size_t)(n > 0 ? n : 1) * sizeof *r), med[2];
     for (int i = 0; i < n; i++) r[i] = sd[0].ms[WARM + i] / sd[1].ms[WARM + i];
+    /* the pairs' median by quarter of the run, in step order (does the ratio drift as the answers grow?) */
+    double quarter[4] = {NAN, NAN, NAN, NAN};
+    if (n >= 8) {
+        double *v = malloc((size_t)n * sizeof *v);
+        for (int qi = 0; qi < 4; qi++) {
+            const int a = n * qi / 4, b = n * (qi + 1) / 4;
+            memcpy(v, r + a, (size_t)(b - a) * sizeof *v);
+            quarter[qi] = flx_bench_median(v, b - a);
+        }
+        free(v);
+    }
     const double rmed = flx_bench_median(r, n), rmin = r[0], rmax = r[n - 1];
     for (int k = 0; k < 2; k++) {
         double *v = malloc((size_t)n * sizeof *v);
@@ -181,6 +210,9 @@ int main(int argc, char **argv)
            "streaming-only per step\n",
            rmed, rmin, rmax, n, step_ns > 0 ? 100.0 * pred_ns / step_ns : 0.0, (double)tf.n_skipped / tf.n_steps,
            c->n_layers * c->n_kv_heads * (uint32_t)batch);
+    if (n >= 8)
+        printf("ratio median by quarter of the steps, in order: %.3f %.3f %.3f %.3f\n", quarter[0], quarter[1],
+               quarter[2], quarter[3]);
     printf("RESULT tpot_fluxion_vs_16_005=%.3f tpot_fluxion_ms=%.2f tpot_16_005_ms=%.2f predictor_share=%.4f\n", rmed,
            med[0], med[1], step_ns > 0 ? pred_ns / step_ns : 0.0);
     for (int k = 0; k < 2; k++) {
