@@ -11,14 +11,16 @@
 
 #define BAD(msg, ...) flx_error_set(FLX_ERR_FORMAT, msg ": " __VA_ARGS__)
 
-/* A string the caller may print and use as a name: 1 .. cap - 1 printable ASCII bytes (space too
- * when spaces is set). */
-static int text_ok(const char *s, size_t cap, int spaces)
+/* A string of 1 .. cap - 1 bytes without control characters; ascii: printable ASCII without space
+ * (a host name or address), else any other byte too (a model id may be UTF-8, as the node's config
+ * allows). */
+static int text_ok(const char *s, size_t cap, int ascii)
 {
     if (!s || !s[0]) return 0;
-    size_t n = 0;
-    for (; s[n]; n++)
-        if (n + 1 >= cap || (unsigned char)s[n] < (spaces ? 0x20 : 0x21) || (unsigned char)s[n] > 0x7e) return 0;
+    for (size_t n = 0; s[n]; n++) {
+        const unsigned char c = (unsigned char)s[n];
+        if (n + 1 >= cap || c < 0x20 || c == 0x7f || (ascii && (c == 0x20 || c > 0x7e))) return 0;
+    }
     return 1;
 }
 
@@ -30,8 +32,8 @@ flx_status_t flx_pfx_parse_node_status(const void *buf, size_t len, flx_pfx_node
     if (!m) return BAD("NodeStatus answer", "not a fluxion.decode.v1.NodeStatusResponse (%zu bytes)", len);
     flx_status_t st = FLX_OK;
     const Fluxion__Decode__V1__ModelShape *s = m->shape;
-    if (!text_ok(m->model_id, FLX_PFX_MODEL_ID_MAX, 1))
-        st = BAD("NodeStatus answer", "model_id empty, longer than %d bytes or not printable ASCII",
+    if (!text_ok(m->model_id, FLX_PFX_MODEL_ID_MAX, 0))
+        st = BAD("NodeStatus answer", "model_id empty, longer than %d bytes or holding a control character",
                  FLX_PFX_MODEL_ID_MAX - 1);
     else if (!s)
         st = BAD("NodeStatus answer", "no shape");
@@ -68,7 +70,7 @@ flx_status_t flx_pfx_parse_open_session(const void *buf, size_t len, flx_pfx_ses
                  FLX_TP_TOKEN_BYTES);
     else if (!u || !u->listener_host || !u->listener_host[0])
         st = BAD("OpenSession answer", "no UCX listener (is the node running --prefill local?)");
-    else if (!text_ok(u->listener_host, FLX_TP_HOST_MAX, 0))
+    else if (!text_ok(u->listener_host, FLX_TP_HOST_MAX, 1))
         st = BAD("OpenSession answer", "ucx.listener_host longer than %d bytes or not printable ASCII",
                  FLX_TP_HOST_MAX - 1);
     else if (u->listener_port == 0 || u->listener_port > 65535)

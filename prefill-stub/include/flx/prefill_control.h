@@ -21,7 +21,7 @@
 
 /* NodeStatus: the model the node serves (an OpenSession must name it and its shape). */
 typedef struct flx_pfx_node {
-    char model_id[FLX_PFX_MODEL_ID_MAX];   /* non-empty, printable ASCII */
+    char model_id[FLX_PFX_MODEL_ID_MAX];   /* non-empty, no control character */
     uint32_t n_layers;                     /* [1, 1024] */
     uint32_t n_kv_heads;                   /* [1, 1024] */
     uint32_t n_q_heads;                    /* a multiple of n_kv_heads, at most FLX_TP_MAX_Q_HEADS */
