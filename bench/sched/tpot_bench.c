@@ -151,19 +151,14 @@ int main(int argc, char **argv)
             flx_status_t st = flx_engine_step(sd[k].e);
             if (st < 0) die(name[k]);
             sd[k].ms[s] = (double)(flx_now_ns() - t0) * 1e-6;
-            if (csv) {
-                flx_engine_stats_t x;
-                flx_engine_last_stats(sd[k].e, &x);
+            flx_engine_stats_t x;
+            flx_engine_last_stats(sd[k].e, &x);
+            if (csv)
                 fprintf(csv, "%llu,%s,%.3f,%.3f,%.3f,%.3f,%.3f,%llu\n", (unsigned long long)s,
                         k == 0 ? "fluxion" : "fixed_16_005", sd[k].ms[s],
                         (double)x.dense_ns * 1e-6, (double)x.attn_ns * 1e-6, (double)x.predict_ns * 1e-6,
                         (double)x.host_bytes / 1048576.0, (unsigned long long)x.n_skipped);
-            }
-            if (k == 0 && s >= WARM) {
-                flx_engine_stats_t x;
-                flx_engine_last_stats(sd[0].e, &x);
-                pred_ns += (double)x.predict_ns, step_ns += (double)x.step_ns;
-            }
+            if (k == 0 && s >= WARM) pred_ns += (double)x.predict_ns, step_ns += (double)x.step_ns;
         }
     if (csv) fclose(csv);
     const int n = (int)(steps - WARM);   /* >= 2: --steps is at least WARM + 2 */

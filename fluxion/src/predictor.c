@@ -653,18 +653,31 @@ T2 static void layer_avx2(const float *x, size_t ldx, uint32_t n, const float *w
     }
 }
 
-/* Rows [r0, r1) through all layers; scratch rows are indexed by absolute row. */
-static void run_rows(const struct flx_predictor *p, layer_fn fn, const float *feat, uint32_t r0, uint32_t r1,
-                     float *xs, float *ha, float *hb, float *hy, flx_bf16_t *xb, flx_head_pred_t *out)
+typedef struct run_job {
+    const struct flx_predictor *p;
+    layer_fn fn;
+    const float *feat;
+    float *xs, *ha, *hb, *hy;
+    flx_bf16_t *xb;   /* NULL: the hidden layers in fp32 */
+    flx_head_pred_t *out;
+} run_job_t;
+
+/* Rows [r0, r1) of j's run through all layers; scratch rows are indexed by absolute row. */
+static void run_rows(const run_job_t *j, uint32_t r0, uint32_t r1)
 {
+    const struct flx_predictor *p = j->p;
+    const layer_fn fn = j->fn;
+    const float *feat = j->feat;
+    flx_bf16_t *xb = j->xb;
+    flx_head_pred_t *out = j->out;
     uint32_t n = r1 - r0;
     if (!n) return;
-    float *x = xs + (size_t)r0 * IN_PAD;
+    float *x = j->xs + (size_t)r0 * IN_PAD;
     for (uint32_t r = 0; r < n; r++) {
         const float *f = feat + (size_t)(r0 + r) * FLX_PRED_IN;
         for (int i = 0; i < FLX_PRED_IN; i++) x[r * IN_PAD + i] = (f[i] - p->mean[i]) * p->inv_std[i];
     }
-    float *a = ha + (size_t)r0 * FLX_PRED_H1, *b = hb + (size_t)r0 * FLX_PRED_H1, *y = hy + (size_t)r0 * 16;
+    float *a = j->ha + (size_t)r0 * FLX_PRED_H1, *b = j->hb + (size_t)r0 * FLX_PRED_H1, *y = j->hy + (size_t)r0 * 16;
     fn(x, IN_PAD, n, p->wp[0], p->bp[0], L_IN[0], L_OUT[0], L_NP[0], 1, a, FLX_PRED_H1);
     if (xb) {   /* the hidden layers in bf16 (rows_to_bf16 rounds each activation once) */
         xb += (size_t)r0 * FLX_PRED_H1;
@@ -688,20 +701,11 @@ static void run_rows(const struct flx_predictor *p, layer_fn fn, const float *fe
     }
 }
 
-typedef struct run_job {
-    const struct flx_predictor *p;
-    layer_fn fn;
-    const float *feat;
-    float *xs, *ha, *hb, *hy;
-    flx_bf16_t *xb;   /* NULL: the hidden layers in fp32 */
-    flx_head_pred_t *out;
-} run_job_t;
-
 static flx_status_t run_chunk(void *ctx, const flx_pool_worker_t *w, uint64_t r0, uint64_t r1)
 {
     (void)w;
     const run_job_t *j = ctx;
-    run_rows(j->p, j->fn, j->feat, (uint32_t)r0, (uint32_t)r1, j->xs, j->ha, j->hb, j->hy, j->xb, j->out);
+    run_rows(j, (uint32_t)r0, (uint32_t)r1);
     return FLX_OK;
 }
 
@@ -749,7 +753,7 @@ flx_status_t flx_predictor_run_rows(flx_predictor_h p, const float *feat, uint32
     run_job_t j;
     flx_status_t st = run_setup(p, feat, n_rows, r0, r1, out, scratch, scratch_bytes, &j);
     if (st) return st;
-    run_rows(j.p, j.fn, j.feat, r0, r1, j.xs, j.ha, j.hb, j.hy, j.xb, j.out);
+    run_rows(&j, r0, r1);
     return FLX_OK;
 }
 
