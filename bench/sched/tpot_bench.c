@@ -4,7 +4,7 @@
  *
  * METHOD
  * Each configuration (FLUXION with the model's shipped predictor, FIXED (16, 0.05)) runs as
- * `instances` engines, each with its own store. `batch` sequences of `len` tokens of a real text
+ * `instances` engines (default 4), each with its own store. `batch` sequences of `len` tokens of a real text
  * (different offsets) are prefilled once, in-process, with their prefill statistics (what a prefill
  * node sends), and every layer is written into a session of every store. Then all engines decode
  * greedily, one step each in turn, the order rotated every step. Why several engines: engines of
@@ -25,7 +25,7 @@
  * streaming-only groups); bench/sched/plot_tpot.py draws it.
  *
  * usage: tpot_bench -m MODEL --text FILE --predictor W [--len 8192] [--batch 4] [--steps 128]
- *                   [--instances 3] [--same] [--threads N] [--csv FILE]   (tpot_bench --help)
+ *                   [--instances 4] [--same] [--threads N] [--csv FILE]   (tpot_bench --help)
  * Last line: RESULT tpot_fluxion_vs_16_005=<median ratio> ... (bench/sched/run puts it in SUMMARY).
  */
 #include <math.h>
@@ -43,7 +43,7 @@
 #include "flx/tokenizer.h"
 #include "flx/util.h"
 
-enum { WARM = 2, MAXB = 16, MAXI = 4 };
+enum { WARM = 2, MAXB = 16, MAXI = 8 };
 
 static void die(const char *what)
 {
@@ -103,7 +103,7 @@ static double mean_ms(const side_t *sd, int n, int cfg, uint64_t s)
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *text_path = NULL, *pred_path = NULL, *csv_path = NULL;
-    uint64_t len = 8192, batch = 4, steps = 128, threads = 0, instances = 3;
+    uint64_t len = 8192, batch = 4, steps = 128, threads = 0, instances = 4;
     int same = 0;
     flx_cli_opt_t opts[] = {
         FLX_CLI_PATH('m', "model", "MODEL", &model_path, FLX_CLI_REQUIRED, "a .gguf file or a Hugging Face folder"),
@@ -114,7 +114,7 @@ int main(int argc, char **argv)
         FLX_CLI_UINT(0, "steps", "N", &steps, WARM + 2, 10000, 0, "decode steps per engine, the first 2 not counted "
                      "(default 128)"),
         FLX_CLI_UINT(0, "instances", "N", &instances, 1, MAXI, 0, "engines per configuration, each with its own "
-                     "store, their step times averaged (default 3)"),
+                     "store, their step times averaged (default 4)"),
         FLX_CLI_FLAG(0, "same", &same, "an A/A run: fixed (16, 0.05) on both sides"),
         FLX_CLI_PATH(0, "csv", "FILE", &csv_path, 0, "per step and engine: ms, dense and attention ms, host bytes, "
                      "streaming-only groups (default: none)"),

@@ -221,6 +221,8 @@ static const tool_t tools[] = {
      {{"-m M --tex T --predictor W", 2, "unknown option --tex (names are matched exactly: did you mean --text?)"},
       {"-m M --text T --predictor W --steps 3", 2, "--steps '3' is not an integer in 4..10000"},
       {"-m M --text T --predictor W --batch 17", 2, "--batch '17' is not an integer in 1..16"},
+      {"-m M --text T --predictor W --instances 0", 2, "--instances '0' is not an integer in 1..8"},
+      {"-m M --text T --predictor W --same=1", 2, "--same"},
       {"-m M --text T --predictor W -t 0", 2, "-t '0' is not an integer in 1.."},
       {"-m M --text T", 2, "--predictor is required"},
       {"-m M --text /nonexistent/t.txt --predictor W", 1, "tpot_bench: --text: cannot open /nonexistent/t.txt"},
