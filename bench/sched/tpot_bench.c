@@ -75,18 +75,15 @@ typedef struct fan {
     side_t *sd;
     int n;
     const flx_kv_session_id_t *sid;   /* (n) */
-    uint32_t n_kv_heads, head_dim;
 } fan_t;
 
 static flx_status_t fan_on_layer(void *ctx, uint32_t layer, uint32_t n, const flx_bf16_t *k, const flx_bf16_t *v,
                                  const flx_head_stats_t *stats, const float *mean_k, const float *q_anchor)
 {
     const fan_t *f = ctx;
-    flx_kv_chunk_t c = {.layer = layer, .head_begin = 0, .head_end = f->n_kv_heads, .tok_begin = 0, .tok_end = n,
-                        .dtype = FLX_DT_BF16, .head_dim = f->head_dim, .order = FLX_KV_ORDER_SPLIT};
     for (int i = 0; i < f->n; i++) {
-        flx_status_t st = flx_kv_chunk_write(f->sd[i].store, f->sid[i], &c, k, v);
-        if (st || (st = flx_kv_stats_write(f->sd[i].store, f->sid[i], layer, stats, mean_k, q_anchor))) return st;
+        flx_status_t st = flx_engine_store_layer(f->sd[i].store, f->sid[i], layer, n, k, v, stats, mean_k, q_anchor);
+        if (st) return st;
     }
     return FLX_OK;
 }
@@ -192,7 +189,7 @@ int main(int argc, char **argv)
         flx_kv_session_params_t sp = {.prompt_len = (uint32_t)len, .max_new_tokens = (uint32_t)steps + 4};
         for (int i = 0; i < ns; i++)
             if (flx_kv_session_open(sd[i].store, &sp, &sid[i])) die("session");
-        fan_t fan = {.sd = sd, .n = ns, .sid = sid, .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim};
+        fan_t fan = {.sd = sd, .n = ns, .sid = sid};
         flx_prefill_out_t out = {.on_layer = fan_on_layer, .ctx = &fan, .tau = 0.1f, .sink = si.sink,
                                  .local = si.local};
         const uint64_t t0 = flx_now_ns();

@@ -1060,22 +1060,31 @@ flx_status_t flx_engine_prefill_run(const flx_model_t *m, flx_fwd_ws_t *ws, cons
     return prefill_run(&r, tokens, n, out, first_logits);
 }
 
+flx_status_t flx_engine_store_layer(flx_kv_store_h store, flx_kv_session_id_t sid, uint32_t layer, uint32_t n,
+                                    const flx_bf16_t *k, const flx_bf16_t *v, const flx_head_stats_t *stats,
+                                    const float *mean_k, const float *q_anchor)
+{
+    if (!store) return flx_error_set(FLX_ERR_INVALID, "store layer: NULL store");
+    flx_kv_store_info_t si;
+    flx_kv_store_info(store, &si);
+    flx_kv_chunk_t c = {.layer = layer, .head_begin = 0, .head_end = si.n_kv_heads, .tok_begin = 0, .tok_end = n,
+                        .dtype = FLX_DT_BF16, .head_dim = si.head_dim, .order = FLX_KV_ORDER_SPLIT};
+    flx_status_t st = flx_kv_chunk_write(store, sid, &c, k, v);
+    if (st || !stats) return st;
+    return flx_kv_stats_write(store, sid, layer, stats, mean_k, q_anchor);
+}
+
 /* The in-process sink: each layer into a store session, as the UCX receiver would land it. */
 typedef struct store_sink {
     flx_kv_store_h store;
     flx_kv_session_id_t sid;
-    uint32_t n_kv_heads, head_dim;
 } store_sink_t;
 
 static flx_status_t store_on_layer(void *ctx, uint32_t layer, uint32_t n, const flx_bf16_t *k, const flx_bf16_t *v,
                                    const flx_head_stats_t *stats, const float *mean_k, const float *q_anchor)
 {
     const store_sink_t *sc = ctx;
-    flx_kv_chunk_t c = {.layer = layer, .head_begin = 0, .head_end = sc->n_kv_heads, .tok_begin = 0, .tok_end = n,
-                        .dtype = FLX_DT_BF16, .head_dim = sc->head_dim, .order = FLX_KV_ORDER_SPLIT};
-    flx_status_t st = flx_kv_chunk_write(sc->store, sc->sid, &c, k, v);
-    if (st || !stats) return st;
-    return flx_kv_stats_write(sc->store, sc->sid, layer, stats, mean_k, q_anchor);
+    return flx_engine_store_layer(sc->store, sc->sid, layer, n, k, v, stats, mean_k, q_anchor);
 }
 
 static flx_status_t prefill(const prefill_runner_t *r, flx_kv_store_h store, const int32_t *tokens, uint32_t n,
@@ -1097,7 +1106,7 @@ static flx_status_t prefill(const prefill_runner_t *r, flx_kv_store_h store, con
     flx_kv_session_id_t sid;
     flx_status_t st = flx_kv_session_open(store, &sp, &sid);
     if (st) return st;
-    store_sink_t sc = {.store = store, .sid = sid, .n_kv_heads = r->cfg->n_kv_heads, .head_dim = r->cfg->head_dim};
+    store_sink_t sc = {.store = store, .sid = sid};
     flx_prefill_out_t out = {.on_layer = store_on_layer, .ctx = &sc, .tau = tau, .sink = si.sink, .local = si.local};
     if ((st = prefill_run(r, tokens, n, &out, first_logits)))
         goto fail;

@@ -328,6 +328,13 @@ typedef struct flx_prefill_out {
 flx_status_t flx_engine_prefill_run(const flx_model_t *model, flx_fwd_ws_t *ws, const int32_t *tokens, uint32_t n,
                                     const flx_prefill_out_t *out, float *first_logits);
 
+/* The in-process sink's body, for callers with their own sink (one prefill into several stores):
+ * one layer's K, V (flx_prefill_sink_fn's layout, every kv head, tokens [0, n)) and, when stats is
+ * not NULL, its statistics into session sid of store, as the UCX receiver would land them. */
+flx_status_t flx_engine_store_layer(flx_kv_store_h store, flx_kv_session_id_t sid, uint32_t layer, uint32_t n,
+                                    const flx_bf16_t *k, const flx_bf16_t *v, const flx_head_stats_t *stats,
+                                    const float *mean_k, const float *q_anchor);
+
 /*
  * In-process prefill (what a prefill node does, without the network): runs flx_model_prefill of
  * tokens[0, n) with ws (planned for at least n prompt tokens and by the caller), pushes each
