@@ -40,11 +40,12 @@ static flx_kv_store_h make_store(void)
     return s;
 }
 
-/* The batch under ep on pool: tokens (NSEQ, NGEN), logits (NSEQ, NGEN - 1, V), total stats, and
- * the first step's stats in *first_p when not NULL (the one step whose inputs do not depend on the
- * tokens sampled so far). */
+/* The batch under ep on pool: tokens (NSEQ, NGEN), logits (NSEQ, NGEN - 1, V), total stats, the
+ * first step's stats in *first_p when not NULL (the one step whose inputs do not depend on the
+ * tokens sampled so far) and that step's layer 0 in *first_l0_p when not NULL (the one layer whose
+ * inputs do not depend on what the attention of the layers before it read). */
 static void run(const int32_t *prompt, flx_engine_params_t ep, flx_pool_h pool, int32_t *tok, float *logits,
-                flx_engine_stats_t *st_p, flx_engine_stats_t *first_p)
+                flx_engine_stats_t *st_p, flx_engine_stats_t *first_p, flx_attn_layer_stats_t *first_l0_p)
 {
     flx_kv_store_h store = make_store();
     ep.max_batch = NSEQ, ep.pool = pool, ep.n_threads = 0;
@@ -74,6 +75,7 @@ static void run(const int32_t *prompt, flx_engine_params_t ep, flx_pool_h pool, 
         }
         CHECK(sum == last.n_tasks);
         if (guard == 0 && first_p) *first_p = last;
+        if (guard == 0 && first_l0_p) CHECK_OK(flx_engine_layer_stats(e, 0, first_l0_p));
         tasks_layers += sum;
         if (st == FLX_OK) break;
         CHECK(++guard < 100);
@@ -102,7 +104,7 @@ static void test_schedules(const int32_t *prompt, flx_predictor_h pred)
         ep.mode = mode ? FLX_ENGINE_ATTN_FLUXION : FLX_ENGINE_ATTN_FIXED, ep.blk = 32, ep.bgt = 0.1f;
         ep.predictor = mode ? pred : NULL;
         flx_engine_stats_t st_ref, st;
-        run(prompt, ep, NULL, tok_ref, ref, &st_ref, NULL);
+        run(prompt, ep, NULL, tok_ref, ref, &st_ref, NULL, NULL);
         if (mode) CHECK(st_ref.n_tasks > 0 && st_ref.n_skipped > 0);
         const uint32_t workers[3] = {1, 3, 7};
         for (int pol = 0; pol < 4; pol++)
@@ -110,7 +112,7 @@ static void test_schedules(const int32_t *prompt, flx_predictor_h pred)
                 if (pol == 0 && wi == 0) continue;
                 flx_pool_h pool = workers[wi] > 1 ? flx_test_pool(workers[wi]) : NULL;
                 ep.sched_policy = (flx_sched_policy_t)pol;
-                run(prompt, ep, pool, tok, got, &st, NULL);
+                run(prompt, ep, pool, tok, got, &st, NULL, NULL);
                 flx_pool_destroy(pool);
                 char label[96];
                 snprintf(label, sizeof label, "%s, %s on %u workers vs priority on 1", mode ? "fluxion" : "fixed",
@@ -129,16 +131,19 @@ static void test_schedules(const int32_t *prompt, flx_predictor_h pred)
     flx_engine_params_t ep = flx_engine_params_default();
     ep.mode = FLX_ENGINE_ATTN_FLUXION, ep.predictor = pred;
     flx_engine_stats_t st_skip, st_keep, st_fix, tot;
-    run(prompt, ep, NULL, tok_ref, ref, &tot, &st_skip);
+    flx_attn_layer_stats_t l0_skip, l0_fix;
+    run(prompt, ep, NULL, tok_ref, ref, &tot, &st_skip, &l0_skip);
     ep.keep_streaming = 1;
-    run(prompt, ep, NULL, tok, got, &tot, &st_keep);
+    run(prompt, ep, NULL, tok, got, &tot, &st_keep, NULL);
     CHECK(tot.n_skipped == 0);
     /* every skipped group becomes a task; its bytes may be none (a budget of 0 reads no block) */
     CHECK(st_skip.n_skipped > 0 && st_keep.n_skipped == 0 && st_keep.n_tasks == st_skip.n_tasks + st_skip.n_skipped &&
           st_keep.host_bytes >= st_skip.host_bytes);
     ep.keep_streaming = 0, ep.fixed_blk = 128;
-    run(prompt, ep, NULL, tok, got, &tot, &st_fix);
-    CHECK(st_fix.n_skipped == st_skip.n_skipped && st_fix.n_tasks == st_skip.n_tasks);
+    run(prompt, ep, NULL, tok, got, &tot, &st_fix, &l0_fix);
+    /* a fixed blk leaves the streaming decisions as they were where the inputs are the same: in
+     * layer 0 (later layers see what the other blocks gave, and a group may turn streaming there) */
+    CHECK(l0_fix.n_groups == l0_skip.n_groups && l0_fix.n_tasks == l0_skip.n_tasks);
     fprintf(stderr, "ablations, first step: skipping %llu groups reads %llu bytes, none skipped %llu, fixed blk 128 %llu -> ok\n",
             (unsigned long long)st_skip.n_skipped, (unsigned long long)st_skip.host_bytes,
             (unsigned long long)st_keep.host_bytes, (unsigned long long)st_fix.host_bytes);
@@ -204,7 +209,7 @@ int main(void)
             flx_engine_params_t ep = flx_engine_params_default();
             ep.mode = FLX_ENGINE_ATTN_FLUXION, ep.predictor = pred;
             flx_engine_stats_t st, first;
-            run(prompt, ep, NULL, tok, lg, &st, &first);
+            run(prompt, ep, NULL, tok, lg, &st, &first, NULL);
             found = first.n_tasks > 0 && first.n_skipped > 0;   /* both kinds of group from the first step */
         }
     free(lg);
