@@ -706,7 +706,7 @@ static void layer_stats_add(struct flx_engine *e, uint32_t layer, const flx_attn
     e->cur.select_ns += x->select_ns;
     e->cur.feat_cpu_ns += x->feat_cpu_ns;
     e->cur.mlp_cpu_ns += x->mlp_cpu_ns;
-    e->cur.window_ns += s->attn.window_ns;
+    e->cur.window_ns += s->attn.window_ns + s->gpu_span_ns;   /* the GPU path's window kernel is its span */
     e->cur.score_ns += s->attn.score_ns;
     e->cur.topk_ns += s->attn.topk_ns;
     e->cur.host_attn_ns += s->attn.attn_ns;

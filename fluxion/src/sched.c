@@ -920,9 +920,12 @@ flx_status_t flx_sched_run(flx_sched_h s, flx_sched_layer_t *L, flx_sched_layer_
         pthread_mutex_unlock(&s->mu);
     }
     /* the spans the caller marked (its window kernel): they must be complete to be read */
+    uint64_t span_ns = 0;
     for (uint32_t i = 0; i < s->n_spans; i++) {
-        if (flx_cuda_event_sync(s->dev, s->span_ev[i][1]) == FLX_OK)
-            (void)add_interval(s, s->span_ev[i][0], s->span_ev[i][1], NULL);
+        uint64_t len = 0;
+        if (flx_cuda_event_sync(s->dev, s->span_ev[i][1]) == FLX_OK &&
+            add_interval(s, s->span_ev[i][0], s->span_ev[i][1], &len) == FLX_OK)
+            span_ns += len;
     }
     const uint64_t t_end = flx_now_ns();
     const uint64_t t_first = s->gpu && s->ref_recorded && s->t_ref_host < t_start ? s->t_ref_host : t_start;
@@ -957,6 +960,7 @@ flx_status_t flx_sched_run(flx_sched_h s, flx_sched_layer_t *L, flx_sched_layer_
         if (s->gpu) {
             x.has_gpu = 1;
             x.gpu_busy_ns = union_ns(s->iv, s->n_iv);
+            x.gpu_span_ns = span_ns;
             x.gpu_idle_ns = x.gpu_busy_ns < x.wall_ns ? x.wall_ns - x.gpu_busy_ns : 0;
             x.gpu_idle_ratio = x.wall_ns ? (double)x.gpu_idle_ns / (double)x.wall_ns : 0.0;
         }

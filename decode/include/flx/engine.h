@@ -258,7 +258,8 @@ typedef struct flx_engine_stats {
     uint64_t append_ns;       /* bf16 rounding + window appends */
     uint64_t sample_ns;       /* sampling + callbacks */
     uint64_t n_tasks;         /* (sequence, layer, kv group) attention tasks */
-    uint64_t window_ns, score_ns, topk_ns, host_attn_ns, merge_ns;  /* flx_attn_timing_t sums */
+    uint64_t window_ns, score_ns, topk_ns, host_attn_ns, merge_ns;  /* flx_attn_timing_t sums (the GPU path's
+                                                                       window: its kernel's device time) */
     uint64_t host_bytes;      /* host-resident bytes read: Quest metadata + K/V blocks */
     uint64_t dense_bytes;     /* weight bytes the dense part read */
     uint64_t predict_ns;      /* FLUXION: features + predictor + selector, wall time, of which: */

@@ -172,6 +172,7 @@ typedef struct flx_sched_layer_stats {
     uint64_t cpu_busy_max_ns;       /* the busiest CPU worker's */
     int has_gpu;                    /* a GPU worker ran (use_gpu) */
     uint64_t gpu_busy_ns;           /* union of the device intervals (CUDA events) */
+    uint64_t gpu_span_ns;           /* device time of the caller's spans (flx_sched_gpu_span), summed */
     uint64_t gpu_idle_ns;           /* wall - busy (0 when busy >= wall) */
     double gpu_idle_ratio;          /* idle / wall; 0 without a GPU */
     flx_attn_timing_t attn;         /* sums of the tasks' CPU kernel times and bytes; GPU tasks add
