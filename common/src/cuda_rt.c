@@ -415,6 +415,31 @@ flx_status_t flx_cuda_host_device_ptr(int device, const void *host, const void *
 #endif
 }
 
+flx_status_t flx_cuda_copy_htod_2d_async(int device, void *dst_dev, size_t dst_pitch, const void *src, size_t src_pitch,
+                                         size_t width, size_t height, flx_cuda_stream_t stream)
+{
+    if (width == 0 || height == 0) return FLX_OK;
+    if (!dst_dev || !src || dst_pitch < width || src_pitch < width || dst_pitch > INT_MAX || src_pitch > INT_MAX)
+        return flx_error_set(FLX_ERR_INVALID, "async 2D host-to-device copy: NULL pointer or pitch (%zu, %zu) not in "
+                             "width %zu..INT_MAX", dst_pitch, src_pitch, width);
+#ifdef FLX_HAVE_CUDA
+    int prev = device;
+    flx_status_t st = device_enter(device, "async 2D host-to-device copy", &prev);
+    if (st != FLX_OK) return st;
+    if ((st = injected_fault("async 2D host-to-device copy")) != FLX_OK) {
+        device_leave(device, prev);
+        return st;
+    }
+    cudaError_t e =
+        cudaMemcpy2DAsync(dst_dev, dst_pitch, src, src_pitch, width, height, cudaMemcpyHostToDevice, stream);
+    device_leave(device, prev);
+    return e == cudaSuccess ? FLX_OK : cuda_fail(e, "async 2D host-to-device copy");
+#else
+    (void)stream;
+    return device_check(device, "async 2D host-to-device copy");
+#endif
+}
+
 flx_status_t flx_cuda_copy_htod_async(int device, void *dst_dev, const void *src, size_t len,
                                       flx_cuda_stream_t stream)
 {

@@ -117,6 +117,10 @@ struct flx_engine {
     float *ow_dev, *lw_dev;      /* device (max_batch, Hq, D), (max_batch, Hq) window partials */
     float *ow_host, *lw_host;    /* page-locked copies of them */
     flx_cuda_stream_t stream_used; /* the stream of the layer's window launch (the forward's) */
+    flx_bf16_t *kv_pinned;       /* page-locked (max_batch, 2, Hkv, D): the rows of a layer's appends, which
+                                    the device-window copies queued on the stream read */
+    flx_cuda_event_t append_ev;  /* recorded after a layer's appends: kv_pinned is rewritten only past it */
+    int append_pending;
 
     seq_t *seqs;                 /* (max_seqs) */
     uint32_t *order;             /* (max_seqs) live slots, oldest first */
@@ -321,6 +325,9 @@ static flx_status_t create_gpu(struct flx_engine *e)
     e->items = calloc(items, sizeof *e->items);
     if (!e->items)
         return flx_error_set(FLX_ERR_NOMEM, "engine create: gpu window tables for %u items", items);
+    if ((st = flx_cuda_host_alloc((size_t)B * 2 * e->Hkv * e->D * sizeof(flx_bf16_t), (void **)&e->kv_pinned)) ||
+        (st = flx_cuda_event_create(dev, 0, &e->append_ev)))
+        return st;
     return FLX_OK;
 }
 
@@ -333,6 +340,8 @@ static void destroy_gpu(struct flx_engine *e)
     (void)flx_cuda_free(dev, e->gwin_dev);
     flx_cuda_host_free(e->gfwd_host);
     flx_cuda_host_free(e->gwin_host);
+    flx_cuda_host_free(e->kv_pinned);
+    flx_cuda_event_destroy(dev, e->append_ev);
     if (e->gm_owned) flx_gpu_model_destroy(e->gm);
     free(e->items);
 }
@@ -679,19 +688,32 @@ flx_status_t flx_engine_layer_stats(flx_engine_h e, uint32_t layer, flx_attn_lay
 /* ---- the attention entry point ---- */
 
 /* Rounds the batch's new k, v (B, Hkv, D) to bf16 and appends them to each session's window (the
- * kvstore mirrors the rows into device windows). */
-static flx_status_t append_kv(struct flx_engine *e, uint32_t layer, uint32_t B, const float *k, const float *v)
+ * kvstore mirrors the rows into device windows). With a stream (the GPU path) the device rows are
+ * queued on it from kv_pinned, each sequence its own rows, instead of two synchronous copies per
+ * sequence and layer; the window kernel that reads them follows on the same stream. */
+static flx_status_t append_kv(struct flx_engine *e, uint32_t layer, uint32_t B, const float *k, const float *v,
+                              flx_cuda_stream_t stream)
 {
     const size_t kvn = (size_t)e->Hkv * e->D;
-    flx_bf16_t *kb = e->kv_bf16, *vb = e->kv_bf16 + kvn;
+    flx_status_t st;
+    if (stream && e->append_pending) {   /* the last layer's copies have read kv_pinned */
+        if ((st = flx_cuda_event_sync(e->p.cuda_device, e->append_ev))) return st;
+        e->append_pending = 0;
+    }
     for (uint32_t b = 0; b < B; b++) {
+        flx_bf16_t *kb = stream ? e->kv_pinned + (size_t)b * 2 * kvn : e->kv_bf16, *vb = kb + kvn;
         flx_f32_to_bf16_row(k + b * kvn, kb, kvn);
         flx_f32_to_bf16_row(v + b * kvn, vb, kvn);
-        flx_status_t st = flx_kv_window_append(e->bseq[b]->sess, layer, kb, vb);
-        if (st)
-            return st;
+        st = stream ? flx_kv_window_append_async(e->bseq[b]->sess, layer, kb, vb, stream)
+                    : flx_kv_window_append(e->bseq[b]->sess, layer, kb, vb);
+        if (st) break;
     }
-    return FLX_OK;
+    if (stream) {   /* also after a failure: rows queued before it still read kv_pinned */
+        flx_status_t rst = flx_cuda_event_record(e->p.cuda_device, e->append_ev, stream);
+        if (rst == FLX_OK) e->append_pending = 1;
+        else if (st == FLX_OK) st = rst;
+    }
+    return st;
 }
 
 /* The route's figures of one layer into the step's sums. */
@@ -778,15 +800,14 @@ static flx_status_t layer_run(struct flx_engine *e, uint32_t layer, uint32_t B, 
     return st;
 }
 
-/* flx_attn_layer_fn: q (B, Hq, D), k, v (B, Hkv, D) fp32 -> o (B, Hq, D). */
-static flx_status_t attn_layer(void *ctx, uint32_t layer, uint32_t B, const float *q, const float *k, const float *v,
-                               float *o)
+/* One layer with the windows on the CPU: the appends (queued on stream when not NULL), the route. */
+static flx_status_t attn_layer_host(struct flx_engine *e, uint32_t layer, uint32_t B, const float *q, const float *k,
+                                    const float *v, float *o, flx_cuda_stream_t stream)
 {
-    struct flx_engine *e = ctx;
     if (FLX_NEVER(B != e->batch))
         return flx_error_set(FLX_ERR_INTERNAL, "attention called with batch %u, step has %u", B, e->batch);
     uint64_t t0 = flx_now_ns();
-    flx_status_t st = append_kv(e, layer, B, k, v);
+    flx_status_t st = append_kv(e, layer, B, k, v, stream);
     if (st)
         return st;
     uint64_t t1 = flx_now_ns();
@@ -794,6 +815,13 @@ static flx_status_t attn_layer(void *ctx, uint32_t layer, uint32_t B, const floa
     e->cur.append_ns += t1 - t0;
     e->cur.attn_ns += flx_now_ns() - t0;
     return st;
+}
+
+/* flx_attn_layer_fn: q (B, Hq, D), k, v (B, Hkv, D) fp32 -> o (B, Hq, D). */
+static flx_status_t attn_layer(void *ctx, uint32_t layer, uint32_t B, const float *q, const float *k, const float *v,
+                               float *o)
+{
+    return attn_layer_host(ctx, layer, B, q, k, v, o, NULL);
 }
 
 /* flx_gpu_attn_fn of the GPU path. FULL / FIXED: window attention of every (sequence, group) on
@@ -806,13 +834,13 @@ static flx_status_t attn_layer_gpu(void *ctx, const flx_gpu_attn_args_t *a)
 {
     struct flx_engine *e = ctx;
     if (e->p.mode == FLX_ENGINE_ATTN_FLUXION)
-        return attn_layer(e, a->layer, a->batch, a->q, a->k, a->v, a->o);
+        return attn_layer_host(e, a->layer, a->batch, a->q, a->k, a->v, a->o, a->stream);
     const uint32_t B = a->batch, layer = a->layer, Hq = e->Hq, Hkv = e->Hkv, G = e->G, D = e->D;
     const int dev = e->p.cuda_device;
     if (FLX_NEVER(B != e->batch))
         return flx_error_set(FLX_ERR_INTERNAL, "attention called with batch %u, step has %u", B, e->batch);
     const uint64_t t0 = flx_now_ns();
-    flx_status_t st = append_kv(e, layer, B, a->k, a->v);
+    flx_status_t st = append_kv(e, layer, B, a->k, a->v, a->stream);
     if (st)
         return st;
     const uint64_t t1 = flx_now_ns();

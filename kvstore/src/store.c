@@ -1624,11 +1624,18 @@ flx_status_t flx_kv_session_shape(flx_kv_session_h x, flx_kv_session_shape_t *sh
     return FLX_OK;
 }
 
-flx_status_t flx_kv_window_append(flx_kv_session_h x, uint32_t layer, const flx_bf16_t *k, const flx_bf16_t *v)
+/* flx_kv_window_append (stream NULL: the device rows copied synchronously) and
+ * flx_kv_window_append_async (queued on stream from the caller's page-locked k, v). */
+static flx_status_t window_append(flx_kv_session_h x, uint32_t layer, const flx_bf16_t *k, const flx_bf16_t *v,
+                                  flx_cuda_stream_t stream)
 {
+    if (!x) return flx_error_set(FLX_ERR_INVALID, "window append: NULL session");
     const struct flx_kv_store *s = x->store;
     if (!k || !v || layer >= s->n_layers)
         return flx_error_set(FLX_ERR_INVALID, "window append: layer %u out of range or NULL data", layer);
+    if (stream && x->win_k_dev && (!flx_cuda_host_is_pinned(k) || !flx_cuda_host_is_pinned(v)))
+        return flx_error_set(FLX_ERR_INVALID, "window append on a stream: k and v must be page-locked host memory "
+                             "(the copies read them when the stream reaches them)");
     pthread_mutex_lock(&x->lock);
     flx_kv_state_t state = x->state;
     pthread_mutex_unlock(&x->lock);
@@ -1649,9 +1656,14 @@ flx_status_t flx_kv_window_append(flx_kv_session_h x, uint32_t layer, const flx_
         /* Row n of every head of the layer: n_kv_heads rows of D, a win_cap-row pitch apart. */
         const size_t row = D * sizeof(flx_bf16_t), pitch = x->lay.win_cap * row;
         const size_t off = ((size_t)layer * s->n_kv_heads * x->lay.win_cap + n) * D;
-        flx_status_t st = flx_cuda_copy_htod_2d(s->cuda_device, x->win_k_dev + off, pitch, k, row, row, s->n_kv_heads);
+        flx_status_t st =
+            stream ? flx_cuda_copy_htod_2d_async(s->cuda_device, x->win_k_dev + off, pitch, k, row, row, s->n_kv_heads,
+                                                 stream)
+                   : flx_cuda_copy_htod_2d(s->cuda_device, x->win_k_dev + off, pitch, k, row, row, s->n_kv_heads);
         if (st == FLX_OK)
-            st = flx_cuda_copy_htod_2d(s->cuda_device, x->win_v_dev + off, pitch, v, row, row, s->n_kv_heads);
+            st = stream ? flx_cuda_copy_htod_2d_async(s->cuda_device, x->win_v_dev + off, pitch, v, row, row,
+                                                      s->n_kv_heads, stream)
+                        : flx_cuda_copy_htod_2d(s->cuda_device, x->win_v_dev + off, pitch, v, row, row, s->n_kv_heads);
         if (st != FLX_OK) {
             char why[FLX_ERROR_MSG_MAX];
             snprintf(why, sizeof why, "%s", flx_error_msg());
@@ -1661,4 +1673,16 @@ flx_status_t flx_kv_window_append(flx_kv_session_h x, uint32_t layer, const flx_
     }
     x->n_win[layer] = n + 1;
     return FLX_OK;
+}
+
+flx_status_t flx_kv_window_append(flx_kv_session_h x, uint32_t layer, const flx_bf16_t *k, const flx_bf16_t *v)
+{
+    return window_append(x, layer, k, v, NULL);
+}
+
+flx_status_t flx_kv_window_append_async(flx_kv_session_h x, uint32_t layer, const flx_bf16_t *k, const flx_bf16_t *v,
+                                        flx_cuda_stream_t stream)
+{
+    if (!stream) return flx_error_set(FLX_ERR_INVALID, "window append on a stream: NULL stream");
+    return window_append(x, layer, k, v, stream);
 }

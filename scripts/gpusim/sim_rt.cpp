@@ -457,6 +457,16 @@ cudaError_t cudaMemcpy2D(void *dst, size_t dp, const void *src, size_t sp, size_
     st->drain();
     return cudaSuccess;
 }
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dp, const void *src, size_t sp, size_t w, size_t h, cudaMemcpyKind k,
+                              cudaStream_t s)
+{
+    CUstream_st *st = stream_for(s);
+    for (size_t r = 0; r < h; r++) {
+        check_copy((char *)dst + r * dp, (const char *)src + r * sp, w, k, "cudaMemcpy2DAsync");
+        copy_on(st, (char *)dst + r * dp, (const char *)src + r * sp, w, k);
+    }
+    return cudaSuccess;
+}
 cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s)
 {
     must_be_device(dst, n, "cudaMemsetAsync");

@@ -158,19 +158,41 @@ static void test_window(uint32_t L, uint32_t D, int pin)
     kv_check_placement(sess, &info, &pr); /* host copy == prompt */
     check_device_windows(sess, layers, n_kv, n_prompt_win);
 
-    /* Appends: random rows, each checked on the device against the source, then all rows again. */
+    /* Appends: random rows, each checked on the device against the source, then all rows again.
+     * Odd steps queue the device rows on a stream from page-locked rows (the GPU decode path). */
     CHECK_OK(flx_kv_session_begin_decode(s, sid));
     const uint32_t n_app = 37;
     const size_t row = (size_t)D * sizeof(flx_bf16_t);
-    flx_bf16_t *k = malloc(n_kv * row), *v = malloc(n_kv * row), *back = malloc(row);
-    CHECK(k && v && back);
+    flx_bf16_t *k, *v, *back = malloc(row);
+    CHECK_OK(flx_cuda_host_alloc(2 * n_kv * row, (void **)&k));
+    v = k + (size_t)n_kv * D;
+    flx_cuda_stream_t stream;
+    CHECK_OK(flx_cuda_stream_create(0, &stream));
+    CHECK(back);
+    {   /* pageable rows on a stream: refused, nothing appended */
+        flx_kv_head_view_t hv0;
+        CHECK_OK(flx_kv_head_view(sess, 0, 0, &hv0));
+        flx_bf16_t *pk = calloc(2 * (size_t)n_kv * D, sizeof *pk);
+        CHECK_ST(flx_kv_window_append_async(sess, 0, pk, pk + (size_t)n_kv * D, stream), FLX_ERR_INVALID);
+        CHECK(strstr(flx_error_msg(), "page-locked"));
+        CHECK_ST(flx_kv_window_append_async(sess, 0, k, v, NULL), FLX_ERR_INVALID);
+        free(pk);
+        flx_kv_head_view_t hv1;
+        CHECK_OK(flx_kv_head_view(sess, 0, 0, &hv1));
+        CHECK(hv1.n_win == hv0.n_win);
+    }
     for (uint32_t t = 0; t < n_app; t++)
         for (uint32_t l = 0; l < layers; l++) {
             for (uint32_t i = 0; i < n_kv * D; i++) {
                 k[i] = flx_f32_to_bf16((float)flx_rng_normal(&rng));
                 v[i] = flx_f32_to_bf16((float)flx_rng_normal(&rng));
             }
-            CHECK_OK(flx_kv_window_append(sess, l, k, v));
+            if (t & 1) {
+                CHECK_OK(flx_kv_window_append_async(sess, l, k, v, stream));
+                CHECK_OK(flx_cuda_stream_sync(0, stream));
+            } else {
+                CHECK_OK(flx_kv_window_append(sess, l, k, v));
+            }
             for (uint32_t h = 0; h < n_kv; h++) {
                 flx_kv_head_view_t hv;
                 CHECK_OK(flx_kv_head_view(sess, l, h, &hv));
@@ -182,6 +204,7 @@ static void test_window(uint32_t L, uint32_t D, int pin)
             }
         }
     check_device_windows(sess, layers, n_kv, n_prompt_win + n_app);
+    flx_cuda_stream_destroy(0, stream);
 
     /* Close with the view held: device memory stays (pointers valid) until the release. */
     flx_kv_head_view_t hv;
@@ -198,8 +221,7 @@ static void test_window(uint32_t L, uint32_t D, int pin)
     fprintf(stderr, "window L %u D %u pin %d: %zu device bytes; free %zu -> %zu -> %zu\n", L, D, pin,
             info.device_bytes, free0, free1, free2);
     CHECK(free2 + (4u << 20) >= free0); /* back, up to the allocator's granularity */
-    free(k);
-    free(v);
+    flx_cuda_host_free(k);
     free(back);
     kv_prompt_free(&pr);
     flx_kv_store_destroy(s);

@@ -103,6 +103,10 @@ flx_status_t flx_cuda_copy_dtoh_async(int device, void *dst, const void *src_dev
  * the runtime takes them before returning. */
 flx_status_t flx_cuda_copy_htod_async(int device, void *dst_dev, const void *src, size_t len,
                                       flx_cuda_stream_t stream);
+/* flx_cuda_copy_htod_2d queued on stream (height rows of width bytes, src_pitch and dst_pitch
+ * apart); the same rules for the source as flx_cuda_copy_htod_async. */
+flx_status_t flx_cuda_copy_htod_2d_async(int device, void *dst_dev, size_t dst_pitch, const void *src, size_t src_pitch,
+                                         size_t width, size_t height, flx_cuda_stream_t stream);
 /* Queues setting len bytes of device memory to byte on stream. */
 flx_status_t flx_cuda_memset_async(int device, void *dst_dev, int byte, size_t len, flx_cuda_stream_t stream);
 

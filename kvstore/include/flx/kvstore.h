@@ -75,8 +75,9 @@
  * the same moment its pyramid is built); READY comes only after every layer's upload, and a
  * failed upload makes the session FAILED with the reason. flx_kv_window_append writes the new row
  * to both copies. The device memory is freed with the session's memory, when the last reference
- * goes (a view held across close keeps it valid). Copies are synchronous at this stage (see
- * flx/cuda_rt.h): an append returns once the row is on the device.
+ * goes (a view held across close keeps it valid). Uploads and flx_kv_window_append are
+ * synchronous (see flx/cuda_rt.h): an append returns once the row is on the device;
+ * flx_kv_window_append_async queues the device row on the caller's stream instead.
  * Without a device (no GPU, no driver, or a build without CUDA) the flag is accepted and the store
  * falls back to host-only windows: flx_kv_store_info reports window_on_device = 0, views carry
  * NULL device pointers, and everything else works unchanged, so one configuration runs on every
@@ -126,6 +127,7 @@
 #include <stdint.h>
 
 #include "flx/bf16.h"
+#include "flx/cuda_rt.h"
 #include "flx/safetensors.h"
 #include "flx/status.h"
 
@@ -486,6 +488,14 @@ flx_status_t flx_kv_session_shape(flx_kv_session_h sess, flx_kv_session_shape_t 
  * nothing is appended and n_win stays. Only for DECODING sessions, one thread at a time per
  * session. */
 flx_status_t flx_kv_window_append(flx_kv_session_h sess, uint32_t layer, const flx_bf16_t *k, const flx_bf16_t *v);
+/* flx_kv_window_append with the device row's copies queued on stream instead of waited for (the
+ * decode loop's GPU path: its window kernel follows on the same stream). k and v must be
+ * page-locked (flx_cuda_host_alloc) when the session has a device window, FLX_ERR_INVALID
+ * otherwise, and must stay unchanged until the stream has passed the copies; the host row is
+ * written before the call returns. A failure to queue appends nothing; a copy that fails later
+ * shows at the stream's next synchronisation. */
+flx_status_t flx_kv_window_append_async(flx_kv_session_h sess, uint32_t layer, const flx_bf16_t *k,
+                                        const flx_bf16_t *v, flx_cuda_stream_t stream);
 
 /* Physical block pointer helpers (no checks: kernels call them in loops). */
 static inline const flx_bf16_t *flx_kv_block_k(const flx_kv_head_view_t *v, uint32_t blk_idx)
