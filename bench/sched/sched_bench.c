@@ -136,6 +136,7 @@ typedef struct result {
     double spfull_med, spfull_min, spfull_max;
     double tasks, groups;
     double gpu_idle;                      /* mean GPU idle ratio of its layers (NAN without a GPU worker) */
+    double gpu_tasks, gpu_busy_ms;        /* per layer: tasks the device ran, its busy time (NAN without) */
 } result_t;
 
 typedef struct ctx {
@@ -145,7 +146,9 @@ typedef struct ctx {
     float tau;
     const uint32_t *layers;
     uint32_t n_layers;
+    uint32_t gpu_streams;
     FILE *csv;
+    FILE *trace;   /* every task of the last rep of the GPU configurations (--trace) */
 } ctx_t;
 
 /* Runs configurations cf[0..nc) on the batch whose row b uses session set->rp[row_of[b]];
@@ -164,7 +167,7 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
         p.field_mask = FLX_ATTN_LAYER_FIELD_OPTS, p.opts = cf[c].opts;
         p.sched.field_mask = FLX_SCHED_FIELD_POLICY | FLX_SCHED_FIELD_PLACEMENT | FLX_SCHED_FIELD_GPU;
         p.sched.policy = cf[c].policy, p.sched.placement = cf[c].placement;
-        p.sched.use_gpu = cf[c].gpu, p.sched.cuda_device = 0, p.sched.gpu_streams = 2;
+        p.sched.use_gpu = cf[c].gpu, p.sched.cuda_device = 0, p.sched.gpu_streams = cx->gpu_streams;
         p.sched.pool = cx->pool;
         if (flx_attn_layer_create(&p, &L[c])) die("attention layer");
     }
@@ -175,7 +178,8 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
     const uint32_t R = cx->reps * cx->n_layers;
     double *ms = calloc((size_t)nc * R, sizeof(double)), *pred_ns = calloc(nc, sizeof(double));
     double *within = calloc(nc, sizeof(double)), *bytes = calloc(nc, sizeof(double)), *tasks = calloc(nc, sizeof(double));
-    double *idle = calloc(nc, sizeof(double));
+    double *idle = calloc(nc, sizeof(double)), *gtasks = calloc(nc, sizeof(double));
+    double *gbusy = calloc(nc, sizeof(double));
     double heads = 0;
     uint32_t r = 0;
     for (uint32_t li = 0; li < cx->n_layers; li++) {
@@ -195,6 +199,17 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
                 ms[(size_t)c * R + r] = (double)(flx_now_ns() - t0) * 1e-6;
                 pred_ns[c] += (double)st.predict_ns;
                 idle[c] += st.sched.has_gpu ? st.sched.gpu_idle_ratio / R : NAN;
+                gtasks[c] += st.sched.has_gpu ? (double)st.sched.n_gpu_tasks / R : NAN;
+                gbusy[c] += st.sched.has_gpu ? (double)st.sched.gpu_busy_ns * 1e-6 / R : NAN;
+                if (cx->trace && cf[c].gpu && rep + 1 == cx->reps) {
+                    uint32_t nt;
+                    const flx_sched_task_t *tk = flx_attn_layer_tasks(L[c], &nt);
+                    for (uint32_t i = 0; i < nt; i++)
+                        fprintf(cx->trace, "%s,%s,%u,%u,%u,%u,%d,%.1f,%.1f,%llu,%.0f,%u\n", point, cf[c].name,
+                                cx->layers[li], tk[i].seq, tk[i].kv_group, tk[i].blk, (int)tk[i].worker,
+                                (double)tk[i].start_ns * 1e-3, (double)tk[i].end_ns * 1e-3,
+                                (unsigned long long)tk[i].host_bytes, (double)tk[i].priority, tk[i].l_cpu);
+                }
                 if (rep == 0) {
                     bytes[c] += (double)(st.sched.attn.score_bytes + st.sched.attn.attn_bytes);
                     tasks[c] += st.n_tasks;
@@ -241,15 +256,20 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
         x->tasks = tasks[c] / cx->n_layers;
         x->groups = (double)B * HKV;
         x->predict_share = sum_ms > 0 ? pred_ns[c] * 1e-6 / sum_ms : 0;
-        x->gpu_idle = idle[c];
-        printf("%-22s %-20s %9.3f [%8.3f, %8.3f] %8.3f %10.1f %8.3f [%6.3f, %6.3f] %8.3f %7.1f/%-4.0f %6.3f\n", point,
+        x->gpu_idle = idle[c], x->gpu_tasks = gtasks[c], x->gpu_busy_ms = gbusy[c];
+        char gcol[64] = "";
+        if (cf[c].gpu)
+            snprintf(gcol, sizeof gcol, "  gpu %5.1f tasks, busy %7.3f ms, idle %.3f", x->gpu_tasks, x->gpu_busy_ms,
+                     x->gpu_idle);
+        printf("%-22s %-20s %9.3f [%8.3f, %8.3f] %8.3f %10.1f %8.3f [%6.3f, %6.3f] %8.3f %7.1f/%-4.0f %6.3f%s\n", point,
                cf[c].name, x->ms_med, x->ms_min, x->ms_max, x->within, x->bytes / 1048576.0, x->sp16_med,
-               x->sp16_min, x->sp16_max, x->spfull_med, x->tasks, x->groups, x->predict_share);
+               x->sp16_min, x->sp16_max, x->spfull_med, x->tasks, x->groups, x->predict_share, gcol);
         if (cx->csv)
-            fprintf(cx->csv, "%s,%s,%u,%u,%.4f,%.4f,%.4f,%.5f,%.0f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.2f,%.0f,%.5f,%d,%s,%.4f\n",
-                    point, cf[c].name, B, max_l, x->ms_med, x->ms_min, x->ms_max, x->within, x->bytes, x->sp16_med,
-                    x->sp16_min, x->sp16_max, x->spfull_med, x->spfull_min, x->spfull_max, x->tasks, x->groups,
-                    x->predict_share, flx_pool_size(cx->pool), base_ix >= 0 ? cf[base_ix].name : "", x->gpu_idle);
+            fprintf(cx->csv, "%s,%s,%u,%u,%.4f,%.4f,%.4f,%.5f,%.0f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.2f,%.0f,%.5f,%d,%s,"
+                    "%.4f,%.2f,%.4f\n", point, cf[c].name, B, max_l, x->ms_med, x->ms_min, x->ms_max, x->within,
+                    x->bytes, x->sp16_med, x->sp16_min, x->sp16_max, x->spfull_med, x->spfull_min, x->spfull_max,
+                    x->tasks, x->groups, x->predict_share, flx_pool_size(cx->pool),
+                    base_ix >= 0 ? cf[base_ix].name : "", x->gpu_idle, x->gpu_tasks, x->gpu_busy_ms);
         free(v), free(rat), free(ratf);
     }
     fflush(stdout);
@@ -257,17 +277,17 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
         flx_attn_layer_destroy(L[c]);
         free(o[c]);
     }
-    free(q), free(ms), free(pred_ns), free(within), free(bytes), free(tasks), free(idle);
+    free(q), free(ms), free(pred_ns), free(within), free(bytes), free(tasks), free(idle), free(gtasks), free(gbusy);
 }
 
 int main(int argc, char **argv)
 {
     const char *weights = NULL, *csv_path = NULL, *lens_s = NULL, *batches_s = NULL, *layers_s = NULL;
-    const char *mixed_s = NULL;
+    const char *mixed_s = NULL, *trace_path = NULL;
     uint32_t lens[8] = {16384, 32768, 65536, 131072}, n_lens = 4, batches[8] = {1, 4, 8, 16}, n_b = 4;
     uint32_t layers[8] = {8, 24}, n_layers = 2, mixed_lo[4] = {16384, 32768}, mixed_hi[4] = {65536, 131072};
     uint32_t n_mixed = 2;
-    uint64_t reps = 3, workers = 0, distinct = 4, max_tokens = 0, mixed_b = 8;
+    uint64_t reps = 3, workers = 0, distinct = 4, max_tokens = 0, mixed_b = 8, gpu_streams = 2;
     flx_cli_opt_t opts[] = {
         FLX_CLI_PATH(0, "weights", "FILE", &weights, FLX_CLI_REQUIRED, "predictor weights (Fluxion's configurations)"),
         FLX_CLI_PATH(0, "csv", "FILE", &csv_path, 0, "CSV written (default: none)"),
@@ -285,6 +305,10 @@ int main(int argc, char **argv)
         FLX_CLI_UINT(0, "distinct", "N", &distinct, 1, MAX_DISTINCT, 0, "distinct sessions per point (default 4)"),
         FLX_CLI_UINT(0, "max-tokens", "N", &max_tokens, 1024, 1ull << 32, 0, "tokens of sessions open at once "
                      "(default: from MemAvailable)"),
+        FLX_CLI_UINT(0, "gpu-streams", "N", &gpu_streams, 1, 8, 0, "the GPU worker's streams (tasks in flight on the "
+                     "device; default 2)"),
+        FLX_CLI_PATH(0, "trace", "FILE", &trace_path, 0, "CSV of every task of the GPU configurations' last rep: "
+                     "worker, start and end (us), host bytes, priority (default: none)"),
     };
     flx_cli_t cli = FLX_CLI_INIT("sched_bench", "Attention time per decode layer through the heterogeneous scheduler: "
                                  "Fluxion vs fixed (16, 0.05), (32, 0.02) and full, with within-tau shares; the "
@@ -304,7 +328,14 @@ int main(int argc, char **argv)
     }
     if (csv_path && !(csv = fopen(csv_path, "w")))
         return flx_cli_fail(&cli, "--csv: cannot create %s: %s", csv_path, strerror(errno));
-    ctx_t cx = {.reps = (uint32_t)reps, .tau = 0.1f, .layers = layers, .n_layers = n_layers};
+    FILE *trace = NULL;
+    if (trace_path && !(trace = fopen(trace_path, "w"))) {
+        if (csv) fclose(csv);
+        return flx_cli_fail(&cli, "--trace: cannot create %s: %s", trace_path, strerror(errno));
+    }
+    if (trace) fprintf(trace, "point,config,layer,seq,group,blk,worker,start_us,end_us,host_bytes,priority,l_cpu\n");
+    ctx_t cx = {.reps = (uint32_t)reps, .tau = 0.1f, .layers = layers, .n_layers = n_layers,
+                .gpu_streams = (uint32_t)gpu_streams, .trace = trace};
     flx_pool_params_t pp = {.field_mask = workers ? FLX_POOL_FIELD_N_WORKERS : 0, .n_workers = (uint32_t)workers};
     if (flx_pool_create(&pp, &cx.pool)) die("worker pool");
     if (flx_predictor_load(weights, &cx.pred)) die("--weights");
@@ -312,7 +343,8 @@ int main(int argc, char **argv)
     if (cx.csv)
         fprintf(cx.csv, "point,config,batch,max_len,ms_med,ms_min,ms_max,within_tau,host_bytes,base_over_this,"
                         "base_over_this_min,base_over_this_max,full_over_this,full_over_this_min,"
-                        "full_over_this_max,tasks,groups,predict_share,workers,base,gpu_idle_ratio\n");
+                        "full_over_this_max,tasks,groups,predict_share,workers,base,gpu_idle_ratio,gpu_tasks,"
+                        "gpu_busy_ms\n");
     /* memory: a session of L tokens takes 2 x (store + replay source) x L x 8 heads x 128 x 2 bytes */
     const long avail = flx_bench_mem_available_kb() / 1024;
     const uint64_t budget_tokens = max_tokens ? max_tokens : avail > 0 ? (uint64_t)avail * 1048576 / 2 / 8192 : 1u << 20;
@@ -325,10 +357,13 @@ int main(int argc, char **argv)
     printf("%-22s %-20s %9s %21s %8s %10s %8s %17s %8s %12s %6s\n", "point", "config", "ms/layer", "[min, max]", "in-tau",
            "MiB/layer", "base/this", "[min, max]", "full/this", "tasks/groups", "pred");
     double sp16_32k_b4 = NAN, sp16_128k_b8 = NAN, spfull_32k_b4 = NAN, wt_fl_32k = NAN, wt_16_32k = NAN;
-    double g_sp = NAN, g_idle_fl = NAN, g_idle_hy = NAN;
+    double g_sp = NAN, g_idle_fl = NAN, g_idle_hy = NAN, g_sp128 = NAN, g_idle_fl128 = NAN, g_idle_hy128 = NAN;
     const int gpu = flx_cuda_device_count() > 0;
-    printf("GPU: %s\n", gpu ? "a CUDA device: the gpu points run (sessions pinned for UVA)"
-                             : "none usable: no GPU point (the GPU worker's figures need a device)");
+    if (gpu)
+        printf("GPU: a CUDA device: the gpu points run (sessions pinned for UVA), the GPU worker with %u stream(s)\n",
+               cx.gpu_streams);
+    else
+        printf("GPU: none usable: no GPU point (the GPU worker's figures need a device)\n");
     uint32_t row_of[MAX_B];
     for (uint32_t li = 0; li < n_lens; li++) {
         const uint32_t L = lens[li];
@@ -355,6 +390,8 @@ int main(int argc, char **argv)
                 result_t rg[4];
                 measure(&cx, point, &set, row_of, B, GPU_CFG, 4, -1, 2, rg);   /* base: the hybrid baseline */
                 if (L == 32768 && B == 4) g_sp = rg[1].sp16_med, g_idle_fl = rg[1].gpu_idle, g_idle_hy = rg[2].gpu_idle;
+                if (L == 131072 && B == 8)
+                    g_sp128 = rg[1].sp16_med, g_idle_fl128 = rg[1].gpu_idle, g_idle_hy128 = rg[2].gpu_idle;
             }
         }
         set_close(&set);
@@ -393,12 +430,15 @@ int main(int argc, char **argv)
         set_close(&set);
     }
     if (cx.csv) fclose(cx.csv);
+    if (trace) fclose(trace);
     flx_predictor_destroy(cx.pred);
     flx_pool_destroy(cx.pool);
-    char gpu_keys[256] = "";
+    char gpu_keys[512] = "";
     if (gpu)
         snprintf(gpu_keys, sizeof gpu_keys, " gpu_speedup_vs_hybrid_16_005_32k_b4=%.3f gpu_idle_ratio_fluxion_32k_b4=%.4f "
-                 "gpu_idle_ratio_hybrid_16_005_32k_b4=%.4f", g_sp, g_idle_fl, g_idle_hy);
+                 "gpu_idle_ratio_hybrid_16_005_32k_b4=%.4f gpu_speedup_vs_hybrid_16_005_128k_b8=%.3f "
+                 "gpu_idle_ratio_fluxion_128k_b8=%.4f gpu_idle_ratio_hybrid_16_005_128k_b8=%.4f", g_sp, g_idle_fl,
+                 g_idle_hy, g_sp128, g_idle_fl128, g_idle_hy128);
     printf("SUMMARY speedup_vs_16_005_32k_b4=%.3f speedup_vs_16_005_128k_b8=%.3f speedup_vs_full_32k_b4=%.3f "
            "within_tau_fluxion_32k=%.4f within_tau_16_005_32k=%.4f%s\n",
            sp16_32k_b4, sp16_128k_b8, spfull_32k_b4, wt_fl_32k, wt_16_32k, gpu_keys);
