@@ -415,6 +415,31 @@ flx_status_t flx_cuda_host_device_ptr(int device, const void *host, const void *
 #endif
 }
 
+/* The asynchronous host-to-device copies: height rows of width bytes (one row: a plain copy, any
+ * length), what naming the call in errors. The callers have checked their arguments. */
+static flx_status_t htod_async(int device, void *dst_dev, size_t dst_pitch, const void *src, size_t src_pitch,
+                               size_t width, size_t height, flx_cuda_stream_t stream, const char *what)
+{
+#ifdef FLX_HAVE_CUDA
+    int prev = device;
+    flx_status_t st = device_enter(device, what, &prev);
+    if (st != FLX_OK) return st;
+    if ((st = injected_fault(what)) != FLX_OK) {
+        device_leave(device, prev);
+        return st;
+    }
+    cudaError_t e =
+        height == 1 ? cudaMemcpyAsync(dst_dev, src, width, cudaMemcpyHostToDevice, stream)
+                    : cudaMemcpy2DAsync(dst_dev, dst_pitch, src, src_pitch, width, height, cudaMemcpyHostToDevice,
+                                        stream);
+    device_leave(device, prev);
+    return e == cudaSuccess ? FLX_OK : cuda_fail(e, what);
+#else
+    (void)dst_dev, (void)dst_pitch, (void)src, (void)src_pitch, (void)width, (void)height, (void)stream;
+    return device_check(device, what);
+#endif
+}
+
 flx_status_t flx_cuda_copy_htod_2d_async(int device, void *dst_dev, size_t dst_pitch, const void *src, size_t src_pitch,
                                          size_t width, size_t height, flx_cuda_stream_t stream)
 {
@@ -422,22 +447,8 @@ flx_status_t flx_cuda_copy_htod_2d_async(int device, void *dst_dev, size_t dst_p
     if (!dst_dev || !src || dst_pitch < width || src_pitch < width || dst_pitch > INT_MAX || src_pitch > INT_MAX)
         return flx_error_set(FLX_ERR_INVALID, "async 2D host-to-device copy: NULL pointer or pitch (%zu, %zu) not in "
                              "width %zu..INT_MAX", dst_pitch, src_pitch, width);
-#ifdef FLX_HAVE_CUDA
-    int prev = device;
-    flx_status_t st = device_enter(device, "async 2D host-to-device copy", &prev);
-    if (st != FLX_OK) return st;
-    if ((st = injected_fault("async 2D host-to-device copy")) != FLX_OK) {
-        device_leave(device, prev);
-        return st;
-    }
-    cudaError_t e =
-        cudaMemcpy2DAsync(dst_dev, dst_pitch, src, src_pitch, width, height, cudaMemcpyHostToDevice, stream);
-    device_leave(device, prev);
-    return e == cudaSuccess ? FLX_OK : cuda_fail(e, "async 2D host-to-device copy");
-#else
-    (void)stream;
-    return device_check(device, "async 2D host-to-device copy");
-#endif
+    return htod_async(device, dst_dev, dst_pitch, src, src_pitch, width, height, stream,
+                      "async 2D host-to-device copy");
 }
 
 flx_status_t flx_cuda_copy_htod_async(int device, void *dst_dev, const void *src, size_t len,
@@ -446,21 +457,7 @@ flx_status_t flx_cuda_copy_htod_async(int device, void *dst_dev, const void *src
     if (len == 0) return FLX_OK;
     if (!dst_dev || !src)
         return flx_error_set(FLX_ERR_INVALID, "async host-to-device copy of %zu bytes: NULL pointer", len);
-#ifdef FLX_HAVE_CUDA
-    int prev = device;
-    flx_status_t st = device_enter(device, "async host-to-device copy", &prev);
-    if (st != FLX_OK) return st;
-    if ((st = injected_fault("async host-to-device copy")) != FLX_OK) {
-        device_leave(device, prev);
-        return st;
-    }
-    cudaError_t e = cudaMemcpyAsync(dst_dev, src, len, cudaMemcpyHostToDevice, stream);
-    device_leave(device, prev);
-    return e == cudaSuccess ? FLX_OK : cuda_fail(e, "async host-to-device copy");
-#else
-    (void)stream;
-    return device_check(device, "async host-to-device copy");
-#endif
+    return htod_async(device, dst_dev, len, src, len, len, 1, stream, "async host-to-device copy");
 }
 
 flx_status_t flx_cuda_memset_async(int device, void *dst_dev, int byte, size_t len, flx_cuda_stream_t stream)
