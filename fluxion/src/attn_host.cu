@@ -20,10 +20,15 @@
  * mask per logical block and compacted into the ascending union (one block), so a block several
  * heads chose is read once; the union is cut into as many slices as there are logical blocks at
  * that level, up to the workspace's max_splits, one thread block per (slice, group of 8 heads);
- * inside, the four warps take the slice's 16-token physical blocks in turn (K rows straight from
- * the pool through the block table) with the window kernel's online softmax
- * (attn_gpu_common.cuh), heads outside a block's mask seeing none of its keys, and the warps' states
- * merge into the slice's (o, lse). The merge kernel combines the slices (and the window partial) by
+ * inside, the four warps take the slice's 16-token physical blocks in turn with the window kernel's
+ * online softmax (attn_gpu_common.cuh), heads outside a block's mask seeing none of its keys, and
+ * the warps' states merge into the slice's (o, lse). A warp first copies its block's K and V
+ * (64 D contiguous bytes through the block table) into its own shared-memory stage, every lane
+ * issuing all of its 16-byte loads before it stores any: over the bus a load costs a round trip
+ * of microseconds, and reading the rows where the online softmax uses them (a K row per lane, 32
+ * bytes a step; a V row a step) paid one per step, which held a task to 6-10 GB/s of a link that
+ * moves 50. K rows are staged D + 8 elements apart so that the lanes' 16-byte row reads fall in
+ * distinct banks. The merge kernel combines the slices (and the window partial) by
  * LSE with flx_attn_merge's formula: o = sum_i (w_i / W) o_i, w_i = e^(lse_i - m), parts at -inf
  * dropped. The slice count depends only on the level's block count, so the result is the same
  * bits whatever the selection's order or the machine's load.
@@ -220,7 +225,39 @@ __global__ void __launch_bounds__(UNION_THREADS)
     }
 }
 
-/* Slice s of the union, rows [h0, h0 + 8) of the group: (o, lse) into part (S, G, D), (S, G). */
+/* A staged block: K rows KS_PAD elements apart, then V rows D apart (bf16 elements). */
+constexpr uint32_t KS_PAD = 8;
+constexpr uint32_t STAGE_LOADS = 16;   /* 16-byte loads a lane has in flight: a D = 128 block at once */
+
+__host__ __device__ inline size_t stage_elems(uint32_t D) { return 16u * (D + KS_PAD) + 16u * D; }
+
+/* Copies the physical block at src (K 16 x D, then V 16 x D, contiguous) into the warp's stage,
+ * each lane holding STAGE_LOADS loads in flight before it stores. Called by the 32 lanes. */
+__device__ __forceinline__ void stage_block(uint16_t *stage, const uint16_t *src, uint32_t D)
+{
+    const uint32_t lane = threadIdx.x & 31u, rw = D / 8u, n = 4u * D;   /* uint4 words: row width, total */
+    const uint4 *s4 = reinterpret_cast<const uint4 *>(src);
+    for (uint32_t i0 = 0; i0 < n; i0 += 32u * STAGE_LOADS) {
+        uint4 w[STAGE_LOADS];
+#pragma unroll
+        for (uint32_t j = 0; j < STAGE_LOADS; j++) {
+            const uint32_t i = i0 + j * 32u + lane;
+            if (i < n) w[j] = s4[i];
+        }
+#pragma unroll
+        for (uint32_t j = 0; j < STAGE_LOADS; j++) {
+            const uint32_t i = i0 + j * 32u + lane;
+            if (i >= n) continue;
+            const uint32_t row = i / rw, col = i - row * rw;   /* rows 0..15 K, 16..31 V */
+            const size_t dst = row < 16u ? (size_t)row * (D + KS_PAD) + 8u * col
+                                         : 16u * (size_t)(D + KS_PAD) + (size_t)(row - 16u) * D + 8u * col;
+            *reinterpret_cast<uint4 *>(stage + dst) = w[j];
+        }
+    }
+}
+
+/* Slice s of the union, rows [h0, h0 + 8) of the group: (o, lse) into part (S, G, D), (S, G).
+ * Shared memory: split_smem_floats(D) floats, then FLX_AG_WARPS stages of stage_elems(D). */
 template <int ND>
 __global__ void __launch_bounds__(FLX_AG_WARPS * 32)
     sparse_kernel(flx_attn_gpu_view_t gv, int level, uint32_t G, const float *__restrict__ q,
@@ -232,6 +269,7 @@ __global__ void __launch_bounds__(FLX_AG_WARPS * 32)
     const uint32_t D = gv.head_dim, s = blockIdx.x / row_groups, h0 = (blockIdx.x % row_groups) * FLX_AG_RW;
     const uint32_t nr = G - h0 < FLX_AG_RW ? G - h0 : FLX_AG_RW;
     const uint32_t warp = threadIdx.x >> 5;
+    uint16_t *stage = reinterpret_cast<uint16_t *>(smem + split_smem_floats(D)) + (size_t)warp * stage_elems(D);
     load_rows_scaled(smem, q + (size_t)h0 * D, nr, D, scale);
 
     const uint32_t n_list = count[0], per = (n_list + S - 1) / S;
@@ -254,8 +292,10 @@ __global__ void __launch_bounds__(FLX_AG_WARPS * 32)
                 any |= vis[r];
             }
             if (!any) continue;
-            const uint16_t *kt = reinterpret_cast<const uint16_t *>(gv.pool + (size_t)gv.table[pb] * gv.block_bytes);
-            tile_update<ND>(smem, D, kt, D, kt + 16u * D, D, ntok, vis, st);
+            stage_block(stage, reinterpret_cast<const uint16_t *>(gv.pool + (size_t)gv.table[pb] * gv.block_bytes), D);
+            __syncwarp();
+            tile_update<ND>(smem, D, stage, D + KS_PAD, stage + 16u * (D + KS_PAD), D, ntok, vis, st);
+            __syncwarp();   /* the stage is overwritten by the warp's next block */
         }
     }
     warps_merge_store<ND>(st, smem, nr, D, part_o + ((size_t)s * G + h0) * D, part_lse + (size_t)s * G + h0);
@@ -302,7 +342,10 @@ __global__ void __launch_bounds__(MERGE_THREADS)
     if (threadIdx.x == 0) lse[r] = m == -INFINITY ? -INFINITY : m + logf(wsum);
 }
 
-size_t sparse_smem_bytes(uint32_t D) { return split_smem_floats(D) * sizeof(float); }
+size_t sparse_smem_bytes(uint32_t D)
+{
+    return split_smem_floats(D) * sizeof(float) + (size_t)FLX_AG_WARPS * stage_elems(D) * sizeof(uint16_t);
+}
 
 }  // namespace
 
