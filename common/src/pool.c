@@ -103,15 +103,6 @@ static _Thread_local worker_t *tl_self;
 
 static const flx_pool_worker_t solo = {.index = 0, .numa_node = -1, .scratch = NULL, .scratch_bytes = 0};
 
-static void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
 /* Spin pacing of a waiter: pause for SPIN_PAUSE_NS, then yield between checks until spin_ns, then
  * tell the caller to block. */
 #define SPIN_PAUSE_NS 10000u
@@ -222,7 +213,7 @@ static int spin_more(const struct flx_pool *p, spin_t *s)
         if (!s->t0) s->t0 = now;
         else if (now - s->t0 >= p->pause_ns) s->yielding = 1;
     }
-    cpu_relax();
+    flx_cpu_relax();
     return 1;
 }
 

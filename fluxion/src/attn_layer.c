@@ -226,9 +226,7 @@ static flx_status_t pred_item(struct flx_attn_layer *L, uint32_t t)
         uint32_t s, spins = 0;
         while ((s = atomic_load_explicit(&L->seq_state[b], memory_order_acquire)) == SEQ_PENDING) {
             if (++spins >= 256) sched_yield();   /* the feature item's worker may need this CPU */
-#if defined(__x86_64__) || defined(__i386__)
-            else __builtin_ia32_pause();
-#endif
+            else flx_cpu_relax();
         }
         if (s == SEQ_FAILED)
             return flx_error_set(FLX_ERR_STATE, "layer %u batch row %u: predictor: the features failed",

@@ -28,6 +28,21 @@
  * finish every stream whose end event completed, launch the next task on a free stream, and when
  * neither can progress block on the oldest stream's event (no busy polling of the device).
  *
+ * BALANCE. Taking the next task when free is not enough once a GPU worker pulls from the same
+ * queue: at a layer's start every CPU worker is free and pops, so the CPU side holds half the
+ * tasks of a small batch before the GPU has finished its first, and the GPU then idles while the
+ * CPU works through them (measured on an H100: the GPU done at 2.2 ms of a 5.1 ms layer). So a
+ * CPU worker that is free takes the queue's next task only if the CPU side would finish it no
+ * later than the GPU side would: (cpu_out + b) / cpu_rate <= (gpu_out + b) / gpu_rate, b the
+ * task's estimated bytes (Eq. 3's V in bytes), cpu_out the CPU side's backlog (popped tasks' bytes
+ * that no worker has started: a task's chunks until each is taken), gpu_out the bytes of the tasks
+ * on the GPU's streams. Otherwise it helps, or waits (pausing) for the GPU to take the task or for
+ * its own backlog to drain; a CPU side with no backlog always takes it, so no CPU worker idles on
+ * an estimate while there is work nobody has started. The rates are each side's
+ * estimated bytes over its busy time in earlier runs (CPU: the workers' busy time over their
+ * number; GPU: the union of its task intervals), smoothed; the first run with both sides taking
+ * tasks measures them, without balancing. Only placement decides this: results do not change.
+ *
  * A failure marks the run stopped: nobody takes a new task, tasks already taken finish, and the
  * run reports the failure that comes first in the order. With one shared queue that is the first
  * failing task of the queue whatever the timing: every task before a popped one was popped too.
@@ -36,6 +51,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +84,9 @@ typedef struct tstate {
     uint32_t pos;             /* position in order */
     uint32_t worker;          /* who began it */
     uint64_t t_begin;
+    uint64_t est;             /* host bytes estimated before it runs (task_bytes) */
+    uint64_t out, share;      /* BALANCE: est counted in cpu_out from its pop by a CPU worker; its begin
+                                 gives back all but a share per chunk, each chunk its share when taken */
 } __attribute__((aligned(FLX_CACHELINE))) tstate_t;
 
 typedef struct gslot {
@@ -108,6 +127,12 @@ struct flx_sched {
     atomic_uint next;         /* shared queue cursor */
     atomic_uint *cursor;      /* (n_cpu + 1) static shares' cursors */
     atomic_int stop;
+
+    /* balance (BALANCE in the DESIGN block): the estimated host bytes each side has taken and not yet
+     * finished in this run, and each side's rate over earlier runs (bytes/ns; 0 until measured) */
+    int balance;              /* this run balances */
+    _Atomic uint64_t cpu_out, gpu_out;
+    double cpu_rate, gpu_rate;
 
     /* GPU */
     int gpu;
@@ -481,6 +506,28 @@ static void task_rows(const struct flx_sched *s, uint32_t i, float **o_p, float 
     *r0_p = r0;
 }
 
+/* Host bytes task t reads, estimated before it runs: Eq. 3's V (metadata rows at its block size, K
+ * and V rows of its budgets) in bytes. */
+static uint64_t task_bytes(const struct flx_sched *s, const flx_sched_task_t *t)
+{
+    double sum = 0;
+    for (uint32_t h = 0; h < s->G; h++) sum += !t->blk ? 1.0 : t->budgets ? t->budgets[h] : t->budget;
+    const double rows = (t->blk ? 2.0 * t->l_cpu / t->blk : 0.0) + 2.0 * t->l_cpu * sum;
+    return (uint64_t)(rows * s->D * sizeof(flx_bf16_t));
+}
+
+/* BALANCE: 1 when the CPU side should leave the queue's next task to the GPU worker. */
+static int leave_to_gpu(struct flx_sched *s)
+{
+    const uint32_t at = atomic_load_explicit(&s->next, memory_order_relaxed);
+    if (at >= s->lane_end[0]) return 0;   /* nothing left: the caller's pop ends its lane */
+    const uint64_t cpu = atomic_load_explicit(&s->cpu_out, memory_order_relaxed);
+    if (cpu == 0) return 0;
+    const double b = (double)s->ts[s->order[at]].est;
+    const double gpu = (double)atomic_load_explicit(&s->gpu_out, memory_order_relaxed);
+    return ((double)cpu + b) / s->cpu_rate > (gpu + b) / s->gpu_rate;
+}
+
 /* Begins task i (position pos) on worker w: scoring, top-k, chunk plan on the task's workspace.
  * Returns its chunk count; 0 means the task is complete (nothing to read: ended here). */
 static flx_status_t cpu_begin(struct flx_sched *s, uint32_t w, uint32_t i, uint32_t pos, uint32_t *n_p)
@@ -492,6 +539,8 @@ static flx_status_t cpu_begin(struct flx_sched *s, uint32_t w, uint32_t i, uint3
     t->start_ns = a - s->t0;
     t->worker = (int32_t)w;
     ts->pos = pos, ts->worker = w, ts->t_begin = a;
+    ts->out = w < s->n_cpu ? ts->est : 0;   /* BALANCE: the CPU side's now (not the GPU thread's fallback) */
+    atomic_fetch_add_explicit(&s->cpu_out, ts->out, memory_order_relaxed);
     float *o, *lse;
     size_t r0;
     task_rows(s, i, &o, &lse, &r0);
@@ -504,9 +553,13 @@ static flx_status_t cpu_begin(struct flx_sched *s, uint32_t w, uint32_t i, uint3
         st = flx_attn_task_begin(&s->cws[i], &view, L->q + r0 * s->D, &cfg, L->window == FLX_SCHED_WIN_COMPUTE, &n);
     s->slots[w].busy_ns += flx_now_ns() - a;
     if (st) {
+        atomic_fetch_sub_explicit(&s->cpu_out, ts->out, memory_order_relaxed);
         fail(s, w, i, pos, st);
         return st;
     }
+    /* begun: what is left is its chunks, a share each, given back as they are taken */
+    ts->share = ts->out / ((uint64_t)n + 1);
+    atomic_fetch_sub_explicit(&s->cpu_out, ts->out - (uint64_t)n * ts->share, memory_order_relaxed);
     *n_p = n;
     return FLX_OK;
 }
@@ -543,6 +596,7 @@ static void cpu_end(struct flx_sched *s, uint32_t w, uint32_t i)
 /* Chunk c of task i on worker w; the worker that completes the task ends it. */
 static void cpu_chunk(struct flx_sched *s, uint32_t w, uint32_t i, uint32_t c)
 {
+    atomic_fetch_sub_explicit(&s->cpu_out, s->ts[i].share, memory_order_relaxed);   /* taken */
     const uint64_t a = flx_now_ns();
     flx_status_t st = flx_attn_task_chunk(&s->cws[i], c);
     slot_t *sl = &s->slots[w];
@@ -596,6 +650,7 @@ static flx_status_t cpu_lane(void *arg, const flx_pool_worker_t *pw, uint64_t l0
     const uint32_t w = pw ? pw->index : 0;
     if (FLX_NEVER(w >= s->n_cpu))
         return flx_error_set(FLX_ERR_INTERNAL, "scheduler: pool worker %u of %u", w, s->n_cpu);
+    uint32_t waits = 0;
     for (uint64_t lane = l0; lane < l1; lane++) {
         uint32_t i, pos;
         if (!s->shared) {
@@ -605,6 +660,11 @@ static flx_status_t cpu_lane(void *arg, const flx_pool_worker_t *pw, uint64_t l0
         for (;;) {
             if (atomic_load_explicit(&s->stop, memory_order_relaxed)) break;
             if (help(s, w)) continue;
+            if (s->balance && leave_to_gpu(s)) {   /* the GPU worker may need this CPU after a while */
+                if (++waits % 256 == 0) sched_yield();
+                else flx_cpu_relax();
+                continue;
+            }
             if (!pop(s, 0, &i, &pos)) {
                 if (help(s, w)) continue;
                 break;
@@ -695,6 +755,7 @@ static int gpu_launch(struct flx_sched *s, uint32_t k, uint32_t i, uint32_t pos)
     g->task = i;
     g->pos = pos;
     g->seq = s->gpu_seq++;
+    atomic_fetch_add_explicit(&s->gpu_out, s->ts[i].est, memory_order_relaxed);
     return 1;
 }
 
@@ -707,6 +768,7 @@ static void gpu_finish(struct flx_sched *s, uint32_t k)
     flx_sched_task_t *t = &L->tasks[i];
     const size_t r0 = (size_t)t->seq * s->Hq + (size_t)t->kv_group * G;
     g->busy = 0;
+    atomic_fetch_sub_explicit(&s->gpu_out, s->ts[i].est, memory_order_relaxed);
     flx_attn_timing_t tim = {0};
     uint64_t dev_ns = 0;
     flx_status_t st = flx_attn_host_gpu_finish(&g->ws, L->o + r0 * D, L->lse ? L->lse + r0 : g->lse, &tim);
@@ -738,6 +800,7 @@ static void gpu_layer(struct flx_sched *s)
                 progressed = 1;
             } else if (q < 0) {
                 s->gs[k].busy = 0;
+                atomic_fetch_sub_explicit(&s->gpu_out, s->ts[s->gs[k].task].est, memory_order_relaxed);
                 (void)flx_cuda_stream_sync(s->dev, s->gs[k].stream);
                 s->gs[k].ws.pending = 0;
                 fail(s, s->n_cpu, s->gs[k].task, s->gs[k].pos, q);
@@ -875,6 +938,27 @@ static uint64_t union_ns(uint64_t *iv, uint32_t n)
     return n ? tot + (ce - cs) : 0;
 }
 
+/* BALANCE: each side's rate from this run (estimated bytes over busy time), smoothed over runs. */
+static void update_rates(struct flx_sched *s, const flx_sched_layer_t *L, uint64_t gpu_busy_ns)
+{
+    double cpu_b = 0, gpu_b = 0;
+    for (uint32_t i = 0; i < L->n_tasks; i++) {
+        const int32_t w = L->tasks[i].worker;
+        if (w == FLX_SCHED_GPU) gpu_b += (double)s->ts[i].est;
+        else if (w >= 0 && w < (int32_t)s->n_cpu) cpu_b += (double)s->ts[i].est;
+    }
+    uint64_t cpu_busy = 0;
+    for (uint32_t w = 0; w < s->n_cpu; w++) cpu_busy += s->slots[w].busy_ns;
+    if (cpu_b > 0 && cpu_busy > 0) {
+        const double r = cpu_b * s->n_cpu / (double)cpu_busy;
+        s->cpu_rate = s->cpu_rate > 0 ? 0.5 * (s->cpu_rate + r) : r;
+    }
+    if (gpu_b > 0 && gpu_busy_ns > 0) {
+        const double r = gpu_b / (double)gpu_busy_ns;
+        s->gpu_rate = s->gpu_rate > 0 ? 0.5 * (s->gpu_rate + r) : r;
+    }
+}
+
 flx_status_t flx_sched_run(flx_sched_h s, flx_sched_layer_t *L, flx_sched_layer_stats_t *stats)
 {
     if (!s) return flx_error_set(FLX_ERR_INVALID, "scheduler run: NULL scheduler");
@@ -896,6 +980,11 @@ flx_status_t flx_sched_run(flx_sched_h s, flx_sched_layer_t *L, flx_sched_layer_
         L->tasks[i].start_ns = L->tasks[i].end_ns = 0;
     }
     plan_order(s, L);
+    for (uint32_t i = 0; i < L->n_tasks; i++) s->ts[i].est = task_bytes(s, &L->tasks[i]);
+    atomic_store(&s->cpu_out, 0);
+    atomic_store(&s->gpu_out, 0);
+    s->balance = s->gpu_takes && s->shared && s->p.placement == FLX_SCHED_HYBRID && s->cpu_rate > 0 &&
+                 s->gpu_rate > 0;
     atomic_store(&s->n_active, 0);
     atomic_store(&s->first_open, 0);
     for (uint32_t i = 0; i < L->n_tasks; i++) s->active[i] = UINT32_MAX;
@@ -919,6 +1008,7 @@ flx_status_t flx_sched_run(flx_sched_h s, flx_sched_layer_t *L, flx_sched_layer_
         while (s->gen_done != s->gen) pthread_cond_wait(&s->cv, &s->mu);
         pthread_mutex_unlock(&s->mu);
     }
+    const uint64_t task_busy_ns = s->gpu ? union_ns(s->iv, s->n_iv) : 0;   /* the tasks' intervals only */
     /* the spans the caller marked (its window kernel): they must be complete to be read */
     uint64_t span_ns = 0;
     for (uint32_t i = 0; i < s->n_spans; i++) {
@@ -938,6 +1028,8 @@ flx_status_t flx_sched_run(flx_sched_h s, flx_sched_layer_t *L, flx_sched_layer_
     uint32_t fpos = UINT32_MAX, fw = 0;
     for (uint32_t w = 0; w < W; w++)
         if (s->slots[w].st && s->slots[w].err_pos < fpos) fpos = s->slots[w].err_pos, fw = w, fst = s->slots[w].st;
+    if (!fst && !pst && s->gpu_takes && s->shared && s->p.placement == FLX_SCHED_HYBRID)
+        update_rates(s, L, task_busy_ns);
     if (stats) {
         flx_sched_layer_stats_t x;
         memset(&x, 0, sizeof x);
@@ -963,6 +1055,8 @@ flx_status_t flx_sched_run(flx_sched_h s, flx_sched_layer_t *L, flx_sched_layer_
             x.gpu_span_ns = span_ns;
             x.gpu_idle_ns = x.gpu_busy_ns < x.wall_ns ? x.wall_ns - x.gpu_busy_ns : 0;
             x.gpu_idle_ratio = x.wall_ns ? (double)x.gpu_idle_ns / (double)x.wall_ns : 0.0;
+            x.balanced = s->balance;
+            x.cpu_rate = s->cpu_rate, x.gpu_rate = s->gpu_rate;
         }
         *stats = x;
     }

@@ -65,6 +65,7 @@ static void test_gpu_schedules(uint32_t G, uint32_t D, const uint32_t *lens, uin
             st_layer(&bt, &L, wins[wi], o, lse);
             flx_sched_layer_stats_t x;
             CHECK_OK(flx_sched_run(s, &L, &x));
+            CHECK(!x.balanced);   /* nothing measured before the first run */
             char lab[128];
             snprintf(lab, sizeof lab, "window %d %s %s %u cpu workers", wi, flx_sched_policy_name(cf[c].pol),
                      flx_sched_placement_name(cf[c].place), cf[c].workers);
@@ -85,6 +86,18 @@ static void test_gpu_schedules(uint32_t G, uint32_t D, const uint32_t *lens, uin
             CHECK(x.gpu_busy_ns + x.gpu_idle_ns >= x.wall_ns || x.gpu_idle_ns == 0);
             fprintf(stderr, "%s: %u on the GPU, %u on the CPU; gpu busy %.3f ms idle ratio %.3f (simulated clock)\n",
                     lab, x.n_gpu_tasks, x.n_cpu_tasks, (double)x.gpu_busy_ns * 1e-6, x.gpu_idle_ratio);
+            /* the same layer again on the same scheduler: once both sides have run tasks, the CPU
+             * workers balance against the GPU worker by the measured rates; the results stay */
+            for (int r = 0; r < 4 && cf[c].pol == FLX_SCHED_PRIORITY && cf[c].place == FLX_SCHED_HYBRID; r++) {
+                const int both = x.cpu_rate > 0 && x.gpu_rate > 0;
+                st_layer(&bt, &L, wins[wi], o, lse);
+                CHECK_OK(flx_sched_run(s, &L, &x));
+                CHECK(x.balanced == both);
+                check_close(lab, &bt, o, lse, o_want, lse_want);
+                CHECK(x.n_cpu_tasks + x.n_gpu_tasks == bt.n_tasks);
+                fprintf(stderr, "%s, run %d: balanced %d (rates cpu %.3g gpu %.3g B/ns), %u on the GPU\n", lab, r + 2,
+                        x.balanced, x.cpu_rate, x.gpu_rate, x.n_gpu_tasks);
+            }
             flx_sched_destroy(s);
             flx_pool_destroy(pool);
         }

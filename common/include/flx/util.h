@@ -26,6 +26,16 @@ uint64_t flx_now_ns(void);
 
 /* Checked size arithmetic for sizes that come from outside: return 0 and set *out, or
  * FLX_ERR_INVALID on overflow. */
+/* One step of a spin wait: tells the core (and a sibling hyperthread) that this thread is waiting. */
+static inline void flx_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 static inline flx_status_t flx_mul_size(size_t a, size_t b, size_t *out)
 {
     if (__builtin_mul_overflow(a, b, out))

@@ -34,6 +34,14 @@
  *                (memory that could not be pinned) runs on that thread with the CPU kernels
  *                instead (task.worker is then the pool's worker count). Its device busy time comes
  *                from CUDA events around each task.
+ *   BALANCE      with a GPU worker on the shared queue (PRIORITY, HYBRID): a free CPU worker takes
+ *                the next task only if the CPU side would finish it no later than the GPU side,
+ *                by the bytes each side has taken and not finished and its rate measured on
+ *                earlier runs of this scheduler (estimated bytes: Eq. 3's V of the task, with its
+ *                l_cpu); otherwise it helps or waits for the GPU worker to take it. A CPU side with
+ *                nothing in progress always takes it. Without it the CPU workers, all free at a
+ *                layer's start, take most tasks of a small batch at once and the GPU idles at the
+ *                end. The first run that puts tasks on both sides measures the rates.
  *
  * POLICIES (scheduling: paper §8's ablation; the same tasks, the same results, only who runs what
  * and when differs)
@@ -175,6 +183,10 @@ typedef struct flx_sched_layer_stats {
     uint64_t gpu_span_ns;           /* device time of the caller's spans (flx_sched_gpu_span), summed */
     uint64_t gpu_idle_ns;           /* wall - busy (0 when busy >= wall) */
     double gpu_idle_ratio;          /* idle / wall; 0 without a GPU */
+    int balanced;                   /* the CPU workers left tasks to the GPU worker by the estimated
+                                       finish times (BALANCE below); needs both rates */
+    double cpu_rate, gpu_rate;      /* BALANCE's estimates after this run, host bytes per ns (0: not
+                                       measured yet) */
     flx_attn_timing_t attn;         /* sums of the tasks' CPU kernel times and bytes; GPU tasks add
                                        their bytes, and their device time to attn_ns */
 } flx_sched_layer_stats_t;
