@@ -26,9 +26,9 @@
  * (64 D contiguous bytes through the block table) into its own shared-memory stage, every lane
  * issuing all of its 16-byte loads before it stores any: over the bus a load costs a round trip
  * of microseconds, and reading the rows where the online softmax uses them (a K row per lane, 32
- * bytes a step; a V row a step) paid one per step, which held a task to 6-10 GB/s of a link that
- * moves 50. K rows are staged D + 8 elements apart so that the lanes' 16-byte row reads fall in
- * distinct banks. The merge kernel combines the slices (and the window partial) by
+ * bytes a step; a V row a step) paid one per step, which held a task to 6-10 GB/s on an H100.
+ * K rows are staged D + 8 elements apart so that the lanes' 16-byte row reads fall in distinct
+ * banks. The merge kernel combines the slices (and the window partial) by
  * LSE with flx_attn_merge's formula: o = sum_i (w_i / W) o_i, w_i = e^(lse_i - m), parts at -inf
  * dropped. The slice count depends only on the level's block count, so the result is the same
  * bits whatever the selection's order or the machine's load.

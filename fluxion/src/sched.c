@@ -37,11 +37,11 @@
  * task's estimated bytes (Eq. 3's V in bytes), cpu_out the CPU side's backlog (popped tasks' bytes
  * that no worker has started: a task's chunks until each is taken), gpu_out the bytes of the tasks
  * on the GPU's streams. Otherwise it helps, or waits (pausing) for the GPU to take the task or for
- * its own backlog to drain; a CPU side with no backlog always takes it, so no CPU worker idles on
- * an estimate while there is work nobody has started. The rates are each side's
- * estimated bytes over its busy time in earlier runs (CPU: the workers' busy time over their
- * number; GPU: the union of its task intervals), smoothed; the first run with both sides taking
- * tasks measures them, without balancing. Only placement decides this: results do not change.
+ * its own backlog to drain; a CPU side with no backlog always takes it, so the estimate can hold
+ * the CPU back only while it has work of its own queued. The rates are each side's estimated bytes
+ * over its busy time in earlier runs (CPU: the workers' busy time over their number; GPU: the
+ * union of its task intervals), smoothed; the first run with both sides taking tasks measures
+ * them, without balancing. Only placement decides this: results do not change.
  *
  * A failure marks the run stopped: nobody takes a new task, tasks already taken finish, and the
  * run reports the failure that comes first in the order. With one shared queue that is the first
@@ -128,8 +128,9 @@ struct flx_sched {
     atomic_uint *cursor;      /* (n_cpu + 1) static shares' cursors */
     atomic_int stop;
 
-    /* balance (BALANCE in the DESIGN block): the estimated host bytes each side has taken and not yet
-     * finished in this run, and each side's rate over earlier runs (bytes/ns; 0 until measured) */
+    /* balance (BALANCE in the DESIGN block): each side's outstanding estimated host bytes in this run
+     * (the CPU's backlog, the GPU's streams), and each side's rate over earlier runs (bytes/ns; 0
+     * until measured) */
     int balance;              /* this run balances */
     _Atomic uint64_t cpu_out, gpu_out;
     double cpu_rate, gpu_rate;

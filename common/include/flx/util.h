@@ -24,8 +24,6 @@ extern "C" {
 /* Monotonic clock in nanoseconds. */
 uint64_t flx_now_ns(void);
 
-/* Checked size arithmetic for sizes that come from outside: return 0 and set *out, or
- * FLX_ERR_INVALID on overflow. */
 /* One step of a spin wait: tells the core (and a sibling hyperthread) that this thread is waiting. */
 static inline void flx_cpu_relax(void)
 {
@@ -36,6 +34,8 @@ static inline void flx_cpu_relax(void)
 #endif
 }
 
+/* Checked size arithmetic for sizes that come from outside: return 0 and set *out, or
+ * FLX_ERR_INVALID on overflow. */
 static inline flx_status_t flx_mul_size(size_t a, size_t b, size_t *out)
 {
     if (__builtin_mul_overflow(a, b, out))
