@@ -119,6 +119,15 @@ static int wait_finished(held_t *h, int n)
     return ok;
 }
 
+/* Calls the owner has finished so far (it counts them under the lock, from its own thread). */
+static int n_finished(held_t *h)
+{
+    pthread_mutex_lock(&h->mu);
+    const int n = h->n_finished;
+    pthread_mutex_unlock(&h->mu);
+    return n;
+}
+
 static flx_rpc_server_h start_server(size_t max_recv)
 {
     static const flx_rpc_method_t methods[] = {
@@ -244,7 +253,7 @@ static void test_stream(flx_rpc_client_h c)
 
 static void test_cancel(flx_rpc_client_h c, flx_rpc_server_h srv)
 {
-    int before = g_held.n_finished;
+    int before = n_finished(&g_held);
     flx_rpc_stream_h s;
     CHECK_OK(flx_rpc_stream_open(c, "/t.T/Hold", "h", 1, 0, &s));
     pthread_mutex_lock(&g_held.mu);
@@ -264,7 +273,7 @@ static void test_cancel(flx_rpc_client_h c, flx_rpc_server_h srv)
 
 static void test_deadline(flx_rpc_client_h c)
 {
-    int before = g_held.n_finished;
+    int before = n_finished(&g_held);
     uint64_t t0 = flx_now_ns();
     flx_rpc_result_t res;
     unary(c, "/t.T/Hold", "h", 1, 300, &res, NULL, NULL);
@@ -274,7 +283,10 @@ static void test_deadline(flx_rpc_client_h c)
     CHECK(dt >= 250000000ull);
     CHECK(wait_finished(&g_held, before + 1));   /* the server saw the deadline as a cancellation */
     /* the server saw the deadline (within scheduling slack of the client's 300 ms) */
-    CHECK(g_held.deadline_ns != UINT64_MAX && g_held.deadline_ns > t0 && g_held.deadline_ns < t0 + 2000000000ull);
+    pthread_mutex_lock(&g_held.mu);
+    const uint64_t dl = g_held.deadline_ns;
+    pthread_mutex_unlock(&g_held.mu);
+    CHECK(dl != UINT64_MAX && dl > t0 && dl < t0 + 2000000000ull);
 }
 
 typedef struct conc_arg {
@@ -364,14 +376,14 @@ int main(void)
      * finishes it, destroy returns and the client sees the call end. */
     bg_arg_t bg = {.c = c};
     pthread_t t;
-    int before = g_held.n_finished;
+    int before = n_finished(&g_held);
     CHECK(pthread_create(&t, NULL, bg_hold, &bg) == 0);
     pthread_mutex_lock(&g_held.mu);
     while (!g_held.call) pthread_cond_wait(&g_held.cv, &g_held.mu);
     pthread_mutex_unlock(&g_held.mu);
     flx_rpc_server_destroy(srv, 200);
     pthread_join(t, NULL);
-    CHECK(g_held.n_finished == before + 1);
+    CHECK(n_finished(&g_held) == before + 1);
     fprintf(stderr, "held call at destroy: %s '%s'\n", flx_rpc_code_name(bg.res.code), bg.res.msg);
     CHECK(bg.res.code != FLX_RPC_OK);
     flx_rpc_client_destroy(c);
