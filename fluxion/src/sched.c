@@ -507,14 +507,11 @@ static void task_rows(const struct flx_sched *s, uint32_t i, float **o_p, float 
     *r0_p = r0;
 }
 
-/* Host bytes task t reads, estimated before it runs: Eq. 3's V (metadata rows at its block size, K
- * and V rows of its budgets) in bytes. */
+/* Host bytes task t reads, estimated before it runs: its priority, Eq. 3's V in host rows of D
+ * bf16 (a NaN or negative one: nothing). */
 static uint64_t task_bytes(const struct flx_sched *s, const flx_sched_task_t *t)
 {
-    double sum = 0;
-    for (uint32_t h = 0; h < s->G; h++) sum += !t->blk ? 1.0 : t->budgets ? t->budgets[h] : t->budget;
-    const double rows = (t->blk ? 2.0 * t->l_cpu / t->blk : 0.0) + 2.0 * t->l_cpu * sum;
-    return (uint64_t)(rows * s->D * sizeof(flx_bf16_t));
+    return t->priority > 0 ? (uint64_t)((double)t->priority * s->D * sizeof(flx_bf16_t)) : 0;
 }
 
 /* BALANCE: 1 when the CPU side should leave the queue's next task to the GPU worker. */
@@ -984,8 +981,9 @@ flx_status_t flx_sched_run(flx_sched_h s, flx_sched_layer_t *L, flx_sched_layer_
     for (uint32_t i = 0; i < L->n_tasks; i++) s->ts[i].est = task_bytes(s, &L->tasks[i]);
     atomic_store(&s->cpu_out, 0);
     atomic_store(&s->gpu_out, 0);
-    s->balance = s->gpu_takes && s->shared && s->p.placement == FLX_SCHED_HYBRID && s->cpu_rate > 0 &&
-                 s->gpu_rate > 0;
+    /* BALANCE applies when both sides pull from the one queue; it runs once both rates are known */
+    const int both_pull = s->gpu_takes && s->shared && s->p.placement == FLX_SCHED_HYBRID;
+    s->balance = both_pull && s->cpu_rate > 0 && s->gpu_rate > 0;
     atomic_store(&s->n_active, 0);
     atomic_store(&s->first_open, 0);
     for (uint32_t i = 0; i < L->n_tasks; i++) s->active[i] = UINT32_MAX;
@@ -1029,8 +1027,7 @@ flx_status_t flx_sched_run(flx_sched_h s, flx_sched_layer_t *L, flx_sched_layer_
     uint32_t fpos = UINT32_MAX, fw = 0;
     for (uint32_t w = 0; w < W; w++)
         if (s->slots[w].st && s->slots[w].err_pos < fpos) fpos = s->slots[w].err_pos, fw = w, fst = s->slots[w].st;
-    if (!fst && !pst && s->gpu_takes && s->shared && s->p.placement == FLX_SCHED_HYBRID)
-        update_rates(s, L, task_busy_ns);
+    if (!fst && !pst && both_pull) update_rates(s, L, task_busy_ns);
     if (stats) {
         flx_sched_layer_stats_t x;
         memset(&x, 0, sizeof x);

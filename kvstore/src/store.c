@@ -1656,14 +1656,13 @@ static flx_status_t window_append(flx_kv_session_h x, uint32_t layer, const flx_
         /* Row n of every head of the layer: n_kv_heads rows of D, a win_cap-row pitch apart. */
         const size_t row = D * sizeof(flx_bf16_t), pitch = x->lay.win_cap * row;
         const size_t off = ((size_t)layer * s->n_kv_heads * x->lay.win_cap + n) * D;
-        flx_status_t st =
-            stream ? flx_cuda_copy_htod_2d_async(s->cuda_device, x->win_k_dev + off, pitch, k, row, row, s->n_kv_heads,
-                                                 stream)
-                   : flx_cuda_copy_htod_2d(s->cuda_device, x->win_k_dev + off, pitch, k, row, row, s->n_kv_heads);
-        if (st == FLX_OK)
-            st = stream ? flx_cuda_copy_htod_2d_async(s->cuda_device, x->win_v_dev + off, pitch, v, row, row,
-                                                      s->n_kv_heads, stream)
-                        : flx_cuda_copy_htod_2d(s->cuda_device, x->win_v_dev + off, pitch, v, row, row, s->n_kv_heads);
+        flx_status_t st = FLX_OK;
+        for (int kv = 0; kv < 2 && st == FLX_OK; kv++) {
+            flx_bf16_t *dst = (kv ? x->win_v_dev : x->win_k_dev) + off;
+            const flx_bf16_t *src = kv ? v : k;
+            st = stream ? flx_cuda_copy_htod_2d_async(s->cuda_device, dst, pitch, src, row, row, s->n_kv_heads, stream)
+                        : flx_cuda_copy_htod_2d(s->cuda_device, dst, pitch, src, row, row, s->n_kv_heads);
+        }
         if (st != FLX_OK) {
             char why[FLX_ERROR_MSG_MAX];
             snprintf(why, sizeof why, "%s", flx_error_msg());

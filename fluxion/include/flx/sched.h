@@ -38,8 +38,8 @@
  *                the next task only if the CPU side would finish it no later than the GPU side,
  *                by each side's outstanding bytes (the CPU's: of popped tasks no worker has
  *                started yet; the GPU's: of the tasks on its streams) and its rate measured on
- *                earlier runs of this scheduler (estimated bytes: Eq. 3's V of the task, with its
- *                l_cpu); otherwise it waits for the GPU worker to take it. A CPU side with no
+ *                earlier runs of this scheduler (a task's bytes estimated from its priority, V
+ *                in host rows); otherwise it waits for the GPU worker to take it. A CPU side with no
  *                backlog always takes it. Without it the CPU workers, all free at a
  *                layer's start, take most tasks of a small batch at once and the GPU idles at the
  *                end. The first run that puts tasks on both sides measures the rates.
