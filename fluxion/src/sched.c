@@ -85,8 +85,9 @@ typedef struct tstate {
     uint32_t worker;          /* who began it */
     uint64_t t_begin;
     uint64_t est;             /* host bytes estimated before it runs (task_bytes) */
-    uint64_t out, share;      /* BALANCE: est counted in cpu_out from its pop by a CPU worker; its begin
-                                 gives back all but a share per chunk, each chunk its share when taken */
+    uint64_t out, share;      /* BALANCE: est counted in cpu_out when a CPU worker begins it (just popped);
+                                 the begin gives back all but a share per chunk, each chunk its share
+                                 when taken */
 } __attribute__((aligned(FLX_CACHELINE))) tstate_t;
 
 typedef struct gslot {
