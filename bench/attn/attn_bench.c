@@ -11,7 +11,9 @@
  * of the paper); GB/s is over the bytes each kernel must read (scoring: the metadata entries at that
  * blk; attention: K+V of the distinct blocks the group's heads selected; full: all K+V), against a
  * STREAM-like read bandwidth measured by this binary on the same pool (the best of its samples:
- * start, after each prompt length). Workers: FLX_THREADS, else the process's CPU budget.
+ * start, after each prompt length). Workers: FLX_THREADS, else the process's CPU budget. Then
+ * top-k alone, one head at each (L, blk in {16, 64}, bgt): flx_topk's AVX-512 passes against its
+ * scalar loops in the same binary, pairs in rotated order (topk_row).
  *
  * usage: attn_bench [--lens 32768,65536,131072] [--batches 1,4,8] [--reps N] [--csv PATH]
  */
@@ -126,6 +128,51 @@ typedef struct {
     float bgt;
     double sc_only_ms, tk_ms, at_ms, frac, sc_gb, at_gb, score_mb, attn_mb;
 } row_t;
+
+/* Top-k of one head at n blocks: the AVX-512 passes against the scalar loops of the same
+ * flx_topk (flx_isa_force), timed in pairs with the order rotated, each side R calls over 16
+ * score rows (N(0, 1) with 1 % needles at +4); returns the median ratio scalar / SIMD (NaN: no
+ * AVX-512 here) and prints the row. */
+static double topk_row(uint32_t n, uint32_t k, const char *what)
+{
+    enum { ROWS = 16, PAIRS = 15 };
+    const flx_isa_t best = flx_isa_active();
+    if (best < FLX_ISA_AVX512) return NAN;
+    float *s = malloc((size_t)ROWS * n * sizeof(float));
+    uint32_t *idx = malloc((size_t)n * sizeof(uint32_t));
+    if (!s || !idx) {
+        fprintf(stderr, "attn_bench: out of memory for the top-k rows\n");
+        exit(1);
+    }
+    uint64_t r = 0x5eed;
+    for (size_t i = 0; i < (size_t)ROWS * n; i++) {
+        const double u1 = ((mix(++r) >> 11) + 1.0) / 9007199254740993.0, u2 = (mix(++r) >> 11) / 9007199254740992.0;
+        s[i] = (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2)) + (mix(++r) % 100 == 0 ? 4.0f : 0.0f);
+    }
+    const uint32_t R = n < 4096 ? 64 : 16;
+    double ratio[PAIRS], t[2][PAIRS];
+    for (int p = 0; p < PAIRS; p++) {
+        for (int side = 0; side < 2; side++) {
+            const int simd = (side + p) % 2;   /* rotated order */
+            flx_isa_force(simd ? best : FLX_ISA_SCALAR);
+            const uint64_t t0 = flx_now_ns();
+            for (uint32_t c = 0; c < R; c++)
+                if (flx_topk(s + (size_t)(c % ROWS) * n, n, k, idx)) {
+                    fprintf(stderr, "attn_bench: flx_topk: %s\n", flx_error_msg());
+                    exit(1);
+                }
+            t[simd][p] = (double)(flx_now_ns() - t0) / R * 1e-3;
+        }
+        ratio[p] = t[0][p] / t[1][p];
+    }
+    flx_isa_force(best);
+    const double med = flx_bench_median(ratio, PAIRS), lo = ratio[0], hi = ratio[PAIRS - 1];
+    printf("%-12s %7u %6u %12.2f %10.2f %9.2f [%5.2f, %5.2f]\n", what, n, k, flx_bench_median(t[0], PAIRS),
+           flx_bench_median(t[1], PAIRS), med, lo, hi);
+    free(s);
+    free(idx);
+    return med;
+}
 
 int main(int argc, char **argv)
 {
@@ -324,6 +371,26 @@ int main(int argc, char **argv)
     free(qs);
     flx_pool_destroy(pool);
 
+    /* top-k alone: the AVX-512 passes vs the scalar loops, per (L, blk, bgt) of the table */
+    double topk_speedup = NAN;
+    if (flx_isa_active() >= FLX_ISA_AVX512) {
+        printf("top-k of one head, %s vs scalar (same flx_topk, pairs in rotated order, median [min, max] of 15):\n",
+               flx_isa_name(flx_isa_active()));
+        printf("%-12s %7s %6s %12s %10s %9s\n", "(L,blk,bgt)", "blocks", "k", "scalar us", "simd us", "speedup");
+        for (uint32_t li = 0; li < n_lens; li++)
+            for (uint32_t blk = 16; blk <= 64; blk *= 4)
+                for (int bi = 0; bi < 2; bi++) {
+                    const float bgt = bi ? 0.05f : 0.02f;
+                    const uint32_t l_cpu = lens[li] - SINK - LOCAL, n = FLX_DIV_UP(l_cpu, blk);
+                    char what[32];
+                    snprintf(what, sizeof what, "%uK,%u,%.2f", lens[li] / 1024, blk, (double)bgt);
+                    const double sp = topk_row(n, flx_attn_budget_blocks(bgt, l_cpu, blk), what);
+                    if (blk == 16 && bi == 1) topk_speedup = sp;   /* (16, 0.05) at the largest L */
+                }
+    } else {
+        printf("top-k: no AVX-512 here, one path (the scalar loops): no speedup measured\n");
+    }
+
     FILE *csv = fopen(csv_path, "w");
     if (!csv) {
         perror(csv_path);
@@ -348,7 +415,7 @@ int main(int argc, char **argv)
     printf("fractions against the best read bandwidth of the run: %.1f GB/s\n", bw);
     printf("summary keys: fixed (16, 0.05) and full at the largest (L, batch) measured; score GB/s = metadata bytes over "
            "scoring time (top-k timed apart)\n");
-    printf("SUMMARY attn_bw_frac=%.3f score_bw_frac=%.3f full_bw_frac=%.3f\n", last_attn_frac, last_score_frac,
-           last_full_frac);
+    printf("SUMMARY attn_bw_frac=%.3f score_bw_frac=%.3f full_bw_frac=%.3f topk_simd_speedup_16_005=%.2f\n",
+           last_attn_frac, last_score_frac, last_full_frac, topk_speedup);
     return 0;
 }

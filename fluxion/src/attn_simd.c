@@ -1,6 +1,8 @@
 /*
  * attn_simd.c - SIMD inner loops (see attn_simd.h): multi-head dot tiles and the online-softmax
- * block update, for AVX2, AVX-512 and AVX-512 BF16.
+ * block update, for AVX2, AVX-512 and AVX-512 BF16; top-k's passes for AVX-512 (compares, then
+ * a compress in a register and a masked store of exactly the lanes kept: a compress straight to
+ * memory is microcoded on some CPUs, and a full-width store could write past the output).
  *
  * DESIGN
  * Decode attention reads every K/V byte once and does 2 * G FMAs per element read (G heads of a
@@ -491,4 +493,93 @@ T512BF void attn_block_avx512bf16(const flx_bf16_t *k, const flx_bf16_t *v, uint
     float S[64 * 16] __attribute__((aligned(64)));
     attn_dots_avx512bf16(k, D, ntok, q, heads, nh, S, 16, next_k);
     softmax_pv_512(v, ntok, D, heads, nh, S, part, (const char *)next_v);
+}
+
+/* ================================ top-k passes (AVX-512) ================================ */
+
+/* Rank keys of up to 16 scores at s (lanes outside `live` read nothing): NaN -> -inf. */
+T512 INLINE __m512 rank_keys16(const float *s, __mmask16 live)
+{
+    const __m512 x = _mm512_maskz_loadu_ps(live, s);
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_ORD_Q), _mm512_set1_ps(-INFINITY), x);
+}
+
+T512 INLINE __mmask16 live16(uint32_t i, uint32_t n)
+{
+    return n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+}
+
+T512 uint32_t attn_topk_cut_avx512(const float *s, uint32_t n, float t, float *out)
+{
+    const __m512 tv = _mm512_set1_ps(t);
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < n; i += 16) {
+        const __mmask16 live = live16(i, n);
+        const __m512 x = rank_keys16(s + i, live);
+        const __mmask16 keep = _mm512_mask_cmp_ps_mask(live, x, tv, _CMP_GE_OQ);
+        const uint32_t c = (uint32_t)__builtin_popcount(keep);
+        /* compress in a register, then a masked store: exactly c lanes written */
+        _mm512_mask_storeu_ps(out + m, (__mmask16)((1u << c) - 1), _mm512_maskz_compress_ps(keep, x));
+        m += c;
+    }
+    return m;
+}
+
+T512 uint32_t attn_topk_take_avx512(const float *s, uint32_t n, float tau, uint32_t n_eq, uint32_t *idx)
+{
+    const __m512 tv = _mm512_set1_ps(tau);
+    const __m512i step = _mm512_set1_epi32(16), iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                                                                         13, 14, 15);
+    uint32_t c = 0;
+    __m512i iv = iota;
+    for (uint32_t i = 0; i < n; i += 16, iv = _mm512_add_epi32(iv, step)) {   /* above tau */
+        const __mmask16 live = live16(i, n);
+        const __mmask16 take = _mm512_mask_cmp_ps_mask(live, rank_keys16(s + i, live), tv, _CMP_GT_OQ);
+        const uint32_t k = (uint32_t)__builtin_popcount(take);
+        _mm512_mask_storeu_epi32(idx + c, (__mmask16)((1u << k) - 1), _mm512_maskz_compress_epi32(take, iv));
+        c += k;
+    }
+    iv = iota;
+    for (uint32_t i = 0; i < n && n_eq; i += 16, iv = _mm512_add_epi32(iv, step)) {   /* the lowest equal to it */
+        const __mmask16 live = live16(i, n);
+        __mmask16 eq = _mm512_mask_cmp_ps_mask(live, rank_keys16(s + i, live), tv, _CMP_EQ_OQ), take = 0;
+        for (; eq && n_eq; n_eq--) {
+            take |= (__mmask16)(eq & -eq);
+            eq &= (__mmask16)(eq - 1);
+        }
+        const uint32_t k = (uint32_t)__builtin_popcount(take);
+        _mm512_mask_storeu_epi32(idx + c, (__mmask16)((1u << k) - 1), _mm512_maskz_compress_epi32(take, iv));
+        c += k;
+    }
+    return c;
+}
+
+T512 void attn_topk_count_avx512(const float *f, uint32_t n, float pv, uint32_t *gt, uint32_t *eq)
+{
+    const __m512 pvv = _mm512_set1_ps(pv);
+    uint32_t g = 0, e = 0;
+    for (uint32_t i = 0; i < n; i += 16) {
+        const __mmask16 live = live16(i, n);
+        const __m512 x = _mm512_maskz_loadu_ps(live, f + i);
+        g += (uint32_t)__builtin_popcount(_mm512_mask_cmp_ps_mask(live, x, pvv, _CMP_GT_OQ));
+        e += (uint32_t)__builtin_popcount(_mm512_mask_cmp_ps_mask(live, x, pvv, _CMP_EQ_OQ));
+    }
+    *gt = g, *eq = e;
+}
+
+T512 uint32_t attn_topk_keep_avx512(float *f, uint32_t n, float pv, int above)
+{
+    const __m512 pvv = _mm512_set1_ps(pv);
+    uint32_t w = 0;
+    for (uint32_t i = 0; i < n; i += 16) {
+        const __mmask16 live = live16(i, n);
+        const __m512 x = _mm512_maskz_loadu_ps(live, f + i);
+        const __mmask16 keep = above ? _mm512_mask_cmp_ps_mask(live, x, pvv, _CMP_GT_OQ)
+                                     : _mm512_mask_cmp_ps_mask(live, x, pvv, _CMP_LT_OQ);
+        const uint32_t c = (uint32_t)__builtin_popcount(keep);
+        /* w <= i: the store ends within the vector just loaded */
+        _mm512_mask_storeu_ps(f + w, (__mmask16)((1u << c) - 1), _mm512_maskz_compress_ps(keep, x));
+        w += c;
+    }
+    return w;
 }

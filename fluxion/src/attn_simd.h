@@ -2,7 +2,7 @@
  * attn_simd.h - SIMD inner loops of the attention kernels (attn_simd.c), shared by the drivers in
  * attn_cpu.c. Not a public header.
  *
- * Two primitives per instruction set:
+ * Two primitives per instruction set (and, at AVX-512 only, top-k's passes: at the end):
  *   dots   scores of up to 16 bf16 rows (width W, row stride in elements) against the prepared
  *          queries of a list of heads: out[i * out_stride + r] for head list entry i, row r. Used
  *          for QK (rows = K rows, W = D) and for Quest scoring (rows = metadata entries, W = 2D).
@@ -60,5 +60,16 @@ void attn_block_avx512(const flx_bf16_t *k, const flx_bf16_t *v, uint32_t ntok, 
 void attn_block_avx512bf16(const flx_bf16_t *k, const flx_bf16_t *v, uint32_t ntok, uint32_t D, const attn_q_t *q,
                            const uint8_t *heads, uint32_t nh, float *part,
     const flx_bf16_t *next_k, const flx_bf16_t *next_v);
+
+/* Top-k's streaming passes (flx_topk in attn_task.c; keys are rank keys: NaN -> -inf).
+ *   cut   copies every key >= t of s[0..n) to out (in index order); returns how many.
+ *   take  writes to idx every i whose key is > tau, ascending, then the n_eq lowest whose key ==
+ *         tau, ascending; returns how many. Both write exactly the entries they return. */
+uint32_t attn_topk_cut_avx512(const float *s, uint32_t n, float t, float *out);
+uint32_t attn_topk_take_avx512(const float *s, uint32_t n, float tau, uint32_t n_eq, uint32_t *idx);
+/* A quickselect round over keys f[0..n) (no NaN): count how many are > pv and == pv; keep moves
+ * the keys > pv (above) or < pv (!above) to the front of f, in order, and returns how many. */
+void attn_topk_count_avx512(const float *f, uint32_t n, float pv, uint32_t *gt, uint32_t *eq);
+uint32_t attn_topk_keep_avx512(float *f, uint32_t n, float pv, int above);
 
 #endif

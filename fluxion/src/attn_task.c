@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "attn_internal.h"
+#include "attn_simd.h"
 #include "flx/util.h"
 
 int flx_attn_blk_level(uint32_t blk)
@@ -170,8 +171,9 @@ static inline uint64_t xs_next(uint64_t *rs)
     return *rs;
 }
 
-/* Value of rank `target` (0 = largest) among f[0..n), three-way quickselect; permutes f. */
-static float select_desc(float *f, uint32_t n, uint32_t target, uint64_t *rs)
+/* Value of rank `target` (0 = largest) among f[0..n), three-way quickselect; permutes f. above
+ * (may be NULL) gets how many of them are larger than it. */
+static float select_desc(float *f, uint32_t n, uint32_t target, uint64_t *rs, uint32_t *above)
 {
     uint32_t lo = 0, hi = n;
     for (;;) {
@@ -189,19 +191,53 @@ static float select_desc(float *f, uint32_t n, uint32_t target, uint64_t *rs)
                 i++;
             }
         }
-        if (target < lt) hi = lt;
-        else if (target < gt) return pv;
-        else lo = gt;
+        if (target < lt) {
+            hi = lt;
+        } else if (target < gt) {   /* [0, lt) holds exactly the values above pv */
+            if (above) *above = lt;
+            return pv;
+        } else {
+            lo = gt;
+        }
     }
+}
+
+/* select_desc with each round's partition as two 16-lane passes (count, then keep one side in
+ * place), which do not mispredict as the scalar three-way partition does; the scalar select
+ * finishes the last few keys. Same value, same count above it. */
+static float select_desc_avx512(float *f, uint32_t n, uint32_t target, uint64_t *rs, uint32_t *above)
+{
+    uint32_t up = 0;   /* keys dropped from the set because they are above the target */
+    while (n > 64) {
+        const float pv = f[xs_next(rs) % n];
+        uint32_t gt, eq;
+        attn_topk_count_avx512(f, n, pv, &gt, &eq);
+        if (target < gt) {
+            n = attn_topk_keep_avx512(f, n, pv, 1);
+        } else if (target < gt + eq) {
+            *above = up + gt;
+            return pv;
+        } else {
+            n = attn_topk_keep_avx512(f, n, pv, 0);
+            target -= gt + eq;
+            up += gt + eq;
+        }
+    }
+    uint32_t a = 0;
+    const float t = select_desc(f, n, target, rs, &a);
+    *above = up + a;
+    return t;
 }
 
 /*
  * Threshold selection. tau = the k-th largest key (NaN -> -inf) is found on a candidate set: a
  * deterministic sample of 128 keys gives a cut t a few standard deviations below the expected
  * k-th key, one pass copies keys >= t (as floats, into idx's own memory), and a three-way
- * quickselect on them finds tau (if the cut missed, on all keys). Then every index with key > tau
- * is taken, followed by the lowest indices with key == tau until k. Streaming passes plus an
- * expected O(n) select; the result does not depend on the sample (only the speed does).
+ * quickselect on them finds tau and how many keys are above it (if the cut missed, on all keys).
+ * Then every index with key > tau is taken, followed by the lowest indices with key == tau until
+ * k. Streaming passes plus an expected O(n) select; the result does not depend on
+ * the sample (only the speed does). With AVX-512 the two passes over the n keys and the select's
+ * partitions (until 64 keys are left) run on 16 lanes: the same sets as the scalar loops.
  */
 flx_status_t flx_topk(const float *scores, uint32_t n, uint32_t k, uint32_t *idx)
 {
@@ -213,38 +249,49 @@ flx_status_t flx_topk(const float *scores, uint32_t n, uint32_t k, uint32_t *idx
         return FLX_OK;
     }
     float *f = (float *)idx;   /* scratch in idx's memory (the project builds with -fno-strict-aliasing) */
+    const int simd = flx_isa_active() >= FLX_ISA_AVX512;
     uint64_t rs = 0x9e3779b97f4a7c15ull ^ ((uint64_t)n << 32 | k);
     float tau;
-    uint32_t m = 0;
+    uint32_t m = 0, above = 0;
     enum { S = 128 };
     if (n >= 4 * S) {
         float smp[S];
         for (uint32_t i = 0; i < S; i++) smp[i] = rank_key(scores[(uint64_t)i * n / S]);
         double r = (double)k * S / n;
         uint32_t rr = (uint32_t)(r + 3.0 * sqrt(r + 1.0) + 4.0);
-        float t = rr < S ? select_desc(smp, S, rr, &rs) : -INFINITY;
+        float t = rr < S ? select_desc(smp, S, rr, &rs, NULL) : -INFINITY;
         if (t > -INFINITY) {
-            for (uint32_t i = 0; i < n; i++) {
-                float x = rank_key(scores[i]);
-                f[m] = x;
-                m += x >= t;
+            if (simd) {
+                m = attn_topk_cut_avx512(scores, n, t, f);
+            } else {
+                for (uint32_t i = 0; i < n; i++) {
+                    float x = rank_key(scores[i]);
+                    f[m] = x;
+                    m += x >= t;
+                }
             }
         }
         if (m < k) m = 0;   /* the cut missed: select on all keys */
     }
-    if (m) {
-        tau = select_desc(f, m, k - 1, &rs);
-    } else {
+    if (!m) {   /* select on all keys */
         for (uint32_t i = 0; i < n; i++) f[i] = rank_key(scores[i]);
-        tau = select_desc(f, n, k - 1, &rs);
+        m = n;
     }
-    uint32_t c = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        idx[c] = i;
-        c += rank_key(scores[i]) > tau;
+    /* every key above tau (>= t) is a candidate */
+    tau = simd ? select_desc_avx512(f, m, k - 1, &rs, &above) : select_desc(f, m, k - 1, &rs, &above);
+    uint32_t eq = k - above, c;   /* the k-th is equal to tau: eq >= 1 */
+    if (simd) {
+        c = attn_topk_take_avx512(scores, n, tau, eq, idx);
+    } else {
+        c = 0;
+        for (uint32_t i = 0; i < n; i++) {   /* c < k here: idx[c] is in bounds */
+            idx[c] = i;
+            c += rank_key(scores[i]) > tau;
+        }
+        for (uint32_t i = 0; i < n && eq; i++)
+            if (rank_key(scores[i]) == tau) idx[c++] = i, eq--;
     }
-    for (uint32_t i = 0; i < n && c < k; i++)
-        if (rank_key(scores[i]) == tau) idx[c++] = i;
+    if (FLX_NEVER(c != k)) return flx_error_set(FLX_ERR_INTERNAL, "topk: took %u of k %u (n %u)", c, k, n);
     return FLX_OK;
 }
 

@@ -171,10 +171,11 @@ flx_status_t flx_attn_score(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, i
                             float *scores);
 
 /* (3) Top-k of scores[0..n): writes k distinct indices to idx[0..k). _ref sorts (O(n log n));
- * flx_topk finds the k-th largest value with a three-way quickselect (deterministic pseudo-random
- * pivot, expected O(n)) using idx itself as scratch, so idx must hold n entries, then takes the
- * indices above it and the lowest indices equal to it, in ascending index order within each part.
- * Both select the same set (ties -> lower index, NaN lowest). */
+ * flx_topk finds the k-th largest value with a quickselect (deterministic pseudo-random pivot,
+ * expected O(n); 16-lane passes with AVX-512) using idx itself as scratch, so idx must hold n
+ * entries, then takes the indices above it and the lowest indices equal to it, in ascending
+ * index order within each part (the GPU's top-k writes the same order). Both select the same set
+ * (ties -> lower index, NaN lowest, -0 equal to +0). */
 flx_status_t flx_topk_ref(const float *scores, uint32_t n, uint32_t k, uint32_t *idx);
 flx_status_t flx_topk(const float *scores, uint32_t n, uint32_t k, uint32_t *idx);
 
