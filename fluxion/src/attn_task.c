@@ -235,9 +235,10 @@ static float select_desc_avx512(float *f, uint32_t n, uint32_t target, uint64_t 
  * k-th key, one pass copies keys >= t (as floats, into idx's own memory), and a three-way
  * quickselect on them finds tau and how many keys are above it (if the cut missed, on all keys).
  * Then every index with key > tau is taken, followed by the lowest indices with key == tau until
- * k. Streaming passes plus an expected O(n) select; the result does not depend on
- * the sample (only the speed does). With AVX-512 the two passes over the n keys and the select's
- * partitions (until 64 keys are left) run on 16 lanes: the same sets as the scalar loops.
+ * k. Streaming passes plus an expected O(n) select; the result does not depend on the sample
+ * (only the speed does). With AVX-512 the two passes over the n keys and the select's partitions
+ * (until 64 keys are left) run on 16 lanes: the same indices, in the same order, as the scalar
+ * loops.
  */
 flx_status_t flx_topk(const float *scores, uint32_t n, uint32_t k, uint32_t *idx)
 {
