@@ -1,7 +1,9 @@
 /*
- * test_attn_topk_merge - top-k exactness (ties -> lower index, NaN last, k = 0 and k = n) against
- * the sorting reference; LSE merge against a long-double formula, including -inf parts; argument
- * validation of the task (blk, budgets, NaN, G/D mismatch, l_cpu above plan, bad selections).
+ * test_attn_topk_merge - top-k exactness (ties -> lower index, NaN last, -0 = +0, k = 0 and k = n,
+ * a sampled cut that misses; the indices in flx_topk's order) against the sorting reference, at
+ * every ISA level this CPU has; LSE merge against a long-double formula, including -inf parts;
+ * argument validation of the task (blk, budgets, NaN, G/D mismatch, l_cpu above plan, bad
+ * selections).
  */
 #include "attn_testutil.h"
 
