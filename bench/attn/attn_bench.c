@@ -144,11 +144,10 @@ static double topk_row(uint32_t n, uint32_t k, const char *what)
         fprintf(stderr, "attn_bench: out of memory for the top-k rows\n");
         exit(1);
     }
-    uint64_t r = 0x5eed;
-    for (size_t i = 0; i < (size_t)ROWS * n; i++) {
-        const double u1 = ((mix(++r) >> 11) + 1.0) / 9007199254740993.0, u2 = (mix(++r) >> 11) / 9007199254740992.0;
-        s[i] = (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2)) + (mix(++r) % 100 == 0 ? 4.0f : 0.0f);
-    }
+    flx_rng_t rng;
+    flx_rng_seed(&rng, 0x5eed);
+    for (size_t i = 0; i < (size_t)ROWS * n; i++)
+        s[i] = (float)flx_rng_normal(&rng) + (flx_rng_below(&rng, 100) == 0 ? 4.0f : 0.0f);
     const uint32_t R = n < 4096 ? 64 : 16;
     double ratio[PAIRS], t[2][PAIRS];
     for (int p = 0; p < PAIRS; p++) {

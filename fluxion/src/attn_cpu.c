@@ -279,8 +279,8 @@ void flx_attn_window_chunk(const flx_attn_ws_t *ws, const flx_kv_head_view_t *vi
     }
 }
 
-/* The chunk's physical blocks in the order they are read: logical block ws->list[u], its physical
- * blocks pb in [list[u] * ppb, p1). */
+/* A position in a host chunk's read order: logical block ws->list[u] (u < u1, else past the end),
+ * its physical block pb in [list[u] * ppb, p1). */
 typedef struct blk_cursor {
     uint32_t u, pb, p1;
 } blk_cursor_t;
@@ -316,28 +316,29 @@ void flx_attn_host_chunk(const flx_attn_ws_t *ws, const flx_kv_head_view_t *view
     attn_block_fn fn = pick_block((flx_isa_t)ws->isa);
     part_reset(part, G, D);
     const uint32_t u0 = c * ws->host_entries, u1 = u0 + ws->host_entries < ws->n_list ? u0 + ws->host_entries : ws->n_list;
-    /* Each block hands the kernel the next one of this chunk, whose K and V are prefetched into L1
-     * while it computes; the block HOST_L2_AHEAD further on goes to L2 (above). */
-    blk_cursor_t ahead;
-    cursor_at(ws, view, ppb, u0, u1, &ahead);
-    for (int i = 0; i < HOST_L2_AHEAD; i++) cursor_next(ws, view, ppb, u1, &ahead);
+    /* One walk of the chunk's physical blocks, three cursors on it: the block read (cur), the next
+     * one, whose K and V the kernel prefetches into L1 while it computes (nxt; not a partial last
+     * block), and the one HOST_L2_AHEAD on, sent to L2 here (ahead). */
+    blk_cursor_t cur, nxt, ahead;
+    cursor_at(ws, view, ppb, u0, u1, &cur);
+    nxt = cur;
+    cursor_next(ws, view, ppb, u1, &nxt);
+    ahead = nxt;
+    for (int i = 1; i < HOST_L2_AHEAD; i++) cursor_next(ws, view, ppb, u1, &ahead);
     uint8_t heads[FLX_ATTN_MAX_GROUP];
-    for (uint32_t u = u0; u < u1; u++) {
-        const uint32_t b = ws->list[u];
-        const uint32_t nh = mask_heads(ws->mask[b], heads);
-        const uint32_t p1 = (b + 1) * ppb < view->n_blocks ? (b + 1) * ppb : view->n_blocks;
-        for (uint32_t pb = b * ppb; pb < p1; pb++) {
-            if (ahead.u < u1) {   /* K then V of one block: block_bytes from its K */
-                const char *a = (const char *)flx_kv_block_k(view, ahead.pb);
-                for (size_t off = 0; off < view->block_bytes; off += 64) _mm_prefetch(a + off, _MM_HINT_T1);
-                cursor_next(ws, view, ppb, u1, &ahead);
-            }
-            const uint32_t ntok = l_cpu - pb * 16 < 16 ? l_cpu - pb * 16 : 16;
-            const uint32_t nb = pb + 1 < p1 ? pb + 1 : u + 1 < u1 ? ws->list[u + 1] * ppb : UINT32_MAX;
-            const flx_bf16_t *nk = NULL, *nv = NULL;
-            if (nb < view->n_blocks && l_cpu - nb * 16 >= 16) nk = flx_kv_block_k(view, nb), nv = flx_kv_block_v(view, nb);
-            fn(flx_kv_block_k(view, pb), flx_kv_block_v(view, pb), ntok, D, &pq, heads, nh, part, nk, nv);
+    uint32_t nh = 0, heads_u = UINT32_MAX;
+    for (; cur.u < u1; cur = nxt, cursor_next(ws, view, ppb, u1, &nxt)) {
+        if (cur.u != heads_u) heads_u = cur.u, nh = mask_heads(ws->mask[ws->list[cur.u]], heads);
+        if (ahead.u < u1) {   /* K then V of one block: block_bytes from its K */
+            const char *a = (const char *)flx_kv_block_k(view, ahead.pb);
+            for (size_t off = 0; off < view->block_bytes; off += 64) _mm_prefetch(a + off, _MM_HINT_T1);
+            cursor_next(ws, view, ppb, u1, &ahead);
         }
+        const uint32_t ntok = l_cpu - cur.pb * 16 < 16 ? l_cpu - cur.pb * 16 : 16;
+        const flx_bf16_t *nk = NULL, *nv = NULL;
+        if (nxt.u < u1 && l_cpu - nxt.pb * 16 >= 16)
+            nk = flx_kv_block_k(view, nxt.pb), nv = flx_kv_block_v(view, nxt.pb);
+        fn(flx_kv_block_k(view, cur.pb), flx_kv_block_v(view, cur.pb), ntok, D, &pq, heads, nh, part, nk, nv);
     }
 }
 
