@@ -509,6 +509,22 @@ T512 INLINE __mmask16 live16(uint32_t i, uint32_t n)
     return n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
 }
 
+/* The lanes of x in keep, packed, to out: exactly that many written (compressed in a register, then
+ * a masked store); returns how many. */
+T512 INLINE uint32_t store_kept_ps(float *out, __mmask16 keep, __m512 x)
+{
+    const uint32_t c = (uint32_t)__builtin_popcount(keep);
+    _mm512_mask_storeu_ps(out, (__mmask16)((1u << c) - 1), _mm512_maskz_compress_ps(keep, x));
+    return c;
+}
+
+T512 INLINE uint32_t store_kept_epi32(uint32_t *out, __mmask16 keep, __m512i x)
+{
+    const uint32_t c = (uint32_t)__builtin_popcount(keep);
+    _mm512_mask_storeu_epi32(out, (__mmask16)((1u << c) - 1), _mm512_maskz_compress_epi32(keep, x));
+    return c;
+}
+
 T512 uint32_t attn_topk_cut_avx512(const float *s, uint32_t n, float t, float *out)
 {
     const __m512 tv = _mm512_set1_ps(t);
@@ -516,11 +532,7 @@ T512 uint32_t attn_topk_cut_avx512(const float *s, uint32_t n, float t, float *o
     for (uint32_t i = 0; i < n; i += 16) {
         const __mmask16 live = live16(i, n);
         const __m512 x = rank_keys16(s + i, live);
-        const __mmask16 keep = _mm512_mask_cmp_ps_mask(live, x, tv, _CMP_GE_OQ);
-        const uint32_t c = (uint32_t)__builtin_popcount(keep);
-        /* compress in a register, then a masked store: exactly c lanes written */
-        _mm512_mask_storeu_ps(out + m, (__mmask16)((1u << c) - 1), _mm512_maskz_compress_ps(keep, x));
-        m += c;
+        m += store_kept_ps(out + m, _mm512_mask_cmp_ps_mask(live, x, tv, _CMP_GE_OQ), x);
     }
     return m;
 }
@@ -534,10 +546,7 @@ T512 uint32_t attn_topk_take_avx512(const float *s, uint32_t n, float tau, uint3
     __m512i iv = iota;
     for (uint32_t i = 0; i < n; i += 16, iv = _mm512_add_epi32(iv, step)) {   /* above tau */
         const __mmask16 live = live16(i, n);
-        const __mmask16 take = _mm512_mask_cmp_ps_mask(live, rank_keys16(s + i, live), tv, _CMP_GT_OQ);
-        const uint32_t k = (uint32_t)__builtin_popcount(take);
-        _mm512_mask_storeu_epi32(idx + c, (__mmask16)((1u << k) - 1), _mm512_maskz_compress_epi32(take, iv));
-        c += k;
+        c += store_kept_epi32(idx + c, _mm512_mask_cmp_ps_mask(live, rank_keys16(s + i, live), tv, _CMP_GT_OQ), iv);
     }
     iv = iota;
     for (uint32_t i = 0; i < n && n_eq; i += 16, iv = _mm512_add_epi32(iv, step)) {   /* the lowest equal to it */
@@ -547,9 +556,7 @@ T512 uint32_t attn_topk_take_avx512(const float *s, uint32_t n, float tau, uint3
             take |= (__mmask16)(eq & -eq);
             eq &= (__mmask16)(eq - 1);
         }
-        const uint32_t k = (uint32_t)__builtin_popcount(take);
-        _mm512_mask_storeu_epi32(idx + c, (__mmask16)((1u << k) - 1), _mm512_maskz_compress_epi32(take, iv));
-        c += k;
+        c += store_kept_epi32(idx + c, take, iv);
     }
     return c;
 }
@@ -576,10 +583,7 @@ T512 uint32_t attn_topk_keep_avx512(float *f, uint32_t n, float pv, int above)
         const __m512 x = _mm512_maskz_loadu_ps(live, f + i);
         const __mmask16 keep = above ? _mm512_mask_cmp_ps_mask(live, x, pvv, _CMP_GT_OQ)
                                      : _mm512_mask_cmp_ps_mask(live, x, pvv, _CMP_LT_OQ);
-        const uint32_t c = (uint32_t)__builtin_popcount(keep);
-        /* w <= i: the store ends within the vector just loaded */
-        _mm512_mask_storeu_ps(f + w, (__mmask16)((1u << c) - 1), _mm512_maskz_compress_ps(keep, x));
-        w += c;
+        w += store_kept_ps(f + w, keep, x);   /* w <= i: the store ends within the vector just loaded */
     }
     return w;
 }
