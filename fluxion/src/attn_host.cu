@@ -9,29 +9,32 @@
  * never passing, the worst element printed; the top-k indices must be flx_topk's exactly.
  *
  * DESIGN
- * The bytes read over the bus decide the time, so each is read once. Scoring: one warp per
- * metadata entry (min row | max row, 2D bf16, read as 16-byte words, coalesced), dotted with
+ * The bytes read over the bus decide the time, so each is read once. Scoring: one warp per metadata
+ * entry (min row | max row, 2D bf16, read as 16-byte words, coalesced), dotted with
  * [min(q, 0) | max(q, 0)] of every head of the group (q stays in L1), so an entry is read once for
  * all G heads. Top-k: one block per head; the scores are mapped to order-preserving 32-bit keys
  * (NaN -> -inf, -0 -> +0, as flx_topk ranks them), a 4-pass radix select finds the k-th largest key
- * tau and how many keys exceed it, and two ordered compactions (ballot + popc scans, no atomics in
- * the output path) write the indices above tau, then the lowest indices equal to it: flx_topk's
- * set and order, deterministic. Sparse attention: the heads' selections are OR-ed into one head
- * mask per logical block and compacted into the ascending union (one block), so a block several
- * heads chose is read once; the union is cut into as many slices as there are logical blocks at
- * that level, up to the workspace's max_splits, one thread block per (slice, group of 8 heads);
- * inside, the four warps take the slice's 16-token physical blocks in turn with the window kernel's
- * online softmax (attn_gpu_common.cuh), heads outside a block's mask seeing none of its keys, and
- * the warps' states merge into the slice's (o, lse). A warp first copies its block's K and V
- * (64 D contiguous bytes through the block table) into its own shared-memory stage, every lane
- * issuing all of its 16-byte loads before it stores any: over the bus a load costs a round trip
- * of microseconds, and reading the rows where the online softmax uses them (a K row per lane, 32
- * bytes a step; a V row a step) paid one per step, which held a task to 6-10 GB/s on an H100.
- * K rows are staged D + 8 elements apart so that the lanes' 16-byte row reads fall in distinct
- * banks. The merge kernel combines the slices (and the window partial) by
- * LSE with flx_attn_merge's formula: o = sum_i (w_i / W) o_i, w_i = e^(lse_i - m), parts at -inf
- * dropped. The slice count depends only on the level's block count, so the result is the same
- * bits whatever the selection's order or the machine's load.
+ * tau and how many keys exceed it (each pass: a 256-bin histogram with one shared atomic per
+ * distinct digit of a warp, then the bin holding the rank found by one block scan, a thread per
+ * bin; with one thread walking the bins instead, the kernel took 31 us at 32K on an H100, 22 now),
+ * and two ordered compactions (ballot + popc scans, no atomics in the output path) write the
+ * indices above tau, then the lowest indices equal to it: flx_topk's set and order, deterministic.
+ * Sparse attention: the heads' selections are OR-ed into one head mask per logical block and
+ * compacted into the ascending union (one block), so a block several heads chose is read once; the
+ * union is cut into as many slices as there are logical blocks at that level, up to the workspace's
+ * max_splits, one thread block per (slice, group of 8 heads); inside, the four warps take the
+ * slice's 16-token physical blocks in turn with the window kernel's online softmax
+ * (attn_gpu_common.cuh), heads outside a block's mask seeing none of its keys, and the warps'
+ * states merge into the slice's (o, lse). A warp first copies its block's K and V (64 D contiguous
+ * bytes through the block table) into its own shared-memory stage, every lane issuing all of its
+ * 16-byte loads before it stores any: over the bus a load costs a round trip of microseconds, and
+ * reading the rows where the online softmax uses them (a K row per lane, 32 bytes a step; a V row a
+ * step) paid one per step, which held a task to 6-10 GB/s on an H100. K rows are staged D + 8
+ * elements apart so that the lanes' 16-byte row reads fall in distinct banks. The merge kernel
+ * combines the slices (and the window partial) by LSE with flx_attn_merge's formula: o = sum_i
+ * (w_i / W) o_i, w_i = e^(lse_i - m), parts at -inf dropped. The slice count depends only on the
+ * level's block count, so the result is the same bits whatever the selection's order or the
+ * machine's load.
  */
 #include <cuda_runtime.h>
 
@@ -42,9 +45,12 @@ namespace {
 
 using namespace flx_ag;
 
-constexpr uint32_t SCAN_THREADS = 256;   /* top-k */
+constexpr uint32_t SCAN_THREADS = 256;   /* top-k: a thread per radix bin */
+static_assert(SCAN_THREADS == 256, "top-k's digit search gives each of the 256 bins a thread");
 constexpr uint32_t UNION_THREADS = 1024;
-constexpr uint32_t MERGE_THREADS = 128;
+constexpr uint32_t MERGE_THREADS = 512;   /* merge: 16 warps over the parts */
+constexpr uint32_t MERGE_COLS = 256;      /* merge: columns a pass (8 per lane) */
+constexpr uint32_t MERGE_PARTS = 256;     /* merge: weights staged at a time */
 
 /* ---- scoring ---- */
 
@@ -126,13 +132,30 @@ __device__ __forceinline__ uint32_t block_scan(int flag, uint32_t *wsum, uint32_
     return off + pre;
 }
 
+/* Inclusive prefix sum of v over the block (SCAN_THREADS threads) in thread order. wsum: shared
+ * (SCAN_THREADS / 32). Every thread calls it. */
+__device__ __forceinline__ uint32_t block_incl_scan(uint32_t v, uint32_t *wsum)
+{
+    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (uint32_t d = 1; d < 32; d <<= 1) {
+        const uint32_t u = __shfl_up_sync(FLX_AG_FULL, v, d);
+        if (lane >= d) v += u;
+    }
+    if (lane == 31) wsum[warp] = v;
+    __syncthreads();
+    for (uint32_t w = 0; w < warp; w++) v += wsum[w];
+    __syncthreads();   /* wsum is reused by the next call */
+    return v;
+}
+
 __global__ void __launch_bounds__(SCAN_THREADS)
     topk_kernel(const float *__restrict__ scores, uint32_t ld, uint32_t n, const uint32_t *__restrict__ k, uint32_t *idx)
 {
     __shared__ uint32_t hist[256];
     __shared__ uint32_t wsum[SCAN_THREADS / 32];
     __shared__ uint32_t sh_prefix, sh_rank;
-    const uint32_t h = blockIdx.x, kk = k[h];
+    const uint32_t h = blockIdx.x, kk = k[h], lane = threadIdx.x & 31u;
     const float *s = scores + (size_t)h * ld;
     uint32_t *out = idx + (size_t)h * ld;
     if (kk == 0) return;
@@ -144,16 +167,24 @@ __global__ void __launch_bounds__(SCAN_THREADS)
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
         __syncthreads();
-        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) {
-            const uint32_t key = rank_key(s[i]);
-            if ((key & pmask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        for (uint32_t i0 = 0; i0 < n; i0 += blockDim.x) {   /* the whole warp in every round (the match) */
+            const uint32_t i = i0 + threadIdx.x;
+            const uint32_t key = i < n ? rank_key(s[i]) : 0u;
+            const bool in = i < n && (key & pmask) == prefix;
+            const uint32_t dig = (key >> shift) & 255u;
+            /* one shared atomic per distinct digit of the warp: the keys of a pass mostly share a
+             * few digits (the exponent byte first), and same-address atomics serialise */
+            const uint32_t peers = __match_any_sync(FLX_AG_FULL, in ? dig : 256u);
+            if (in && lane == (uint32_t)(__ffs(peers) - 1)) atomicAdd(&hist[dig], (uint32_t)__popc(peers));
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            uint32_t cum = 0, d = 255;
-            for (; d > 0 && cum + hist[d] < rank; d--) cum += hist[d];   /* the digit holding rank */
-            sh_prefix = prefix | (d << shift);
-            sh_rank = rank - cum;
+        /* the digit holding rank, every bin at once: thread t has bin 255 - t; the inclusive scan
+         * in thread order counts the keys in that bin and above */
+        const uint32_t c = hist[255u - threadIdx.x];
+        const uint32_t incl = block_incl_scan(c, wsum);
+        if (incl >= rank && incl - c < rank) {   /* exactly one bin: rank <= the keys under prefix */
+            sh_prefix = prefix | ((255u - threadIdx.x) << shift);
+            sh_rank = rank - (incl - c);
         }
         __syncthreads();
         prefix = sh_prefix;
@@ -303,43 +334,107 @@ __global__ void __launch_bounds__(FLX_AG_WARPS * 32)
 
 /* ---- merge ---- */
 
+/* Block-wide max and sum over MERGE_THREADS threads (red: shared, one slot per warp); every thread
+ * gets the result. The warps' values combine in warp order: the same bits on every run. */
+__device__ __forceinline__ float block_max(float x, float *red)
+{
+    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    x = warp_max(x);
+    if (lane == 0) red[warp] = x;
+    __syncthreads();
+    float m = -INFINITY;
+    for (uint32_t w = 0; w < nw; w++) m = fmaxf(m, red[w]);
+    __syncthreads();   /* red is reused by the next call */
+    return m;
+}
+
+__device__ __forceinline__ float block_sum(float x, float *red)
+{
+    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    x = warp_sum(x);
+    if (lane == 0) red[warp] = x;
+    __syncthreads();
+    float s = 0.0f;
+    for (uint32_t w = 0; w < nw; w++) s += red[w];
+    __syncthreads();
+    return s;
+}
+
 /* Row r (one block per row): the LSE merge of n_parts partials (o at po + r D + i po_stride, lse at
  * pl + r + i pl_stride) and, when xo is not NULL, (xo + r D, xl[r]), written to o + r D, lse[r].
- * o may alias the first part or the extra one: each thread reads its columns before writing them,
- * and lse is written after every thread has read the lse inputs. */
+ * The block first finds m = max lse and W = sum e^(lse_i - m), then stages the weights c_i =
+ * e^(lse_i - m) / W in shared memory (0 for a part at -inf, whose o is never used), so that summing
+ * a part is only loads and FMAs: warp w takes parts w, w + warps, ..., a lane a column per slot,
+ * MERGE_COLS columns a pass, and the warps' sums add up in warp order (the same bits on every run).
+ * The earlier form, a thread per column walking all parts with the part's lse, its exponential and
+ * then its o in one dependent chain, took 69 us for 256 parts of 4 rows on an H100 (15.5 now). o
+ * may alias the first part or the extra one: a pass reads all of its columns before it writes any;
+ * lse is written after the last read. */
 __global__ void __launch_bounds__(MERGE_THREADS)
     merge_kernel(uint32_t D, uint32_t n_parts, const float *po, size_t po_stride, const float *pl, size_t pl_stride,
                  const float *xo, const float *xl, float *o, float *lse)
 {
-    const uint32_t r = blockIdx.x;
+    __shared__ float red[MERGE_THREADS / 32];
+    __shared__ float cw[MERGE_PARTS];                       /* weights of parts [p0, p0 + MERGE_PARTS) */
+    __shared__ float sums[MERGE_THREADS / 32][MERGE_COLS];  /* each warp's column sums */
+    const uint32_t r = blockIdx.x, t = threadIdx.x, lane = t & 31u, warp = t >> 5, nw = blockDim.x >> 5;
     float m = -INFINITY;
-    for (uint32_t i = 0; i < n_parts; i++) m = fmaxf(m, pl[r + i * pl_stride]);
+    for (uint32_t i = t; i < n_parts; i += blockDim.x) m = fmaxf(m, pl[r + i * pl_stride]);
     const float lx = xo ? xl[r] : -INFINITY;
-    m = fmaxf(m, lx);
-    float wsum = 0.0f;
+    m = block_max(fmaxf(m, lx), red);
+    float w = 0.0f;
     if (m != -INFINITY) {
-        for (uint32_t i = 0; i < n_parts; i++) {
+        for (uint32_t i = t; i < n_parts; i += blockDim.x) {
             const float li = pl[r + i * pl_stride];
-            wsum += li == -INFINITY ? 0.0f : expf(li - m);
+            w += li == -INFINITY ? 0.0f : expf(li - m);
         }
-        wsum += lx == -INFINITY ? 0.0f : expf(lx - m);
+        if (t == 0 && lx != -INFINITY) w += expf(lx - m);
     }
-    const float inv = m == -INFINITY ? 0.0f : 1.0f / wsum;
-    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
-        float acc = 0.0f;
-        if (m != -INFINITY) {
-            for (uint32_t i = 0; i < n_parts; i++) {
-                const float li = pl[r + i * pl_stride];
-                const float c = li == -INFINITY ? 0.0f : expf(li - m) * inv;
-                if (c != 0.0f) acc += c * po[(size_t)r * D + i * po_stride + d];
+    w = block_sum(w, red);
+    const float inv = m == -INFINITY ? 0.0f : 1.0f / w;
+    const float cx = lx == -INFINITY || m == -INFINITY ? 0.0f : expf(lx - m) * inv;
+    for (uint32_t c0 = 0; c0 < D; c0 += MERGE_COLS) {
+        float acc[MERGE_COLS / 32];
+#pragma unroll
+        for (uint32_t j = 0; j < MERGE_COLS / 32; j++) acc[j] = 0.0f;
+        for (uint32_t p0 = 0; p0 < n_parts; p0 += MERGE_PARTS) {
+            const uint32_t np = n_parts - p0 < MERGE_PARTS ? n_parts - p0 : MERGE_PARTS;
+            __syncthreads();   /* the last chunk's weights are read */
+            for (uint32_t i = t; i < np; i += blockDim.x) {
+                const float li = pl[r + (p0 + i) * pl_stride];
+                cw[i] = li == -INFINITY || m == -INFINITY ? 0.0f : expf(li - m) * inv;
             }
-            const float c = lx == -INFINITY ? 0.0f : expf(lx - m) * inv;
-            if (c != 0.0f) acc += c * xo[(size_t)r * D + d];
+            __syncthreads();
+#pragma unroll 4
+            for (uint32_t i = warp; i < np; i += nw) {
+                const float c = cw[i];
+                const float *pi = po + (size_t)r * D + (size_t)(p0 + i) * po_stride;
+#pragma unroll
+                for (uint32_t j = 0; j < MERGE_COLS / 32; j++) {
+                    const uint32_t d = c0 + lane + 32u * j;
+                    const float x = d < D ? pi[d] : 0.0f;
+                    acc[j] = c == 0.0f ? acc[j] : fmaf(c, x, acc[j]);   /* a dropped part's o may be anything */
+                }
+            }
         }
-        o[(size_t)r * D + d] = acc;
+        if (warp == 0 && cx != 0.0f) {
+#pragma unroll
+            for (uint32_t j = 0; j < MERGE_COLS / 32; j++) {
+                const uint32_t d = c0 + lane + 32u * j;
+                if (d < D) acc[j] = fmaf(cx, xo[(size_t)r * D + d], acc[j]);
+            }
+        }
+#pragma unroll
+        for (uint32_t j = 0; j < MERGE_COLS / 32; j++) sums[warp][lane + 32u * j] = acc[j];
+        __syncthreads();
+        for (uint32_t j = t; j < MERGE_COLS && c0 + j < D; j += blockDim.x) {
+            float s = 0.0f;
+            for (uint32_t v = 0; v < nw; v++) s += sums[v][j];
+            o[(size_t)r * D + c0 + j] = s;
+        }
+        __syncthreads();   /* sums is rewritten by the next chunk */
     }
-    __syncthreads();
-    if (threadIdx.x == 0) lse[r] = m == -INFINITY ? -INFINITY : m + logf(wsum);
+    if (t == 0) lse[r] = m == -INFINITY ? -INFINITY : m + logf(w);
 }
 
 size_t sparse_smem_bytes(uint32_t D)

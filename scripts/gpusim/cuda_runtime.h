@@ -41,9 +41,11 @@ float __shfl_sync(unsigned mask, float v, int src);
 unsigned __shfl_sync(unsigned mask, unsigned v, int src);
 unsigned __shfl_up_sync(unsigned mask, unsigned v, unsigned delta);
 unsigned __ballot_sync(unsigned mask, int pred);
+unsigned __match_any_sync(unsigned mask, unsigned v);
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 inline int __ffsll(long long x) { return __builtin_ffsll(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
 inline float __uint_as_float(uint32_t u)
 {
     float f;

@@ -757,6 +757,16 @@ unsigned __ballot_sync(unsigned, int pred)
     return m;
 }
 
+unsigned __match_any_sync(unsigned, unsigned v)   // the lanes holding the same v as this one
+{
+    const unsigned ph = t_phase++ & 1u;
+    t_warp->u[ph][t_lane] = v;
+    t_warp->bar.arrive_and_wait();
+    unsigned m = 0;
+    for (unsigned l = 0; l < 32; l++) m |= (t_warp->u[ph][l] == v ? 1u : 0u) << l;
+    return m;
+}
+
 static std::map<unsigned, Pool *> g_pools;   // pools live until exit (their threads never end)
 static std::mutex g_kernel_mu;               // one kernel at a time: one simulated multiprocessor
 

@@ -6,7 +6,8 @@
  *  (a) Quest scoring of every level vs flx_attn_score_ref (double), G in {1, 4, 8, 9}, D in
  *      {16, 64, 128, 256}; metadata entries only, nothing past meta_n read (NaN rows after them);
  *  (b) top-k vs flx_topk: the same indices in the same order, on normal scores, heavy ties, all
- *      equal, NaN and signed zeros, k in {0, 1, n / 3, n - 1, n}; and the same set as flx_topk_ref;
+ *      equal, NaN and signed zeros, k in {0, 1, n / 3, n - 1, n}, n up to 20000 (320K tokens at
+ *      blk 16); and the same set as flx_topk_ref;
  *  (c) sparse attention over random distinct selections (k 0 .. n per head, heads sharing blocks)
  *      vs flx_attn_sparse_ref; the K/V rows past l_cpu and the unused physical blocks hold NaN, so
  *      a kernel that reads a row it must not fails; heads that read nothing give o = 0, lse = -inf;
@@ -510,7 +511,7 @@ int main(void)
 
     test_merge();
     fprintf(stderr, "merge: ok\n");
-    const uint32_t ns[] = {0, 1, 7, 300, 2000};
+    const uint32_t ns[] = {0, 1, 7, 300, 2000, 20000};
     for (size_t i = 0; i < FLX_ARRAY_SIZE(ns); i++)
         for (int mode = 0; mode < 4; mode++) test_topk(ns[i], mode);
     test_score(16, 1, 333);
