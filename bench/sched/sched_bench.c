@@ -130,6 +130,8 @@ static void set_close(sess_set_t *s)
 typedef struct result {
     double ms_med, ms_min, ms_max;        /* layer time */
     double within, bytes, predict_share;  /* within-tau share; host bytes per layer; decision share */
+    double decide_ms, select_ms;          /* per layer (mean): the features + predictor pool run, the selector */
+    double feat_cpu_ms, mlp_cpu_ms;       /* per layer (mean): thread time of that run in the features, the MLP */
     double sp16_med, sp16_min, sp16_max;  /* the base configuration's time / this one's (main points: base
                                            * fixed_16_005, so Fluxion's row is its speedup over it;
                                            * ablation points: base fluxion) */
@@ -179,7 +181,7 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
     double *ms = calloc((size_t)nc * R, sizeof(double)), *pred_ns = calloc(nc, sizeof(double));
     double *within = calloc(nc, sizeof(double)), *bytes = calloc(nc, sizeof(double)), *tasks = calloc(nc, sizeof(double));
     double *idle = calloc(nc, sizeof(double)), *gtasks = calloc(nc, sizeof(double));
-    double *gbusy = calloc(nc, sizeof(double));
+    double *gbusy = calloc(nc, sizeof(double)), *dec = calloc((size_t)nc * 4, sizeof(double));   /* 4 per config */
     double heads = 0;
     uint32_t r = 0;
     for (uint32_t li = 0; li < cx->n_layers; li++) {
@@ -198,6 +200,8 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
                 if (flx_attn_layer_run(L[c], &a, &st)) die(cf[c].name);
                 ms[(size_t)c * R + r] = (double)(flx_now_ns() - t0) * 1e-6;
                 pred_ns[c] += (double)st.predict_ns;
+                dec[4 * c] += (double)st.decide_ns * 1e-6 / R, dec[4 * c + 1] += (double)st.select_ns * 1e-6 / R;
+                dec[4 * c + 2] += (double)st.feat_cpu_ns * 1e-6 / R, dec[4 * c + 3] += (double)st.mlp_cpu_ns * 1e-6 / R;
                 idle[c] += st.sched.has_gpu ? st.sched.gpu_idle_ratio / R : NAN;
                 gtasks[c] += st.sched.has_gpu ? (double)st.sched.n_gpu_tasks / R : NAN;
                 gbusy[c] += st.sched.has_gpu ? (double)st.sched.gpu_busy_ns * 1e-6 / R : NAN;
@@ -257,6 +261,8 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
         x->groups = (double)B * HKV;
         x->predict_share = sum_ms > 0 ? pred_ns[c] * 1e-6 / sum_ms : 0;
         x->gpu_idle = idle[c], x->gpu_tasks = gtasks[c], x->gpu_busy_ms = gbusy[c];
+        x->decide_ms = dec[4 * c], x->select_ms = dec[4 * c + 1];
+        x->feat_cpu_ms = dec[4 * c + 2], x->mlp_cpu_ms = dec[4 * c + 3];
         char gcol[64] = "";
         if (cf[c].gpu)
             snprintf(gcol, sizeof gcol, "  gpu %5.1f tasks, busy %7.3f ms, idle %.3f", x->gpu_tasks, x->gpu_busy_ms,
@@ -264,12 +270,16 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
         printf("%-22s %-20s %9.3f [%8.3f, %8.3f] %8.3f %10.1f %8.3f [%6.3f, %6.3f] %8.3f %7.1f/%-4.0f %6.3f%s\n", point,
                cf[c].name, x->ms_med, x->ms_min, x->ms_max, x->within, x->bytes / 1048576.0, x->sp16_med,
                x->sp16_min, x->sp16_max, x->spfull_med, x->tasks, x->groups, x->predict_share, gcol);
+        if (x->predict_share > 0)
+            printf("%-22s %-20s   decisions per layer: features + predictor run %.3f ms (thread ms: features %.3f, "
+                   "MLP %.3f), selector %.3f ms\n", "", "", x->decide_ms, x->feat_cpu_ms, x->mlp_cpu_ms, x->select_ms);
         if (cx->csv)
             fprintf(cx->csv, "%s,%s,%u,%u,%.4f,%.4f,%.4f,%.5f,%.0f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.2f,%.0f,%.5f,%d,%s,"
-                    "%.4f,%.2f,%.4f\n", point, cf[c].name, B, max_l, x->ms_med, x->ms_min, x->ms_max, x->within,
-                    x->bytes, x->sp16_med, x->sp16_min, x->sp16_max, x->spfull_med, x->spfull_min, x->spfull_max,
-                    x->tasks, x->groups, x->predict_share, flx_pool_size(cx->pool),
-                    base_ix >= 0 ? cf[base_ix].name : "", x->gpu_idle, x->gpu_tasks, x->gpu_busy_ms);
+                    "%.4f,%.2f,%.4f,%.4f,%.4f,%.4f,%.4f\n", point, cf[c].name, B, max_l, x->ms_med, x->ms_min, x->ms_max,
+                    x->within, x->bytes, x->sp16_med, x->sp16_min, x->sp16_max, x->spfull_med, x->spfull_min,
+                    x->spfull_max, x->tasks, x->groups, x->predict_share, flx_pool_size(cx->pool),
+                    base_ix >= 0 ? cf[base_ix].name : "", x->gpu_idle, x->gpu_tasks, x->gpu_busy_ms, x->decide_ms,
+                    x->select_ms, x->feat_cpu_ms, x->mlp_cpu_ms);
         free(v), free(rat), free(ratf);
     }
     fflush(stdout);
@@ -277,7 +287,7 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
         flx_attn_layer_destroy(L[c]);
         free(o[c]);
     }
-    free(q), free(ms), free(pred_ns), free(within), free(bytes), free(tasks), free(idle), free(gtasks), free(gbusy);
+    free(q), free(ms), free(pred_ns), free(within), free(bytes), free(tasks), free(idle), free(gtasks), free(gbusy), free(dec);
 }
 
 int main(int argc, char **argv)
@@ -344,7 +354,7 @@ int main(int argc, char **argv)
         fprintf(cx.csv, "point,config,batch,max_len,ms_med,ms_min,ms_max,within_tau,host_bytes,base_over_this,"
                         "base_over_this_min,base_over_this_max,full_over_this,full_over_this_min,"
                         "full_over_this_max,tasks,groups,predict_share,workers,base,gpu_idle_ratio,gpu_tasks,"
-                        "gpu_busy_ms\n");
+                        "gpu_busy_ms,decide_ms,select_ms,feat_cpu_ms,mlp_cpu_ms\n");
     /* memory: a session of L tokens takes 2 x (store + replay source) x L x 8 heads x 128 x 2 bytes */
     const long avail = flx_bench_mem_available_kb() / 1024;
     const uint64_t budget_tokens = max_tokens ? max_tokens : avail > 0 ? (uint64_t)avail * 1048576 / 2 / 8192 : 1u << 20;
