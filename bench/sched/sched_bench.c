@@ -275,8 +275,8 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
                    "MLP %.3f), selector %.3f ms\n", "", "", x->decide_ms, x->feat_cpu_ms, x->mlp_cpu_ms, x->select_ms);
         if (cx->csv)
             fprintf(cx->csv, "%s,%s,%u,%u,%.4f,%.4f,%.4f,%.5f,%.0f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.2f,%.0f,%.5f,%d,%s,"
-                    "%.4f,%.2f,%.4f,%.4f,%.4f,%.4f,%.4f\n", point, cf[c].name, B, max_l, x->ms_med, x->ms_min, x->ms_max,
-                    x->within, x->bytes, x->sp16_med, x->sp16_min, x->sp16_max, x->spfull_med, x->spfull_min,
+                    "%.4f,%.2f,%.4f,%.4f,%.4f,%.4f,%.4f\n", point, cf[c].name, B, max_l, x->ms_med, x->ms_min,
+                    x->ms_max, x->within, x->bytes, x->sp16_med, x->sp16_min, x->sp16_max, x->spfull_med, x->spfull_min,
                     x->spfull_max, x->tasks, x->groups, x->predict_share, flx_pool_size(cx->pool),
                     base_ix >= 0 ? cf[base_ix].name : "", x->gpu_idle, x->gpu_tasks, x->gpu_busy_ms, x->decide_ms,
                     x->select_ms, x->feat_cpu_ms, x->mlp_cpu_ms);
@@ -287,7 +287,8 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
         flx_attn_layer_destroy(L[c]);
         free(o[c]);
     }
-    free(q), free(ms), free(pred_ns), free(within), free(bytes), free(tasks), free(idle), free(gtasks), free(gbusy), free(dec);
+    free(q), free(ms), free(pred_ns), free(within), free(bytes), free(tasks), free(idle), free(gtasks), free(gbusy);
+    free(dec);
 }
 
 int main(int argc, char **argv)
