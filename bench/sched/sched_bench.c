@@ -130,8 +130,8 @@ static void set_close(sess_set_t *s)
 typedef struct result {
     double ms_med, ms_min, ms_max;        /* layer time */
     double within, bytes, predict_share;  /* within-tau share; host bytes per layer; decision share */
-    double decide_ms, select_ms;          /* per layer (mean): the features + predictor pool run, the selector */
-    double feat_cpu_ms, mlp_cpu_ms;       /* per layer (mean): thread time of that run in the features, the MLP */
+    double decide_ms, select_ms;          /* per layer (median): the features + predictor pool run, the selector */
+    double feat_cpu_ms, mlp_cpu_ms;       /* per layer (median): thread time of that run in the features, the MLP */
     double sp16_med, sp16_min, sp16_max;  /* the base configuration's time / this one's (main points: base
                                            * fixed_16_005, so Fluxion's row is its speedup over it;
                                            * ablation points: base fluxion) */
@@ -181,7 +181,8 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
     double *ms = calloc((size_t)nc * R, sizeof(double)), *pred_ns = calloc(nc, sizeof(double));
     double *within = calloc(nc, sizeof(double)), *bytes = calloc(nc, sizeof(double)), *tasks = calloc(nc, sizeof(double));
     double *idle = calloc(nc, sizeof(double)), *gtasks = calloc(nc, sizeof(double));
-    double *gbusy = calloc(nc, sizeof(double)), *dec = calloc((size_t)nc * 4, sizeof(double));   /* 4 per config */
+    double *gbusy = calloc(nc, sizeof(double));
+    double *dec = calloc((size_t)nc * 4 * R, sizeof(double));   /* the decision run: 4 series per config */
     double heads = 0;
     uint32_t r = 0;
     for (uint32_t li = 0; li < cx->n_layers; li++) {
@@ -200,8 +201,8 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
                 if (flx_attn_layer_run(L[c], &a, &st)) die(cf[c].name);
                 ms[(size_t)c * R + r] = (double)(flx_now_ns() - t0) * 1e-6;
                 pred_ns[c] += (double)st.predict_ns;
-                dec[4 * c] += (double)st.decide_ns * 1e-6 / R, dec[4 * c + 1] += (double)st.select_ns * 1e-6 / R;
-                dec[4 * c + 2] += (double)st.feat_cpu_ns * 1e-6 / R, dec[4 * c + 3] += (double)st.mlp_cpu_ns * 1e-6 / R;
+                const uint64_t dn[4] = {st.decide_ns, st.select_ns, st.feat_cpu_ns, st.mlp_cpu_ns};
+                for (int j = 0; j < 4; j++) dec[((size_t)c * 4 + j) * R + r] = (double)dn[j] * 1e-6;
                 idle[c] += st.sched.has_gpu ? st.sched.gpu_idle_ratio / R : NAN;
                 gtasks[c] += st.sched.has_gpu ? (double)st.sched.n_gpu_tasks / R : NAN;
                 gbusy[c] += st.sched.has_gpu ? (double)st.sched.gpu_busy_ns * 1e-6 / R : NAN;
@@ -261,8 +262,9 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
         x->groups = (double)B * HKV;
         x->predict_share = sum_ms > 0 ? pred_ns[c] * 1e-6 / sum_ms : 0;
         x->gpu_idle = idle[c], x->gpu_tasks = gtasks[c], x->gpu_busy_ms = gbusy[c];
-        x->decide_ms = dec[4 * c], x->select_ms = dec[4 * c + 1];
-        x->feat_cpu_ms = dec[4 * c + 2], x->mlp_cpu_ms = dec[4 * c + 3];
+        double *dm = dec + (size_t)c * 4 * R;   /* the medians sort each series in place */
+        x->decide_ms = flx_bench_median(dm, (int)R), x->select_ms = flx_bench_median(dm + R, (int)R);
+        x->feat_cpu_ms = flx_bench_median(dm + 2 * R, (int)R), x->mlp_cpu_ms = flx_bench_median(dm + 3 * R, (int)R);
         char gcol[64] = "";
         if (cf[c].gpu)
             snprintf(gcol, sizeof gcol, "  gpu %5.1f tasks, busy %7.3f ms, idle %.3f", x->gpu_tasks, x->gpu_busy_ms,
