@@ -24,8 +24,13 @@
  * A/A run). --csv writes every step of every engine (time, dense and attention time, host bytes,
  * streaming-only groups); bench/sched/plot_tpot.py draws it.
  *
+ * --gpu [DEVICE] runs every engine on its GPU path (flx/engine.h GPU PATH: the dense part on the
+ * device, window attention on device windows, a GPU worker beside the CPU workers; one device copy
+ * of the model shared by the engines, the stores pinned with device windows); the prefill that
+ * fills the stores stays on the CPU.
+ *
  * usage: tpot_bench -m MODEL --text FILE --predictor W [--len 8192] [--batch 4] [--steps 128]
- *                   [--instances 4] [--same] [--threads N] [--csv FILE]   (tpot_bench --help)
+ *                   [--instances 4] [--same] [--threads N] [--gpu [DEVICE]] [--csv FILE]   (tpot_bench --help)
  * Last line: RESULT tpot_fluxion_vs_16_005=<median ratio> ... (bench/sched/run puts it in SUMMARY).
  */
 #include <math.h>
@@ -37,6 +42,7 @@
 #include "flx/cli.h"
 #include "flx/engine.h"
 #include "flx/forward.h"
+#include "flx/forward_gpu.h"
 #include "flx/kvstore.h"
 #include "flx/model_load.h"
 #include "flx/pool.h"
@@ -100,7 +106,7 @@ static double mean_ms(const side_t *sd, int n, int cfg, uint64_t s)
 int main(int argc, char **argv)
 {
     const char *model_path = NULL, *text_path = NULL, *pred_path = NULL, *csv_path = NULL;
-    uint64_t len = 8192, batch = 4, steps = 128, threads = 0, instances = 4;
+    uint64_t len = 8192, batch = 4, steps = 128, threads = 0, instances = 4, gpu_dev = 0;
     int same = 0;
     flx_cli_opt_t opts[] = {
         FLX_CLI_PATH('m', "model", "MODEL", &model_path, FLX_CLI_REQUIRED, "a .gguf file or a Hugging Face folder"),
@@ -117,12 +123,15 @@ int main(int argc, char **argv)
                      "streaming-only groups (default: none)"),
         FLX_CLI_UINT('t', "threads", "N", &threads, 1, FLX_POOL_MAX_WORKERS, 0, "pool workers (default: the CPU "
                      "budget)"),
+        FLX_CLI_UINT(0, "gpu", "DEVICE", &gpu_dev, 0, 1023, FLX_CLI_OPTIONAL, "every engine on its GPU path on CUDA "
+                     "device DEVICE (default 0): dense part, device windows and a GPU worker"),
     };
     flx_cli_t cli = FLX_CLI_INIT("tpot_bench", "Time per output token of the real model with Fluxion against fixed "
                                  "(16, 0.05), steps of the engines interleaved.", opts);
     cli.progress = 1;
     int rc = flx_cli_main(&cli, argc, argv);
     if (rc != FLX_CLI_PROCEED) return rc;
+    const int use_gpu = flx_cli_given(&cli, "gpu") > 0;
     size_t text_len;
     char *text = NULL;
     if (flx_cli_read_file(text_path, (size_t)1 << 30, &text, &text_len))
@@ -136,6 +145,8 @@ int main(int argc, char **argv)
     flx_tok_h tok;
     if (flx_model_load_pool(model_path, pool, &m) || flx_tok_load(model_path, &tok)) die(model_path);
     const flx_model_config_t *c = &m->cfg;
+    flx_gpu_model_h gm = NULL;   /* one device copy, borrowed by every engine */
+    if (use_gpu && flx_gpu_model_create(m, (int)gpu_dev, &gm)) die("--gpu");
     size_t n_ids = 0;
     flx_status_t est = flx_tok_encode(tok, text, text_len, 0, NULL, 0, &n_ids);   /* the size pass */
     if (est && est != FLX_ERR_CAPACITY) die("tokenizing");
@@ -151,9 +162,10 @@ int main(int argc, char **argv)
     const char *name[2] = {same ? "fixed(16,0.05)/A" : "fluxion", "fixed(16,0.05)"};
     const char *csv_name[2] = {same ? "fixed_16_005_a" : "fluxion", "fixed_16_005"};
     printf("tpot_bench: %s, %s; %llu sequences of %llu tokens of %s; %llu decode steps per engine, %d warm-up; "
-           "%llu engine(s) per configuration%s\n",
+           "%llu engine(s) per configuration%s%s\n",
            c->name, flx_pool_describe(pool), (unsigned long long)batch, (unsigned long long)len, text_path,
-           (unsigned long long)steps, WARM, (unsigned long long)instances, same ? "; A/A: fixed on both sides" : "");
+           (unsigned long long)steps, WARM, (unsigned long long)instances, same ? "; A/A: fixed on both sides" : "",
+           use_gpu ? "; the GPU path (dense part, windows and a GPU worker on the device)" : "");
     flx_fwd_shape_t fs = {.max_prompt = (uint32_t)len, .max_batch = 1, .pool = pool};
     size_t wsb;
     flx_fwd_ws_t *fws;
@@ -172,11 +184,17 @@ int main(int argc, char **argv)
                                     .capacity_bytes = per_tok * (len + steps + 64) * batch * 2 + ((size_t)64 << 20),
                                     .n_layers = c->n_layers, .n_kv_heads = c->n_kv_heads, .n_q_heads = c->n_heads,
                                     .head_dim = c->head_dim};
+        if (use_gpu) {   /* windows mirrored on the device; the arena pinned for the GPU worker's UVA reads */
+            kp.field_mask |= FLX_KV_STORE_FIELD_FLAGS | FLX_KV_STORE_FIELD_CUDA_DEVICE;
+            kp.flags = FLX_KV_STORE_HUGEPAGES | FLX_KV_STORE_WINDOW_DEVICE | FLX_KV_STORE_PIN_CUDA;
+            kp.cuda_device = (int)gpu_dev;
+        }
         if (flx_kv_store_create(&kp, &x->store)) die("kvstore");
         flx_engine_params_t ep = flx_engine_params_default();
         ep.max_batch = (uint32_t)batch, ep.max_l_cpu = (uint32_t)len, ep.pool = pool;
         if (x->cfg == 0 && !same) ep.mode = FLX_ENGINE_ATTN_FLUXION, ep.predictor = pred;
         else ep.mode = FLX_ENGINE_ATTN_FIXED, ep.blk = 16, ep.bgt = 0.05f;
+        ep.use_gpu = use_gpu, ep.cuda_device = (int)gpu_dev, ep.gpu_model = gm;
         if (flx_engine_create(m, x->store, &ep, &x->e)) die("engine");
         x->ms = calloc(steps, sizeof(double));
         x->tok = calloc((size_t)batch * x->cap, sizeof(int32_t));
@@ -279,6 +297,12 @@ int main(int argc, char **argv)
                (double)t.decide_ns * ns_ms, (double)t.select_ns * ns_ms, (double)t.sched_wall_ns * ns_ms,
                (double)t.feat_cpu_ns * ns_ms, (double)t.mlp_cpu_ns * ns_ms, (double)t.window_ns * ns_ms,
                (double)t.score_ns * ns_ms, (double)t.topk_ns * ns_ms, (double)t.host_attn_ns * ns_ms);
+        if (use_gpu)   /* the idle ratio as flx-generate gives it: idle over the attention layers' wall time */
+            printf("%-16s GPU per step: %.1f tasks on the GPU worker, busy %.2f ms, idle %.2f ms of the attention "
+                   "layers' %.2f ms (idle ratio %.3f)\n", name[k],
+                   (double)t.n_gpu_tasks / (double)(t.n_steps ? t.n_steps : 1), (double)t.gpu_busy_ns * ns_ms,
+                   (double)t.gpu_idle_ns * ns_ms, (double)t.sched_wall_ns * ns_ms,
+                   t.sched_wall_ns ? (double)t.gpu_idle_ns / (double)t.sched_wall_ns : NAN);
     }
     flx_engine_stats_t tf;
     flx_engine_total_stats(sd[0].e, &tf);
@@ -305,6 +329,7 @@ int main(int argc, char **argv)
     flx_aligned_free(wsmem);
     flx_predictor_destroy(pred);
     flx_tok_destroy(tok);
+    flx_gpu_model_destroy(gm);
     flx_model_destroy(m);
     flx_pool_destroy(pool);
     return 0;

@@ -226,6 +226,7 @@ static const tool_t tools[] = {
       {"-m M --text T --predictor W --instances 0", 2, "--instances '0' is not an integer in 1..8"},
       {"-m M --text T --predictor W --same=1", 2, "--same"},
       {"-m M --text T --predictor W -t 0", 2, "-t '0' is not an integer in 1.."},
+      {"-m M --text T --predictor W --gpu 1024", 2, "--gpu '1024' is not an integer in 0..1023"},
       {"-m M --text T", 2, "--predictor is required"},
       {"-m M --text /nonexistent/t.txt --predictor W", 1, "tpot_bench: --text: cannot open /nonexistent/t.txt"},
       {"-m M --text /dev/null --predictor /nonexistent/w.safetensors", 1, "tpot_bench: --predictor: "}}},
