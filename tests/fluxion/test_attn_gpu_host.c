@@ -11,7 +11,8 @@
  *  (c) sparse attention over random distinct selections (k 0 .. n per head, heads sharing blocks)
  *      vs flx_attn_sparse_ref; the K/V rows past l_cpu and the unused physical blocks hold NaN, so
  *      a kernel that reads a row it must not fails; heads that read nothing give o = 0, lse = -inf;
- *  (d) the LSE merge vs flx_attn_merge, in place, with -inf partials;
+ *  (d) the LSE merge vs flx_attn_merge, in place, with -inf partials; and the many-part merge behind
+ *      every task (1 to 300 parts, D up to 300) vs a double reference, dropped parts holding NaN;
  *  (e) the whole task on views of a real store pinned with FLX_KV_STORE_PIN_CUDA: SPARSE (budgets
  *      0 and 1 among them), FIXED and FULL at every blk, with and without a window partial, several
  *      tasks in flight on two streams; the selection is flx_topk's on the reference scores up to
@@ -28,6 +29,9 @@
 #include "flx/attn_gpu.h"
 #include "flx/cuda_rt.h"
 #include "kvstore/kv_testutil.h"
+#ifdef FLX_HAVE_CUDA
+#include "attn_gpu_internal.h"   /* the many-part merge's launcher */
+#endif
 
 #define O_ATOL 3e-5
 #define O_RTOL 2e-4
@@ -303,6 +307,90 @@ static void test_merge(void)
     CHECK_OK(flx_cuda_free(0, dlb));
 }
 
+#ifdef FLX_HAVE_CUDA
+/* (d) The many-part merge behind every task (the slices' partials, then the window's), through its
+ * internal launcher: S parts of rows x D, a fifth of the (part, row)s at -inf with NaN in their o
+ * (a dropped part's o must never reach the result), a row with no part at all, a row whose parts
+ * are 160 apart, with or without the extra partial, in place over part 0 or not; D past one pass of
+ * columns and S past one stage of weights included. Reference: the LSE merge in double. */
+static void test_merge_parts(uint32_t rows, uint32_t D, uint32_t S, int in_place, int with_x)
+{
+    const size_t n_o = (size_t)S * rows * D, n_l = (size_t)S * rows;
+    float *po = malloc(n_o * sizeof(float)), *pl = malloc(n_l * sizeof(float));
+    float *xo = malloc((size_t)rows * D * sizeof(float)), *xl = malloc(rows * sizeof(float));
+    float *o = malloc((size_t)rows * D * sizeof(float)), *l = malloc(rows * sizeof(float));
+    float *o_ref = malloc((size_t)rows * D * sizeof(float)), *l_ref = malloc(rows * sizeof(float));
+    CHECK(po && pl && xo && xl && o && l && o_ref && l_ref);
+    rand_f(po, n_o, 1.0);
+    rand_f(pl, n_l, 3.0);
+    rand_f(xo, (size_t)rows * D, 1.0);
+    rand_f(xl, rows, 3.0);
+    for (uint32_t i = 0; i < S; i++)
+        for (uint32_t r = 0; r < rows; r++)
+            if (flx_rng_below(&rng, 5) == 0 || r == 1) {   /* row 1: no part (and no extra below) */
+                pl[(size_t)i * rows + r] = -INFINITY;
+                for (uint32_t d = 0; d < D; d++) po[((size_t)i * rows + r) * D + d] = NAN;
+            }
+    if (rows > 2) {   /* row 2: parts 160 apart (their o drawn again: the loop above may have dropped them) */
+        pl[2] = 80.0f;
+        rand_f(po + 2 * D, D, 1.0);
+        if (S > 1) {
+            pl[(size_t)(S - 1) * rows + 2] = -80.0f;
+            rand_f(po + ((size_t)(S - 1) * rows + 2) * D, D, 1.0);
+        }
+    }
+    xl[1] = -INFINITY;
+    for (uint32_t r = 0; r < rows; r++) {   /* the reference */
+        double m = with_x ? xl[r] : -INFINITY;
+        for (uint32_t i = 0; i < S; i++) m = fmax(m, pl[(size_t)i * rows + r]);
+        double w = 0;
+        for (uint32_t d = 0; d < D; d++) o_ref[(size_t)r * D + d] = 0.0f;
+        if (m == -INFINITY) {
+            l_ref[r] = -INFINITY;
+            continue;
+        }
+        double *acc = calloc(D, sizeof(double));
+        CHECK(acc);
+        for (uint32_t i = 0; i <= S; i++) {   /* i == S: the extra partial */
+            const float li = i < S ? pl[(size_t)i * rows + r] : with_x ? xl[r] : -INFINITY;
+            if (li == -INFINITY) continue;
+            const double c = exp((double)li - m);
+            const float *oi = i < S ? po + ((size_t)i * rows + r) * D : xo + (size_t)r * D;
+            w += c;
+            for (uint32_t d = 0; d < D; d++) acc[d] += c * oi[d];
+        }
+        for (uint32_t d = 0; d < D; d++) o_ref[(size_t)r * D + d] = (float)(acc[d] / w);
+        l_ref[r] = (float)(m + log(w));
+        free(acc);
+    }
+    float *dpo = dev_upload(po, n_o * sizeof(float)), *dpl = dev_upload(pl, n_l * sizeof(float));
+    float *dxo = dev_upload(xo, (size_t)rows * D * sizeof(float)), *dxl = dev_upload(xl, rows * sizeof(float));
+    float *dout = in_place ? dpo : dmalloc((size_t)rows * D * sizeof(float));
+    float *dlse = in_place ? dpl : dmalloc(rows * sizeof(float));
+    CHECK_OK(flx_attn_merge_gpu_launch(rows, D, S, dpo, (size_t)rows * D, dpl, rows, with_x ? dxo : NULL,
+                                       with_x ? dxl : NULL, dout, dlse, g_stream[0]));
+    dev_download(o, dout, (size_t)rows * D * sizeof(float));
+    dev_download(l, dlse, rows * sizeof(float));
+    char lab[96];
+    snprintf(lab, sizeof lab, "merge of %u parts, %u rows, D %u%s%s", S, rows, D, in_place ? ", in place" : "",
+             with_x ? ", with the extra" : "");
+    CHECK(l[1] == -INFINITY);
+    for (uint32_t d = 0; d < D; d++) CHECK(o[D + d] == 0.0f);
+    CHECK_CLOSE(lab, o, o_ref, (size_t)rows * D, 1e-5, 1e-5);
+    strncat(lab, ": lse", sizeof lab - strlen(lab) - 1);
+    CHECK(lse_close(lab, l, l_ref, rows, 1e-5, 1e-6));
+    CHECK_OK(flx_cuda_free(0, dpo));
+    CHECK_OK(flx_cuda_free(0, dpl));
+    CHECK_OK(flx_cuda_free(0, dxo));
+    CHECK_OK(flx_cuda_free(0, dxl));
+    if (!in_place) {
+        CHECK_OK(flx_cuda_free(0, dout));
+        CHECK_OK(flx_cuda_free(0, dlse));
+    }
+    free(po), free(pl), free(xo), free(xl), free(o), free(l), free(o_ref), free(l_ref);
+}
+#endif
+
 /* (e) One task's expected result: the GPU's own selection checked against the reference scores
  * (flx_topk_ref's set up to near-ties), then sparse_ref over it merged with the window. */
 typedef struct task {
@@ -510,6 +598,12 @@ int main(void)
     CHECK_OK(flx_cuda_stream_create(0, &g_stream[1]));
 
     test_merge();
+#ifdef FLX_HAVE_CUDA
+    test_merge_parts(4, 128, 256, 0, 1);   /* a G = 4 task's slices and its window */
+    test_merge_parts(3, 300, 300, 1, 0);   /* two passes of columns, two stages of weights */
+    test_merge_parts(7, 48, 1, 1, 1);
+    test_merge_parts(5, 64, 3, 0, 0);
+#endif
     fprintf(stderr, "merge: ok\n");
     const uint32_t ns[] = {0, 1, 7, 300, 2000, 20000};
     for (size_t i = 0; i < FLX_ARRAY_SIZE(ns); i++)
