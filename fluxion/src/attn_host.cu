@@ -334,30 +334,26 @@ __global__ void __launch_bounds__(FLX_AG_WARPS * 32)
 
 /* ---- merge ---- */
 
-/* Block-wide max and sum over MERGE_THREADS threads (red: shared, one slot per warp); every thread
- * gets the result. The warps' values combine in warp order: the same bits on every run. */
-__device__ __forceinline__ float block_max(float x, float *red)
+/* Block-wide max (MAX) or sum over MERGE_THREADS threads (red: shared, one slot per warp); every
+ * thread gets the result. The warps' values combine in warp order: the same bits on every run. */
+template <bool MAX>
+__device__ __forceinline__ float block_reduce(float x, float *red)
 {
     const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    x = warp_max(x);
+    x = MAX ? warp_max(x) : warp_sum(x);
     if (lane == 0) red[warp] = x;
     __syncthreads();
-    float m = -INFINITY;
-    for (uint32_t w = 0; w < nw; w++) m = fmaxf(m, red[w]);
+    float v = MAX ? -INFINITY : 0.0f;
+    for (uint32_t w = 0; w < nw; w++) v = MAX ? fmaxf(v, red[w]) : v + red[w];
     __syncthreads();   /* red is reused by the next call */
-    return m;
+    return v;
 }
 
-__device__ __forceinline__ float block_sum(float x, float *red)
+/* A partial's unnormalised weight e^(l - m) against the maximum m; 0 for a part at -inf (and when
+ * every part is). */
+__device__ __forceinline__ float lse_weight(float l, float m)
 {
-    const uint32_t lane = threadIdx.x & 31u, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    x = warp_sum(x);
-    if (lane == 0) red[warp] = x;
-    __syncthreads();
-    float s = 0.0f;
-    for (uint32_t w = 0; w < nw; w++) s += red[w];
-    __syncthreads();
-    return s;
+    return l == -INFINITY || m == -INFINITY ? 0.0f : expf(l - m);
 }
 
 /* Row r (one block per row): the LSE merge of n_parts partials (o at po + r D + i po_stride, lse at
@@ -381,18 +377,13 @@ __global__ void __launch_bounds__(MERGE_THREADS)
     float m = -INFINITY;
     for (uint32_t i = t; i < n_parts; i += blockDim.x) m = fmaxf(m, pl[r + i * pl_stride]);
     const float lx = xo ? xl[r] : -INFINITY;
-    m = block_max(fmaxf(m, lx), red);
+    m = block_reduce<true>(fmaxf(m, lx), red);
     float w = 0.0f;
-    if (m != -INFINITY) {
-        for (uint32_t i = t; i < n_parts; i += blockDim.x) {
-            const float li = pl[r + i * pl_stride];
-            w += li == -INFINITY ? 0.0f : expf(li - m);
-        }
-        if (t == 0 && lx != -INFINITY) w += expf(lx - m);
-    }
-    w = block_sum(w, red);
+    for (uint32_t i = t; i < n_parts; i += blockDim.x) w += lse_weight(pl[r + i * pl_stride], m);
+    if (t == 0) w += lse_weight(lx, m);
+    w = block_reduce<false>(w, red);
     const float inv = m == -INFINITY ? 0.0f : 1.0f / w;
-    const float cx = lx == -INFINITY || m == -INFINITY ? 0.0f : expf(lx - m) * inv;
+    const float cx = lse_weight(lx, m) * inv;
     for (uint32_t c0 = 0; c0 < D; c0 += MERGE_COLS) {
         float acc[MERGE_COLS / 32];
 #pragma unroll
@@ -400,10 +391,7 @@ __global__ void __launch_bounds__(MERGE_THREADS)
         for (uint32_t p0 = 0; p0 < n_parts; p0 += MERGE_PARTS) {
             const uint32_t np = n_parts - p0 < MERGE_PARTS ? n_parts - p0 : MERGE_PARTS;
             __syncthreads();   /* the last chunk's weights are read */
-            for (uint32_t i = t; i < np; i += blockDim.x) {
-                const float li = pl[r + (p0 + i) * pl_stride];
-                cw[i] = li == -INFINITY || m == -INFINITY ? 0.0f : expf(li - m) * inv;
-            }
+            for (uint32_t i = t; i < np; i += blockDim.x) cw[i] = lse_weight(pl[r + (p0 + i) * pl_stride], m) * inv;
             __syncthreads();
 #pragma unroll 4
             for (uint32_t i = warp; i < np; i += nw) {
