@@ -11,8 +11,12 @@
  * included), one per distinct length (at most --distinct of them: rows of a batch beyond that reuse
  * a session of the same length, which reads the same bytes and does the same work). For every
  * measured layer the configurations run interleaved, one layer call each, in an order rotated every
- * repetition (A B C D, B C D A, ...); a ratio is taken per repetition between runs of the same
- * repetition and the median and the spread (min..max) of the ratios are reported. The within-tau
+ * repetition (A B C D, B C D A, ...). A repetition of a configuration is its run of every measured
+ * layer, as a decode step would run them: its time is their sum, a ratio is taken per repetition
+ * between such sums, and the median and the spread (min..max) of the ratios are reported, with each
+ * layer's own ratio beside them (layers differ: at 32K batch 4 one layer's ratio alone ranged 1.5
+ * to 2.7). The default layers are eight spread over the model, none of the synthetic predictor's
+ * training layers (scripts/train_predictor.sh: 1, 7, 13, 19, 25, 29). The within-tau
  * share (Eq. 2: ||o_c - o_full|| / max_h' ||o_full,h'|| <= tau, per query head of each sequence) is
  * measured against the full configuration's output of the same call set. Times are wall times of
  * flx_attn_layer_run (features + predictor + selector + tasks + merges); Fluxion's decision time is
@@ -181,6 +185,7 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
     double *ms = calloc((size_t)nc * R, sizeof(double)), *pred_ns = calloc(nc, sizeof(double));
     double *within = calloc(nc, sizeof(double)), *bytes = calloc(nc, sizeof(double)), *tasks = calloc(nc, sizeof(double));
     double *idle = calloc(nc, sizeof(double)), *gtasks = calloc(nc, sizeof(double));
+    double *within_l = calloc((size_t)nc * cx->n_layers, sizeof(double));   /* within-tau heads per layer */
     double *gbusy = calloc(nc, sizeof(double));
     double *dec = calloc((size_t)nc * 4 * R, sizeof(double));   /* the decision run: 4 series per config */
     double heads = 0;
@@ -235,27 +240,46 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
                         const float *x = o[c] + ((size_t)b * HQ + h) * D;
                         double e = 0;
                         for (uint32_t d = 0; d < D; d++) e += ((double)x[d] - f[d]) * ((double)x[d] - f[d]);
-                        within[c] += maxn > 0 ? sqrt(e) / maxn <= cx->tau : 1.0;
+                        const double in = maxn > 0 ? sqrt(e) / maxn <= cx->tau : 1.0;
+                        within[c] += in;
+                        within_l[(size_t)c * cx->n_layers + li] += in;
                     }
                     heads += 1;
                 }
             }
         }
     }
+    /* A repetition is one decode step over the measured layers: its time is the sum of their layer
+     * times, and its ratios are quotients of such sums (what a step would gain), not medians of
+     * per-layer quotients; ms/layer is a step's time over the number of layers. */
+    const uint32_t NL = cx->n_layers, NR = cx->reps;
+    double *step = calloc((size_t)nc * NR, sizeof(double));
+    for (uint32_t c = 0; c < nc; c++)
+        for (uint32_t li = 0; li < NL; li++)
+            for (uint32_t rep = 0; rep < NR; rep++) step[(size_t)c * NR + rep] += ms[(size_t)c * R + li * NR + rep];
     for (uint32_t c = 0; c < nc; c++) {
         result_t *x = &res[c];
         memset(x, 0, sizeof *x);
-        double *v = malloc(R * sizeof(double)), *rat = malloc(R * sizeof(double)), *ratf = malloc(R * sizeof(double));
+        double *v = malloc(NR * sizeof(double)), *rat = malloc(NR * sizeof(double));
+        double *ratf = malloc(NR * sizeof(double));
         double sum_ms = 0;
-        for (uint32_t i = 0; i < R; i++) {
-            v[i] = ms[(size_t)c * R + i];
-            sum_ms += v[i];
-            rat[i] = base_ix >= 0 ? ms[(size_t)base_ix * R + i] / v[i] : NAN;
-            ratf[i] = full_ix >= 0 ? ms[(size_t)full_ix * R + i] / v[i] : NAN;
+        for (uint32_t i = 0; i < NR; i++) {
+            const double t = step[(size_t)c * NR + i];
+            v[i] = t / NL;
+            sum_ms += t;
+            rat[i] = base_ix >= 0 ? step[(size_t)base_ix * NR + i] / t : NAN;
+            ratf[i] = full_ix >= 0 ? step[(size_t)full_ix * NR + i] / t : NAN;
         }
-        x->ms_med = flx_bench_median(v, (int)R), x->ms_min = v[0], x->ms_max = v[R - 1];
-        x->sp16_med = flx_bench_median(rat, (int)R), x->sp16_min = rat[0], x->sp16_max = rat[R - 1];
-        x->spfull_med = flx_bench_median(ratf, (int)R), x->spfull_min = ratf[0], x->spfull_max = ratf[R - 1];
+        x->ms_med = flx_bench_median(v, (int)NR), x->ms_min = v[0], x->ms_max = v[NR - 1];
+        x->sp16_med = flx_bench_median(rat, (int)NR), x->sp16_min = rat[0], x->sp16_max = rat[NR - 1];
+        x->spfull_med = flx_bench_median(ratf, (int)NR), x->spfull_min = ratf[0], x->spfull_max = ratf[NR - 1];
+        /* the spread over the layers: per layer, the median over repetitions of base / this */
+        double lay_rat[8];
+        for (uint32_t li = 0; li < NL && base_ix >= 0 && base_ix != (int)c; li++) {
+            for (uint32_t i = 0; i < NR; i++)
+                rat[i] = ms[(size_t)base_ix * R + li * NR + i] / ms[(size_t)c * R + li * NR + i];
+            lay_rat[li] = flx_bench_median(rat, (int)NR);
+        }
         x->within = full_ix >= 0 && heads > 0 ? within[c] / heads : NAN;
         x->bytes = bytes[c] / cx->n_layers;
         x->tasks = tasks[c] / cx->n_layers;
@@ -275,6 +299,15 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
         if (x->predict_share > 0)
             printf("%-22s %-20s   decisions per layer: features + predictor run %.3f ms (thread ms: features %.3f, "
                    "MLP %.3f), selector %.3f ms\n", "", "", x->decide_ms, x->feat_cpu_ms, x->mlp_cpu_ms, x->select_ms);
+        if (NL > 1 && base_ix >= 0 && base_ix != (int)c) {
+            const double hl = heads / NL;   /* every layer counts the same heads */
+            printf("%-22s %-20s   per layer (base/this%s):", "", "", hl > 0 ? ", in-tau" : "");
+            for (uint32_t li = 0; li < NL; li++) {
+                printf(" L%u %.2f", cx->layers[li], lay_rat[li]);
+                if (hl > 0) printf(" %.3f", within_l[(size_t)c * NL + li] / hl);
+            }
+            printf("\n");
+        }
         if (cx->csv)
             fprintf(cx->csv, "%s,%s,%u,%u,%.4f,%.4f,%.4f,%.5f,%.0f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.2f,%.0f,%.5f,%d,%s,"
                     "%.4f,%.2f,%.4f,%.4f,%.4f,%.4f,%.4f\n", point, cf[c].name, B, max_l, x->ms_med, x->ms_min,
@@ -289,7 +322,8 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
         flx_attn_layer_destroy(L[c]);
         free(o[c]);
     }
-    free(q), free(ms), free(pred_ns), free(within), free(bytes), free(tasks), free(idle), free(gtasks), free(gbusy);
+    free(q), free(ms), free(step), free(pred_ns), free(within), free(within_l), free(bytes), free(tasks), free(idle);
+    free(gtasks), free(gbusy);
     free(dec);
 }
 
@@ -298,7 +332,7 @@ int main(int argc, char **argv)
     const char *weights = NULL, *csv_path = NULL, *lens_s = NULL, *batches_s = NULL, *layers_s = NULL;
     const char *mixed_s = NULL, *trace_path = NULL;
     uint32_t lens[8] = {16384, 32768, 65536, 131072}, n_lens = 4, batches[8] = {1, 4, 8, 16}, n_b = 4;
-    uint32_t layers[8] = {8, 24}, n_layers = 2, mixed_lo[4] = {16384, 32768}, mixed_hi[4] = {65536, 131072};
+    uint32_t layers[8] = {0, 4, 8, 12, 16, 20, 24, 28}, n_layers = 8, mixed_lo[4] = {16384, 32768}, mixed_hi[4] = {65536, 131072};
     uint32_t n_mixed = 2;
     uint64_t reps = 3, workers = 0, distinct = 4, max_tokens = 0, mixed_b = 8, gpu_streams = 2;
     flx_cli_opt_t opts[] = {
@@ -308,7 +342,7 @@ int main(int argc, char **argv)
                     "16384,32768,65536,131072)"),
         FLX_CLI_STR(0, "batches", "B,B,..", &batches_s, 0, "batch sizes, 1..64, at most 8 (default 1,4,8,16)"),
         FLX_CLI_STR(0, "layers", "l,l,..", &layers_s, 0, "layers of the synthetic model measured, 0..31, at most 8 "
-                    "(default 8,24)"),
+                    "(default 0,4,8,12,16,20,24,28)"),
         FLX_CLI_STR(0, "mixed", "LO-HI,..", &mixed_s, 0, "mixed-length batches: lengths drawn in LO..HI, at most 4 "
                     "(default 16384-65536,32768-131072)"),
         FLX_CLI_UINT(0, "mixed-batch", "B", &mixed_b, 1, MAX_B, 0, "rows of a mixed batch (default 8)"),
@@ -364,8 +398,9 @@ int main(int argc, char **argv)
     printf("sched_bench: Llama-3.1-8B layer shape (32 q heads, 8 kv heads, D 128), synthetic KV, %s, "
            "%u layer(s), %llu reps; MemAvailable %ld MiB -> at most %llu tokens of sessions at once\n",
            flx_pool_describe(cx.pool), n_layers, (unsigned long long)reps, avail, (unsigned long long)budget_tokens);
-    printf("columns: ms/layer median [min, max] over layers x reps; in-tau share vs full; host MiB read per layer;\n"
-           "  base/this: per-rep time ratio, base fixed_16_005 (mix/size points) or fluxion (abl points), median\n"
+    printf("columns: a rep runs every measured layer once (a step); ms/layer: a rep's time / layers,\n"
+           "  median [min, max] over reps; in-tau share vs full; host MiB read per layer; base/this: per-rep\n"
+           "  ratio of the summed times, base fixed_16_005 (mix/size points) or fluxion (abl points), median\n"
            "  [min, max]; full/this likewise; tasks per layer / groups; pred: features+predictor+selector share\n");
     printf("%-22s %-20s %9s %21s %8s %10s %8s %17s %8s %12s %6s\n", "point", "config", "ms/layer", "[min, max]", "in-tau",
            "MiB/layer", "base/this", "[min, max]", "full/this", "tasks/groups", "pred");
