@@ -332,7 +332,8 @@ int main(int argc, char **argv)
     const char *weights = NULL, *csv_path = NULL, *lens_s = NULL, *batches_s = NULL, *layers_s = NULL;
     const char *mixed_s = NULL, *trace_path = NULL;
     uint32_t lens[8] = {16384, 32768, 65536, 131072}, n_lens = 4, batches[8] = {1, 4, 8, 16}, n_b = 4;
-    uint32_t layers[8] = {0, 4, 8, 12, 16, 20, 24, 28}, n_layers = 8, mixed_lo[4] = {16384, 32768}, mixed_hi[4] = {65536, 131072};
+    uint32_t layers[8] = {0, 4, 8, 12, 16, 20, 24, 28}, n_layers = 8;
+    uint32_t mixed_lo[4] = {16384, 32768}, mixed_hi[4] = {65536, 131072};
     uint32_t n_mixed = 2;
     uint64_t reps = 3, workers = 0, distinct = 4, max_tokens = 0, mixed_b = 8, gpu_streams = 2;
     flx_cli_opt_t opts[] = {
