@@ -10,9 +10,9 @@
  * Sessions are real kvstore sessions replayed from the synthetic source (the prefill statistics
  * included), one per row of the batch as far as --distinct (default 16) and memory allow. Rows beyond
  * that reuse a session, which does the same work but reads bytes another row has just read, partly
- * from the caches: that flatters the configuration with the smaller working set (at 32K batch 4 with
- * 2 sessions Fluxion / fixed (16, 0.05) measured 2.03x, with 4 distinct 1.65x), so the committed
- * runs keep every row distinct. For every
+ * from the caches: that flattered Fluxion (32K batch 4, layers 0, 8, 16, 24, caches cleared: Fluxion
+ * / fixed (16, 0.05) 2.16x with 2 sessions for the 4 rows, 1.73x with 4), so rows stay distinct
+ * where memory allows. For every
  * measured layer the configurations run interleaved, one layer call each, in an order rotated every
  * repetition (A B C D, B C D A, ...). A repetition of a configuration is its run of every measured
  * layer, as a decode step would run them: its time is their sum, a ratio is taken per repetition
