@@ -50,6 +50,7 @@
 
 #define MAX_DISTINCT 16
 #define MAX_B 64
+#define MAX_LAYERS 8   /* layers measured at most (--layers) */
 #define HQ 32
 #define HKV 8
 #define D 128
@@ -316,7 +317,7 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
         x->sp16_med = flx_bench_median(rat, (int)NR), x->sp16_min = rat[0], x->sp16_max = rat[NR - 1];
         x->spfull_med = flx_bench_median(ratf, (int)NR), x->spfull_min = ratf[0], x->spfull_max = ratf[NR - 1];
         /* the spread over the layers: per layer, the median over repetitions of base / this */
-        double lay_rat[8];
+        double lay_rat[MAX_LAYERS];
         for (uint32_t li = 0; li < NL && base_ix >= 0 && base_ix != (int)c; li++) {
             for (uint32_t i = 0; i < NR; i++)
                 rat[i] = ms[(size_t)base_ix * R + li * NR + i] / ms[(size_t)c * R + li * NR + i];
@@ -374,7 +375,7 @@ int main(int argc, char **argv)
     const char *weights = NULL, *csv_path = NULL, *lens_s = NULL, *batches_s = NULL, *layers_s = NULL;
     const char *mixed_s = NULL, *trace_path = NULL;
     uint32_t lens[8] = {16384, 32768, 65536, 131072}, n_lens = 4, batches[8] = {1, 4, 8, 16}, n_b = 4;
-    uint32_t layers[8] = {0, 4, 8, 12, 16, 20, 24, 28}, n_layers = 8;
+    uint32_t layers[MAX_LAYERS] = {0, 4, 8, 12, 16, 20, 24, 28}, n_layers = 8;
     uint32_t mixed_lo[4] = {16384, 32768}, mixed_hi[4] = {65536, 131072};
     uint32_t n_mixed = 2;
     uint64_t reps = 3, workers = 0, distinct = MAX_DISTINCT, max_tokens = 0, mixed_b = 8, gpu_streams = 2;
@@ -410,7 +411,7 @@ int main(int argc, char **argv)
     FILE *csv = NULL;
     if ((rc = flx_bench_u32_list(&cli, "lens", lens_s, 1024, 1u << 20, lens, 8, &n_lens)) != FLX_CLI_PROCEED ||
         (rc = flx_bench_u32_list(&cli, "batches", batches_s, 1, MAX_B, batches, 8, &n_b)) != FLX_CLI_PROCEED ||
-        (rc = flx_bench_u32_list(&cli, "layers", layers_s, 0, 31, layers, 8, &n_layers)) != FLX_CLI_PROCEED)
+        (rc = flx_bench_u32_list(&cli, "layers", layers_s, 0, 31, layers, MAX_LAYERS, &n_layers)) != FLX_CLI_PROCEED)
         return rc;
     if (mixed_s) {
         if (flx_cli_range_list("mixed", mixed_s, 1024, 1u << 20, mlo, mhi, 4, &n_mixed))
