@@ -12,7 +12,9 @@
  * that reuse a session, which does the same work but reads bytes another row has just read, partly
  * from the caches: that flattered Fluxion (32K batch 4, layers 0, 8, 16, 24, caches cleared: Fluxion
  * / fixed (16, 0.05) 2.16x with 2 sessions for the 4 rows, 1.73x with 4), so rows stay distinct
- * where memory allows. For every
+ * where memory allows. The points that share a set of sessions (the batches of one length with their
+ * GPU points; a mixed batch and its ablation) are measured on one load of each layer into them, and
+ * that set-up (the synthetic layer, its prefill statistics) runs on the worker pool. For every
  * measured layer the configurations run interleaved, one layer call each, in an order rotated every
  * repetition (A B C D, B C D A, ...). A repetition of a configuration is its run of every measured
  * layer, as a decode step would run them: its time is their sum, a ratio is taken per repetition
@@ -140,7 +142,8 @@ typedef struct sess_set {
     flx_replay_t *rp[MAX_DISTINCT];
 } sess_set_t;
 
-static void set_open(sess_set_t *s, const uint32_t *len, uint32_t n, uint64_t seed)
+/* The sessions' set-up (the synthetic layer, its prefill statistics) runs on pool. */
+static void set_open(sess_set_t *s, const uint32_t *len, uint32_t n, uint64_t seed, flx_pool_h pool)
 {
     memset(s, 0, sizeof s[0]);
     s->n = n;
@@ -151,6 +154,7 @@ static void set_open(sess_set_t *s, const uint32_t *len, uint32_t n, uint64_t se
                  (unsigned long long)(seed + i));
         if (flx_replay_open_source(spec, &s->src[i])) die(spec);
         if (flx_replay_create_flags(s->src[i], 0.1f, FLX_KV_STORE_PIN_CUDA, &s->rp[i])) die("replay");
+        s->rp[i]->pool = pool;
     }
 }
 
@@ -197,101 +201,160 @@ typedef struct ctx {
     FILE *trace;   /* every task of the last rep of the GPU configurations (--trace) */
 } ctx_t;
 
-/* Runs configurations cf[0..nc) on the batch whose row b uses session set->rp[row_of[b]];
- * cf must include "full" (for within-tau) unless only timing is wanted (full_ix < 0). */
-static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const uint32_t *row_of, uint32_t B,
-                    const cfg_t *cf, uint32_t nc, int full_ix, int base_ix, result_t *res)
-{
-    uint32_t max_l = 0;
-    for (uint32_t i = 0; i < set->n; i++) max_l = FLX_MAX(max_l, set->len[i]);
+/* One point: configurations cf[0..nc) on the batch whose row b uses session set->rp[row_of[b]];
+ * cf must include "full" (for within-tau) unless only timing is wanted (full_ix < 0). The points of a
+ * session set are measured together, layer by layer (measure_points), so each layer is loaded into
+ * the sessions once for all of them; a point's own state lives here between its layers. */
+typedef struct point {
+    char name[48];
+    uint32_t row_of[MAX_B], B;
+    const cfg_t *cf;
+    uint32_t nc;
+    int full_ix, base_ix;
+    result_t *res;                                       /* nc results, filled by point_end */
+    /* state */
+    uint32_t max_l, r;
     flx_attn_layer_h L[8];
+    float *q, *o[8];
+    double *ms, *pred_ns, *within, *bytes, *tasks, *idle, *gtasks, *within_l, *gbusy, *dec, heads;
+} point_t;
+
+static void point_init(point_t *pt, const char *name, const uint32_t *row_of, uint32_t B, const cfg_t *cf,
+                       uint32_t nc, int full_ix, int base_ix, result_t *res)
+{
+    memset(pt, 0, sizeof *pt);
+    snprintf(pt->name, sizeof pt->name, "%s", name);
+    memcpy(pt->row_of, row_of, B * sizeof row_of[0]);
+    pt->B = B, pt->cf = cf, pt->nc = nc, pt->full_ix = full_ix, pt->base_ix = base_ix, pt->res = res;
+}
+
+static void point_begin(const ctx_t *cx, const sess_set_t *set, point_t *pt)
+{
+    const uint32_t B = pt->B, nc = pt->nc;
+    const cfg_t *cf = pt->cf;
+    for (uint32_t i = 0; i < set->n; i++) pt->max_l = FLX_MAX(pt->max_l, set->len[i]);
     for (uint32_t c = 0; c < nc; c++) {
         flx_attn_layer_params_t p;
         memset(&p, 0, sizeof p);
-        p.n_q_heads = HQ, p.n_kv_heads = HKV, p.head_dim = D, p.max_batch = B, p.max_l_cpu = max_l;
+        p.n_q_heads = HQ, p.n_kv_heads = HKV, p.head_dim = D, p.max_batch = B, p.max_l_cpu = pt->max_l;
         p.mode = cf[c].mode, p.blk = cf[c].blk, p.bgt = cf[c].bgt, p.predictor = cx->pred;
         p.field_mask = FLX_ATTN_LAYER_FIELD_OPTS, p.opts = cf[c].opts;
         p.sched.field_mask = FLX_SCHED_FIELD_POLICY | FLX_SCHED_FIELD_PLACEMENT | FLX_SCHED_FIELD_GPU;
         p.sched.policy = cf[c].policy, p.sched.placement = cf[c].placement;
         p.sched.use_gpu = cf[c].gpu, p.sched.cuda_device = 0, p.sched.gpu_streams = cx->gpu_streams;
         p.sched.pool = cx->pool;
-        if (flx_attn_layer_create(&p, &L[c])) die("attention layer");
+        if (flx_attn_layer_create(&p, &pt->L[c])) die("attention layer");
     }
     const size_t rows = (size_t)B * HQ;
-    float *q = malloc(rows * D * sizeof(float)), *o[8];
-    flx_kv_session_h sess[MAX_B];
-    for (uint32_t c = 0; c < nc; c++) o[c] = malloc(rows * D * sizeof(float));
     const uint32_t R = cx->reps * cx->n_layers;
-    double *ms = calloc((size_t)nc * R, sizeof(double)), *pred_ns = calloc(nc, sizeof(double));
-    double *within = calloc(nc, sizeof(double)), *bytes = calloc(nc, sizeof(double)), *tasks = calloc(nc, sizeof(double));
-    double *idle = calloc(nc, sizeof(double)), *gtasks = calloc(nc, sizeof(double));
-    double *within_l = calloc((size_t)nc * cx->n_layers, sizeof(double));   /* within-tau heads per layer */
-    double *gbusy = calloc(nc, sizeof(double));
-    double *dec = calloc((size_t)nc * 4 * R, sizeof(double));   /* the decision run: 4 series per config */
-    double heads = 0;
-    uint32_t r = 0;
-    uint32_t n_used = 0;
-    for (uint32_t b = 0; b < B; b++) n_used = FLX_MAX(n_used, row_of[b] + 1);
-    for (uint32_t li = 0; li < cx->n_layers; li++) {
-        set_load(set, cx->layers[li], n_used);
-        for (uint32_t b = 0; b < B; b++) {
-            sess[b] = set->rp[row_of[b]]->sess;
-            memcpy(q + (size_t)b * HQ * D, set->rp[row_of[b]]->q_step, (size_t)HQ * D * sizeof(float));
+    pt->q = malloc(rows * D * sizeof(float));
+    for (uint32_t c = 0; c < nc; c++) pt->o[c] = malloc(rows * D * sizeof(float));
+    pt->ms = calloc((size_t)nc * R, sizeof(double)), pt->pred_ns = calloc(nc, sizeof(double));
+    pt->within = calloc(nc, sizeof(double)), pt->bytes = calloc(nc, sizeof(double));
+    pt->tasks = calloc(nc, sizeof(double)), pt->idle = calloc(nc, sizeof(double));
+    pt->gtasks = calloc(nc, sizeof(double)), pt->gbusy = calloc(nc, sizeof(double));
+    pt->within_l = calloc((size_t)nc * cx->n_layers, sizeof(double));   /* within-tau heads per layer */
+    pt->dec = calloc((size_t)nc * 4 * R, sizeof(double));             /* the decision run: 4 series per config */
+    if (!pt->q || !pt->ms || !pt->pred_ns || !pt->within || !pt->bytes || !pt->tasks || !pt->idle || !pt->gtasks ||
+        !pt->gbusy || !pt->within_l || !pt->dec) {
+        fprintf(stderr, "sched_bench: out of memory for point %s\n", pt->name);
+        exit(1);
+    }
+    for (uint32_t c = 0; c < nc; c++)
+        if (!pt->o[c]) {
+            fprintf(stderr, "sched_bench: out of memory for point %s\n", pt->name);
+            exit(1);
         }
-        flx_attn_layer_args_t a = {.layer = 0, .batch = B, .sess = sess, .q = q, .window = FLX_LAYER_WIN_COMPUTE};
-        for (uint32_t rep = 0; rep < cx->reps; rep++, r++)
-            for (uint32_t k = 0; k < nc; k++) {
-                const uint32_t c = (k + rep) % nc;   /* rotated order */
-                a.o = o[c];
-                flx_attn_layer_stats_t st;
-                evict();
-                const uint64_t t0 = flx_now_ns();
-                if (flx_attn_layer_run(L[c], &a, &st)) die(cf[c].name);
-                ms[(size_t)c * R + r] = (double)(flx_now_ns() - t0) * 1e-6;
-                pred_ns[c] += (double)st.predict_ns;
-                const uint64_t dn[4] = {st.decide_ns, st.select_ns, st.feat_cpu_ns, st.mlp_cpu_ns};
-                for (int j = 0; j < 4; j++) dec[((size_t)c * 4 + j) * R + r] = (double)dn[j] * 1e-6;
-                idle[c] += st.sched.has_gpu ? st.sched.gpu_idle_ratio / R : NAN;
-                gtasks[c] += st.sched.has_gpu ? (double)st.sched.n_gpu_tasks / R : NAN;
-                gbusy[c] += st.sched.has_gpu ? (double)st.sched.gpu_busy_ns * 1e-6 / R : NAN;
-                if (cx->trace && cf[c].gpu && rep + 1 == cx->reps) {
-                    uint32_t nt;
-                    const flx_sched_task_t *tk = flx_attn_layer_tasks(L[c], &nt);
-                    for (uint32_t i = 0; i < nt; i++)
-                        fprintf(cx->trace, "%s,%s,%u,%u,%u,%u,%d,%.1f,%.1f,%llu,%.0f,%u\n", point, cf[c].name,
-                                cx->layers[li], tk[i].seq, tk[i].kv_group, tk[i].blk, (int)tk[i].worker,
-                                (double)tk[i].start_ns * 1e-3, (double)tk[i].end_ns * 1e-3,
-                                (unsigned long long)tk[i].host_bytes, (double)tk[i].priority, tk[i].l_cpu);
-                }
-                if (rep == 0) {
-                    bytes[c] += (double)(st.sched.attn.score_bytes + st.sched.attn.attn_bytes);
-                    tasks[c] += st.n_tasks;
-                }
+}
+
+/* The sessions the point's rows use. */
+static uint32_t point_sessions(const point_t *pt)
+{
+    uint32_t n = 0;
+    for (uint32_t b = 0; b < pt->B; b++) n = FLX_MAX(n, pt->row_of[b] + 1);
+    return n;
+}
+
+/* Measured layer li (loaded into the sessions): every repetition of the point's configurations. */
+static void point_layer(const ctx_t *cx, const sess_set_t *set, point_t *pt, uint32_t li)
+{
+    const uint32_t B = pt->B, nc = pt->nc, R = cx->reps * cx->n_layers;
+    const cfg_t *cf = pt->cf;
+    float *q = pt->q, **o = pt->o;
+    double *ms = pt->ms, *dec = pt->dec;
+    flx_kv_session_h sess[MAX_B];
+    for (uint32_t b = 0; b < B; b++) {
+        sess[b] = set->rp[pt->row_of[b]]->sess;
+        memcpy(q + (size_t)b * HQ * D, set->rp[pt->row_of[b]]->q_step, (size_t)HQ * D * sizeof(float));
+    }
+    flx_attn_layer_args_t a = {.layer = 0, .batch = B, .sess = sess, .q = q, .window = FLX_LAYER_WIN_COMPUTE};
+    for (uint32_t rep = 0; rep < cx->reps; rep++, pt->r++) {
+        const uint32_t r = pt->r;
+        for (uint32_t k = 0; k < nc; k++) {
+            const uint32_t c = (k + rep) % nc;   /* rotated order */
+            a.o = o[c];
+            flx_attn_layer_stats_t st;
+            evict();
+            const uint64_t t0 = flx_now_ns();
+            if (flx_attn_layer_run(pt->L[c], &a, &st)) die(cf[c].name);
+            ms[(size_t)c * R + r] = (double)(flx_now_ns() - t0) * 1e-6;
+            pt->pred_ns[c] += (double)st.predict_ns;
+            const uint64_t dn[4] = {st.decide_ns, st.select_ns, st.feat_cpu_ns, st.mlp_cpu_ns};
+            for (int j = 0; j < 4; j++) dec[((size_t)c * 4 + j) * R + r] = (double)dn[j] * 1e-6;
+            pt->idle[c] += st.sched.has_gpu ? st.sched.gpu_idle_ratio / R : NAN;
+            pt->gtasks[c] += st.sched.has_gpu ? (double)st.sched.n_gpu_tasks / R : NAN;
+            pt->gbusy[c] += st.sched.has_gpu ? (double)st.sched.gpu_busy_ns * 1e-6 / R : NAN;
+            if (cx->trace && cf[c].gpu && rep + 1 == cx->reps) {
+                uint32_t nt;
+                const flx_sched_task_t *tk = flx_attn_layer_tasks(pt->L[c], &nt);
+                for (uint32_t i = 0; i < nt; i++)
+                    fprintf(cx->trace, "%s,%s,%u,%u,%u,%u,%d,%.1f,%.1f,%llu,%.0f,%u\n", pt->name, cf[c].name,
+                            cx->layers[li], tk[i].seq, tk[i].kv_group, tk[i].blk, (int)tk[i].worker,
+                            (double)tk[i].start_ns * 1e-3, (double)tk[i].end_ns * 1e-3,
+                            (unsigned long long)tk[i].host_bytes, (double)tk[i].priority, tk[i].l_cpu);
             }
-        if (full_ix >= 0) {   /* within tau against the full output of this layer */
-            for (uint32_t b = 0; b < B; b++) {
-                double maxn = 0;
-                for (uint32_t h = 0; h < HQ; h++) {
-                    double n2 = 0;
-                    const float *f = o[full_ix] + ((size_t)b * HQ + h) * D;
-                    for (uint32_t d = 0; d < D; d++) n2 += (double)f[d] * f[d];
-                    maxn = fmax(maxn, sqrt(n2));
-                }
-                for (uint32_t h = 0; h < HQ; h++) {
-                    const float *f = o[full_ix] + ((size_t)b * HQ + h) * D;
-                    for (uint32_t c = 0; c < nc; c++) {
-                        const float *x = o[c] + ((size_t)b * HQ + h) * D;
-                        double e = 0;
-                        for (uint32_t d = 0; d < D; d++) e += ((double)x[d] - f[d]) * ((double)x[d] - f[d]);
-                        const double in = maxn > 0 ? sqrt(e) / maxn <= cx->tau : 1.0;
-                        within[c] += in;
-                        within_l[(size_t)c * cx->n_layers + li] += in;
-                    }
-                    heads += 1;
-                }
+            if (rep == 0) {
+                pt->bytes[c] += (double)(st.sched.attn.score_bytes + st.sched.attn.attn_bytes);
+                pt->tasks[c] += st.n_tasks;
             }
         }
     }
+    if (pt->full_ix >= 0) {   /* within tau against the full output of this layer */
+        for (uint32_t b = 0; b < B; b++) {
+            double maxn = 0;
+            for (uint32_t h = 0; h < HQ; h++) {
+                double n2 = 0;
+                const float *f = o[pt->full_ix] + ((size_t)b * HQ + h) * D;
+                for (uint32_t d = 0; d < D; d++) n2 += (double)f[d] * f[d];
+                maxn = fmax(maxn, sqrt(n2));
+            }
+            for (uint32_t h = 0; h < HQ; h++) {
+                const float *f = o[pt->full_ix] + ((size_t)b * HQ + h) * D;
+                for (uint32_t c = 0; c < nc; c++) {
+                    const float *x = o[c] + ((size_t)b * HQ + h) * D;
+                    double e = 0;
+                    for (uint32_t d = 0; d < D; d++) e += ((double)x[d] - f[d]) * ((double)x[d] - f[d]);
+                    const double in = maxn > 0 ? sqrt(e) / maxn <= cx->tau : 1.0;
+                    pt->within[c] += in;
+                    pt->within_l[(size_t)c * cx->n_layers + li] += in;
+                }
+                pt->heads += 1;
+            }
+        }
+    }
+}
+
+/* The point's figures from its repetitions: printed, written to the CSV, kept in pt->res; its state freed. */
+static void point_end(const ctx_t *cx, point_t *pt)
+{
+    const uint32_t B = pt->B, nc = pt->nc, R = cx->reps * cx->n_layers, max_l = pt->max_l;
+    const int full_ix = pt->full_ix, base_ix = pt->base_ix;
+    const cfg_t *cf = pt->cf;
+    const char *point = pt->name;
+    double *ms = pt->ms, *dec = pt->dec, *pred_ns = pt->pred_ns, *within = pt->within, *within_l = pt->within_l;
+    double *bytes = pt->bytes, *tasks = pt->tasks, *idle = pt->idle, *gtasks = pt->gtasks, *gbusy = pt->gbusy;
+    const double heads = pt->heads;
+    result_t *res = pt->res;
     /* A repetition is one decode step over the measured layers: its time is the sum of their layer
      * times, and its ratios are quotients of such sums (what a step would gain), not medians of
      * per-layer quotients; ms/layer is a step's time over the number of layers. */
@@ -362,12 +425,30 @@ static void measure(const ctx_t *cx, const char *point, sess_set_t *set, const u
     }
     fflush(stdout);
     for (uint32_t c = 0; c < nc; c++) {
-        flx_attn_layer_destroy(L[c]);
-        free(o[c]);
+        flx_attn_layer_destroy(pt->L[c]);
+        free(pt->o[c]);
     }
-    free(q), free(ms), free(step), free(pred_ns), free(within), free(within_l), free(bytes), free(tasks), free(idle);
+    free(pt->q), free(ms), free(step), free(pred_ns), free(within), free(within_l), free(bytes), free(tasks), free(idle);
     free(gtasks), free(gbusy);
     free(dec);
+}
+
+
+/* Measures points pt[0..n) on the sessions of set: per layer, the layer is loaded into the sessions
+ * the points use, once, and every point runs its repetitions on it; the points' figures are then
+ * printed in order. */
+static void measure_points(const ctx_t *cx, sess_set_t *set, point_t *pt, uint32_t n)
+{
+    uint32_t n_used = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        point_begin(cx, set, &pt[i]);
+        n_used = FLX_MAX(n_used, point_sessions(&pt[i]));
+    }
+    for (uint32_t li = 0; li < cx->n_layers; li++) {
+        set_load(set, cx->layers[li], n_used);
+        for (uint32_t i = 0; i < n; i++) point_layer(cx, set, &pt[i], li);
+    }
+    for (uint32_t i = 0; i < n; i++) point_end(cx, &pt[i]);
 }
 
 int main(int argc, char **argv)
@@ -468,22 +549,38 @@ int main(int argc, char **argv)
         uint32_t dl[MAX_DISTINCT];
         for (uint32_t i = 0; i < nd; i++) dl[i] = L;
         sess_set_t set;
-        set_open(&set, dl, nd, 1000 + L);
+        set_open(&set, dl, nd, 1000 + L, cx.pool);
         printf("%uK: %u distinct session(s); rows of a batch beyond them reuse one\n", L / 1024, nd);
+        /* every batch of this length (and its GPU point) on one load of each layer */
+        point_t pts[16];
+        result_t res[16][4];
+        int main_of[8], gpu_of[8];   /* batch bi's point, its GPU point (or -1) */
+        uint32_t np = 0;
         for (uint32_t bi = 0; bi < n_b; bi++) {
             const uint32_t B = batches[bi];
             for (uint32_t b = 0; b < B; b++) row_of[b] = b % nd;
             char point[48];
             snprintf(point, sizeof point, "%uK_b%u", L / 1024, B);
-            result_t res[4];
-            measure(&cx, point, &set, row_of, B, MAIN_CFG, 4, 3, 1, res);
-            if (L == 32768 && B == 4) sp16_32k_b4 = res[0].sp16_med, spfull_32k_b4 = res[0].spfull_med;
-            if (L == 131072 && B == 8) sp16_128k_b8 = res[0].sp16_med;
-            if (L == 32768 && wt_fl_32k != wt_fl_32k) wt_fl_32k = res[0].within, wt_16_32k = res[1].within;
+            main_of[bi] = (int)np;
+            point_init(&pts[np], point, row_of, B, MAIN_CFG, 4, 3, 1, res[np]);
+            np++;
+            gpu_of[bi] = -1;
             if (gpu && (L == 32768 || L == 131072) && (B == 4 || B == 8)) {
                 snprintf(point, sizeof point, "gpu%uK_b%u", L / 1024, B);
-                result_t rg[4];
-                measure(&cx, point, &set, row_of, B, GPU_CFG, 4, -1, 2, rg);   /* base: the hybrid baseline */
+                gpu_of[bi] = (int)np;   /* base: the hybrid baseline */
+                point_init(&pts[np], point, row_of, B, GPU_CFG, 4, -1, 2, res[np]);
+                np++;
+            }
+        }
+        measure_points(&cx, &set, pts, np);
+        for (uint32_t bi = 0; bi < n_b; bi++) {
+            const uint32_t B = batches[bi];
+            const result_t *rm = res[main_of[bi]];
+            if (L == 32768 && B == 4) sp16_32k_b4 = rm[0].sp16_med, spfull_32k_b4 = rm[0].spfull_med;
+            if (L == 131072 && B == 8) sp16_128k_b8 = rm[0].sp16_med;
+            if (L == 32768 && wt_fl_32k != wt_fl_32k) wt_fl_32k = rm[0].within, wt_16_32k = rm[1].within;
+            if (gpu_of[bi] >= 0) {
+                const result_t *rg = res[gpu_of[bi]];
                 if (L == 32768 && B == 4) g_sp = rg[1].sp16_med, g_idle_fl = rg[1].gpu_idle, g_idle_hy = rg[2].gpu_idle;
                 if (L == 131072 && B == 8)
                     g_sp128 = rg[1].sp16_med, g_idle_fl128 = rg[1].gpu_idle, g_idle_hy128 = rg[2].gpu_idle;
@@ -515,15 +612,17 @@ int main(int argc, char **argv)
             for (uint32_t i = i0; i < i1; i++) row_of[idx[i]] = g;
         }
         sess_set_t set;
-        set_open(&set, dl, nd, 5000 + mi * 100);
+        set_open(&set, dl, nd, 5000 + mi * 100, cx.pool);
         printf("U(%uK, %uK) batch %u: %u distinct session(s), rows grouped by length\n", mixed_lo[mi] / 1024,
                mixed_hi[mi] / 1024, B, nd);
         char point[48];
+        point_t pts[2];
+        result_t res_main[4], res_abl[7];
         snprintf(point, sizeof point, "mix%uK-%uK_b%u", mixed_lo[mi] / 1024, mixed_hi[mi] / 1024, B);
-        result_t res[7];
-        measure(&cx, point, &set, row_of, B, MAIN_CFG, 4, 3, 1, res);
+        point_init(&pts[0], point, row_of, B, MAIN_CFG, 4, 3, 1, res_main);
         snprintf(point, sizeof point, "abl%uK-%uK_b%u", mixed_lo[mi] / 1024, mixed_hi[mi] / 1024, B);
-        measure(&cx, point, &set, row_of, B, ABL_CFG, 7, -1, 0, res);
+        point_init(&pts[1], point, row_of, B, ABL_CFG, 7, -1, 0, res_abl);
+        measure_points(&cx, &set, pts, 2);
         set_close(&set);
     }
     if (cx.csv) fclose(cx.csv);
