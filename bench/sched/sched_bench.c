@@ -428,7 +428,8 @@ static void point_end(const ctx_t *cx, point_t *pt)
         flx_attn_layer_destroy(pt->L[c]);
         free(pt->o[c]);
     }
-    free(pt->q), free(ms), free(step), free(pred_ns), free(within), free(within_l), free(bytes), free(tasks), free(idle);
+    free(pt->q), free(ms), free(step), free(pred_ns), free(within), free(within_l), free(bytes), free(tasks);
+    free(idle);
     free(gtasks), free(gbusy);
     free(dec);
 }
@@ -521,7 +522,8 @@ int main(int argc, char **argv)
                         "gpu_busy_ms,decide_ms,select_ms,feat_cpu_ms,mlp_cpu_ms\n");
     /* memory: a session of L tokens takes 2 x (store + replay source) x L x 8 heads x 128 x 2 bytes */
     const long avail = flx_bench_mem_available_kb() / 1024;
-    const uint64_t budget_tokens = max_tokens ? max_tokens : avail > 0 ? (uint64_t)avail * 1048576 / 2 / 8192 : 1u << 20;
+    const uint64_t budget_tokens =
+        max_tokens ? max_tokens : avail > 0 ? (uint64_t)avail * 1048576 / 2 / 8192 : 1u << 20;
     printf("sched_bench: Llama-3.1-8B layer shape (32 q heads, 8 kv heads, D 128), synthetic KV, %s, "
            "%u layer(s), %llu reps; MemAvailable %ld MiB -> at most %llu tokens of sessions at once\n",
            flx_pool_describe(cx.pool), n_layers, (unsigned long long)reps, avail, (unsigned long long)budget_tokens);
@@ -578,7 +580,8 @@ int main(int argc, char **argv)
             const result_t *rm = res[main_of[bi]];
             if (L == 32768 && B == 4) sp16_32k_b4 = rm[0].sp16_med, spfull_32k_b4 = rm[0].spfull_med;
             if (L == 131072 && B == 8) sp16_128k_b8 = rm[0].sp16_med;
-            if (L == 32768 && wt_fl_32k != wt_fl_32k) wt_fl_32k = rm[0].within, wt_16_32k = rm[1].within;
+            /* the within-tau keys: at the target point, 32K batch 4 (else the first 32K point measured) */
+            if (L == 32768 && (B == 4 || wt_fl_32k != wt_fl_32k)) wt_fl_32k = rm[0].within, wt_16_32k = rm[1].within;
             if (gpu_of[bi] >= 0) {
                 const result_t *rg = res[gpu_of[bi]];
                 if (L == 32768 && B == 4) g_sp = rg[1].sp16_med, g_idle_fl = rg[1].gpu_idle, g_idle_hy = rg[2].gpu_idle;
