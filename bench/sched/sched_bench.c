@@ -255,16 +255,13 @@ static void point_begin(const ctx_t *cx, const sess_set_t *set, point_t *pt)
     pt->gtasks = calloc(nc, sizeof(double)), pt->gbusy = calloc(nc, sizeof(double));
     pt->within_l = calloc((size_t)nc * cx->n_layers, sizeof(double));   /* within-tau heads per layer */
     pt->dec = calloc((size_t)nc * 4 * R, sizeof(double));             /* the decision run: 4 series per config */
-    if (!pt->q || !pt->ms || !pt->pred_ns || !pt->within || !pt->bytes || !pt->tasks || !pt->idle || !pt->gtasks ||
-        !pt->gbusy || !pt->within_l || !pt->dec) {
+    int ok = pt->q && pt->ms && pt->pred_ns && pt->within && pt->bytes && pt->tasks && pt->idle && pt->gtasks &&
+             pt->gbusy && pt->within_l && pt->dec;
+    for (uint32_t c = 0; c < nc; c++) ok = ok && pt->o[c];
+    if (!ok) {
         fprintf(stderr, "sched_bench: out of memory for point %s\n", pt->name);
         exit(1);
     }
-    for (uint32_t c = 0; c < nc; c++)
-        if (!pt->o[c]) {
-            fprintf(stderr, "sched_bench: out of memory for point %s\n", pt->name);
-            exit(1);
-        }
 }
 
 /* The sessions the point's rows use. */
@@ -429,8 +426,7 @@ static void point_end(const ctx_t *cx, point_t *pt)
         free(pt->o[c]);
     }
     free(pt->q), free(ms), free(step), free(pred_ns), free(within), free(within_l), free(bytes), free(tasks);
-    free(idle);
-    free(gtasks), free(gbusy);
+    free(idle), free(gtasks), free(gbusy);
     free(dec);
 }
 

@@ -188,6 +188,11 @@ static void test_random(void)
     char model_dir[600], err[600];
     snprintf(model_dir, sizeof model_dir, "%s/ucx-model", g_dir);
     mkdir(model_dir, 0755);
+    snprintf(err, sizeof err, "%s/ucx-daemon.err", g_dir);
+    const char *args[] = {"--model", model_dir, "--model-id", "test-model", "--grpc-listen", "127.0.0.1:0",
+                          "--metrics-listen", "127.0.0.1:0", "--kv-capacity", "64M", "--max-batch", "4",
+                          "--threads", "2", "--max-message-bytes", "64K", "--drain-timeout-ms", "500",
+                          "--lease-ms", "60000", "--ucx-liveness-ms", "3000", NULL};
     daemon_proc_t d;
     flx_rpc_client_h c;
     gen_out_t *ref = calloc(4, sizeof *ref);
@@ -197,12 +202,6 @@ static void test_random(void)
         CHECK_OK(flx_model_init_random(&mc, flx_rng_u64(&rng), &gen));
         CHECK_OK(flx_model_save_hf(gen, model_dir, FLX_DT_BF16, 1));
         flx_model_destroy(gen);
-
-        snprintf(err, sizeof err, "%s/ucx-daemon.err", g_dir);
-        const char *args[] = {"--model", model_dir, "--model-id", "test-model", "--grpc-listen", "127.0.0.1:0",
-                              "--metrics-listen", "127.0.0.1:0", "--kv-capacity", "64M", "--max-batch", "4",
-                              "--threads", "2", "--max-message-bytes", "64K", "--drain-timeout-ms", "500",
-                              "--lease-ms", "60000", "--ucx-liveness-ms", "3000", NULL};
         int code;
         CHECK(daemon_start(g_daemon, args, err, &d, &code) == 0);
         CHECK_OK(flx_rpc_client_create(d.target, 0, &c));
@@ -240,7 +239,6 @@ static void test_random(void)
         CHECK(draw < 3);
         flx_rpc_client_destroy(c);
         CHECK(daemon_stop(&d, SIGTERM, 30000) == 0);
-        memset(ref, 0, 4 * sizeof *ref);
     }
 
     /* three stubs at once (one corrupting a chunk), then three Generate calls at once */
