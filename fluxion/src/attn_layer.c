@@ -11,7 +11,7 @@
  *
  * Everything runs on the caller's worker pool, in two runs a layer: the decisions, then the tasks
  * on the scheduler. The decision run's items are the features of each (sequence, KV group) (each
- * worker its own workspace for the window kernel), then the predictor's 8-row tiles. A sequence's
+ * worker its own workspace for the window kernel), then the predictor's register tiles. A sequence's
  * rows need all its groups' features (MAX_ONORM_Q is a maximum over its heads), not the batch's:
  * the item that completes a sequence's groups finishes its features and publishes it, and a tile
  * waits only for the sequences its rows belong to, so the predictor of the first sequences runs
@@ -34,7 +34,6 @@
 #include "flx/util.h"
 
 enum { SEQ_PENDING = 0, SEQ_READY = 1, SEQ_FAILED = 2 };
-#define PRED_TILE 8   /* predictor rows per item: one of its 8-row register tiles */
 
 struct flx_attn_layer {
     flx_attn_layer_params_t p;
@@ -64,6 +63,7 @@ struct flx_attn_layer {
     _Atomic uint32_t *seq_state; /* (max_batch) SEQ_PENDING, SEQ_READY (features final), SEQ_FAILED */
     _Atomic uint32_t *seq_fail;  /* (max_batch) 1: a feature item of the sequence failed */
     uint32_t n_feat_items, n_rows;   /* the run in progress: B * Hkv feature items, B * Hq predictor rows */
+    uint32_t pred_tile;              /* predictor rows per item: one register tile (flx_predictor_tile_rows) */
     _Atomic uint64_t feat_cpu_ns, mlp_cpu_ns;   /* the run in progress: thread time of each kind of item */
     /* the run in progress */
     const flx_attn_layer_args_t *a;
@@ -216,12 +216,12 @@ static flx_status_t feat_item(struct flx_attn_layer *L, uint32_t wi, uint32_t id
     return st;
 }
 
-/* Predictor item t: rows [8t, 8t + 8) once the sequences they belong to have their features. Items
- * are claimed in order, so every feature item below a claimed predictor item is running or done
- * (or the pool skipped both, past a failure): the wait ends. */
+/* Predictor item t: rows [t * tile, t * tile + tile) once the sequences they belong to have their
+ * features. Items are claimed in order, so every feature item below a claimed predictor item is
+ * running or done (or the pool skipped both, past a failure): the wait ends. */
 static flx_status_t pred_item(struct flx_attn_layer *L, uint32_t t)
 {
-    const uint32_t r0 = t * PRED_TILE, r1 = r0 + PRED_TILE < L->n_rows ? r0 + PRED_TILE : L->n_rows;
+    const uint32_t r0 = t * L->pred_tile, r1 = r0 + L->pred_tile < L->n_rows ? r0 + L->pred_tile : L->n_rows;
     for (uint32_t b = r0 / L->Hq; b <= (r1 - 1) / L->Hq; b++) {
         uint32_t s, spins = 0;
         while ((s = atomic_load_explicit(&L->seq_state[b], memory_order_acquire)) == SEQ_PENDING) {
@@ -319,7 +319,7 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
             }
         }
         /* one run: a sequence's predictor rows start as soon as its features are in */
-        L->n_feat_items = B * Hkv, L->n_rows = B * Hq;
+        L->n_feat_items = B * Hkv, L->n_rows = B * Hq, L->pred_tile = flx_predictor_tile_rows();
         atomic_store_explicit(&L->feat_cpu_ns, 0, memory_order_relaxed);
         atomic_store_explicit(&L->mlp_cpu_ns, 0, memory_order_relaxed);
         for (uint32_t b = 0; b < B; b++) {
@@ -327,7 +327,7 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
             atomic_store_explicit(&L->seq_state[b], SEQ_PENDING, memory_order_relaxed);
             atomic_store_explicit(&L->seq_fail[b], 0, memory_order_relaxed);
         }
-        if ((st = flx_pool_for(L->pool, L->n_feat_items + FLX_DIV_UP(L->n_rows, PRED_TILE), 1, decide_items, L)))
+        if ((st = flx_pool_for(L->pool, L->n_feat_items + FLX_DIV_UP(L->n_rows, L->pred_tile), 1, decide_items, L)))
             goto out;
         decide_ns = flx_now_ns() - t0;
         for (uint32_t b = 0; b < B; b++) {

@@ -10,20 +10,23 @@
  * outputs, k-major: panel[p][k][0..NP) = W[p*NP + j][k] (zero-padded past n_out), so the
  * micro-kernel loads NP weights per k with aligned vector loads and broadcasts one activation per
  * row: MR rows x NP outputs of accumulators stay in registers (AVX-512: 12 x 32 = 24 zmm, then 8/4/
- * 2/1-row tails; AVX2: 3 x 32 = 12 ymm). The 3-output head uses a 16-wide panel. Bias and ReLU are
+ * 2/1-row tails; AVX2: 6 x 16 = 12 ymm over each half of a panel, then 2/1-row tails across it).
+ * The 3-output head uses a 16-wide panel. Bias and ReLU are
  * fused into the store. A panel (K x 32 floats, <= 32 KB) stays in L1 while all row tiles pass.
  * Measured on the 2.8 GHz Ice Lake Xeon (test_predictor prints it): 128 rows in about 175 us on
  * one core (about 160 GFLOP/s, near the 2 x 16-lane FMA peak of 179), 32 rows in about 49 us;
  * 28 MFLOP for 128 rows cannot go below about 160 us on one core, so 0.1 ms needs 2 workers.
  * On this project's 2-CPU AMD EPYC (Zen 4, one 512-bit FMA a cycle) the fp32 path runs at about
- * 109 GFLOP/s a core, at its peak. Where the CPU has AVX-512 BF16 the two hidden layers (256 ->
+ * 109 GFLOP/s a core, at its peak. On a 2.45 GHz AMD EPYC (Zen 3, AVX2 only: 2 x 8-lane FMA, a
+ * peak of 78 GFLOP/s) the AVX2 path runs 6 rows in 17.5 us (75 GFLOP/s) and 128 rows in 400 us
+ * (70); its 2-row tail about 40. Where the CPU has AVX-512 BF16 the two hidden layers (256 ->
  * 256 -> 128, 90 % of the work) take bf16 weights (k-pair panels made at create) and bf16 copies
  * of their inputs into _mm512_dpbf16_ps with fp32 sums: twice the multiply-adds per instruction.
  * Their oracle is flx_mlp_forward_ref_bf16; on the shipped SmolLM2 predictor over real decode
  * features the selector's choices moved in 5 of 5,760 groups (2 streaming, 3 blk), budgets by
  * 0.17 % on average.
  * Rows are independent (and a row's sums run in the same k order whatever tile it is in), so a
- * pool's workers claim chunks of whole 8-row tiles and each carries its chunk through all four
+ * pool's workers claim chunks of whole register tiles (flx_predictor_tile_rows) and each carries its chunk through all four
  * layers in its own part of the scratch: no barrier between layers, and results independent of the
  * pool; flx_predictor_run_rows is one such chunk for a caller that hands out the rows itself.
  * Standardization is applied to the features explicitly (not folded into W1): L_cpu-like features
@@ -462,6 +465,12 @@ size_t flx_predictor_scratch_bytes(uint32_t max_rows)
     return (size_t)max_rows * ROW_FLOATS * sizeof(float) + 64;
 }
 
+uint32_t flx_predictor_tile_rows(void)
+{
+    const flx_isa_t isa = flx_isa_active();
+    return isa >= FLX_ISA_AVX2 && isa < FLX_ISA_AVX512 ? 6 : 8;
+}
+
 /* ---------------- kernels ----------------
  * y[r][o] = act(b[o] + sum_k x[r][k] * W[o][k]) for rows [0, n), outputs [0, n_out) (all panels,
  * columns past n_out are not stored). x has stride ldx, y stride ldy. */
@@ -601,10 +610,15 @@ T512BF static void layer_bf16(const flx_bf16_t *x, size_t ldx, uint32_t n, const
     }
 }
 
-/* MR rows x NV vectors of 8 outputs; NV * 8 == the panel width. */
+/* MR rows x NV vectors of 8 outputs from a panel whose k rows are ldw floats apart (NV * 8 <= ldw:
+ * a kernel may take a 16-output half of a 32-wide panel). AVX2 has 16 ymm registers: 6 x 2 holds
+ * 12 accumulators, 2 weight vectors and a broadcast. 3 x 4 (the tile until 2026-11) needs 17, and
+ * GCC 12 stored its accumulators to the stack every k: 36 GFLOP/s on one Zen 3 core. The store
+ * loop is unrolled so that no accumulator is indexed at run time: without it GCC kept even 6 x 2's
+ * array in memory. */
 #define MK2(MR, NV)                                                                                            \
-    T2 static void mk2_##MR##_##NV(const float *x, size_t ldx, const float *w, const float *bias, uint32_t K,   \
-                                   uint32_t nc, int relu, float *y, size_t ldy)                                \
+    T2 static void mk2_##MR##_##NV(const float *x, size_t ldx, const float *w, size_t ldw, const float *bias,   \
+                                   uint32_t K, uint32_t nc, int relu, float *y, size_t ldy)                    \
     {                                                                                                          \
         __m256 acc[MR][NV];                                                                                    \
         for (int v = 0; v < NV; v++) {                                                                         \
@@ -613,15 +627,15 @@ T512BF static void layer_bf16(const flx_bf16_t *x, size_t ldx, uint32_t n, const
         }                                                                                                      \
         for (uint32_t k = 0; k < K; k++) {                                                                     \
             __m256 wv[NV];                                                                                     \
-            for (int v = 0; v < NV; v++) wv[v] = _mm256_load_ps(w + (size_t)k * 8 * NV + 8 * v);               \
+            for (int v = 0; v < NV; v++) wv[v] = _mm256_load_ps(w + (size_t)k * ldw + 8 * v);                  \
             for (int r = 0; r < MR; r++) {                                                                     \
                 __m256 xb = _mm256_broadcast_ss(x + r * ldx + k);                                              \
                 for (int v = 0; v < NV; v++) acc[r][v] = _mm256_fmadd_ps(xb, wv[v], acc[r][v]);                \
             }                                                                                                  \
         }                                                                                                      \
         __m256 z = _mm256_setzero_ps();                                                                        \
-        for (int r = 0; r < MR; r++)                                                                           \
-            for (int v = 0; v < NV; v++) {                                                                     \
+        _Pragma("GCC unroll 8") for (int r = 0; r < MR; r++)                                                   \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) {                                             \
                 __m256 a = relu ? _mm256_max_ps(acc[r][v], z) : acc[r][v];                                     \
                 int c = (int)nc - 8 * v;                                                                       \
                 if (c >= 8) {                                                                                  \
@@ -633,8 +647,10 @@ T512BF static void layer_bf16(const flx_bf16_t *x, size_t ldx, uint32_t n, const
                 }                                                                                              \
             }                                                                                                  \
     }
-MK2(3, 4) MK2(1, 4) MK2(6, 2) MK2(1, 2)
+MK2(6, 2) MK2(2, 4) MK2(2, 2) MK2(1, 4) MK2(1, 2)
 
+/* 6-row tiles over each 16-output half of a panel (np 32 or 16), then the tail rows two at a time
+ * across the whole panel. */
 T2 static void layer_avx2(const float *x, size_t ldx, uint32_t n, const float *wp, const float *bp, uint32_t K,
                           uint32_t n_out, uint32_t np, int relu, float *y, size_t ldy)
 {
@@ -642,13 +658,17 @@ T2 static void layer_avx2(const float *x, size_t ldx, uint32_t n, const float *w
         const float *w = wp + (size_t)pn * K * np, *b = bp + pn * np;
         uint32_t nc = n_out - pn * np < np ? n_out - pn * np : np;
         float *yp = y + pn * np;
-        uint32_t r = 0;
+        uint32_t r6 = n - n % 6, r = r6;
+        for (uint32_t h = 0; h * 16 < nc; h++)
+            for (uint32_t r0 = 0; r0 < r6; r0 += 6)
+                mk2_6_2(x + r0 * ldx, ldx, w + 16 * h, np, b + 16 * h, K, nc - 16 * h, relu,
+                        yp + r0 * ldy + 16 * h, ldy);
         if (np == 32) {
-            for (; r + 3 <= n; r += 3) mk2_3_4(x + r * ldx, ldx, w, b, K, nc, relu, yp + r * ldy, ldy);
-            for (; r < n; r++) mk2_1_4(x + r * ldx, ldx, w, b, K, nc, relu, yp + r * ldy, ldy);
+            for (; r + 2 <= n; r += 2) mk2_2_4(x + r * ldx, ldx, w, np, b, K, nc, relu, yp + r * ldy, ldy);
+            if (r < n) mk2_1_4(x + r * ldx, ldx, w, np, b, K, nc, relu, yp + r * ldy, ldy);
         } else {
-            for (; r + 6 <= n; r += 6) mk2_6_2(x + r * ldx, ldx, w, b, K, nc, relu, yp + r * ldy, ldy);
-            for (; r < n; r++) mk2_1_2(x + r * ldx, ldx, w, b, K, nc, relu, yp + r * ldy, ldy);
+            for (; r + 2 <= n; r += 2) mk2_2_2(x + r * ldx, ldx, w, np, b, K, nc, relu, yp + r * ldy, ldy);
+            if (r < n) mk2_1_2(x + r * ldx, ldx, w, np, b, K, nc, relu, yp + r * ldy, ldy);
         }
     }
 }
@@ -741,10 +761,11 @@ flx_status_t flx_predictor_run(flx_predictor_h p, const float *feat, uint32_t n_
     run_job_t j;
     flx_status_t st = run_setup(p, feat, n_rows, 0, n_rows, out, scratch, scratch_bytes, &j);
     if (st || !n_rows) return st;
-    /* Chunks of whole 8-row tiles: one tile each for a decode layer's few rows (a batch of 4 has 36
-     * on SmolLM2, which chunks of 32 split 32 + 4 between two workers: 66 us a layer, 73 on one),
+    /* Chunks of whole register tiles: one tile each for a decode layer's few rows (a batch of 4 has
+     * 36 on SmolLM2, which chunks of 32 split 32 + 4 between two workers: 66 us a layer, 73 on one),
      * four for the large runs of training and evaluation. Rows do not depend on the chunking. */
-    return flx_pool_for(pool, n_rows, n_rows <= 128 ? 8 : 32, run_chunk, &j);
+    const uint32_t tile = flx_predictor_tile_rows();
+    return flx_pool_for(pool, n_rows, n_rows <= 128 ? tile : 4 * tile, run_chunk, &j);
 }
 
 flx_status_t flx_predictor_run_rows(flx_predictor_h p, const float *feat, uint32_t n_rows, uint32_t r0, uint32_t r1,

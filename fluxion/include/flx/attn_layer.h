@@ -25,11 +25,11 @@
  *
  * COST OF FLUXION'S DECISIONS (stats.predict_ns, the features + predictor + selector time)
  * Features run per (sequence, KV group) on the pool's workers (they are the window attention too,
- * one pass over the window's sink, local and generated segments), the predictor in 8-row tiles in
- * the same pool run, each tile as soon as its sequences' features are in (SIMD; the hidden layers
- * in bf16 where the CPU has AVX-512 BF16; the scratch planned at create), the selector per group on
- * the calling thread; nothing allocates. stats.decide_ns is that run's wall time, feat_cpu_ns and
- * mlp_cpu_ns the thread time its two kinds of items took.
+ * one pass over the window's sink, local and generated segments), the predictor in register tiles
+ * (flx_predictor_tile_rows) in the same pool run, each tile as soon as its sequences' features are
+ * in (SIMD; the hidden layers in bf16 where the CPU has AVX-512 BF16; the scratch planned at
+ * create), the selector per group on the calling thread; nothing allocates. stats.decide_ns is
+ * that run's wall time, feat_cpu_ns and mlp_cpu_ns the thread time its two kinds of items took.
  *
  * THREAD MODE
  * One thread drives a layer object (create, run, destroy); runs use the pool's workers. Results do
