@@ -11,24 +11,26 @@
  * micro-kernel loads NP weights per k with aligned vector loads and broadcasts one activation per
  * row: MR rows x NP outputs of accumulators stay in registers (AVX-512: 12 x 32 = 24 zmm, then 8/4/
  * 2/1-row tails; AVX2: 6 x 16 = 12 ymm over each half of a panel, then 2/1-row tails across it).
- * The 3-output head uses a 16-wide panel. Bias and ReLU are
- * fused into the store. A panel (K x 32 floats, <= 32 KB) stays in L1 while all row tiles pass.
+ * The 3-output head uses a 16-wide panel. Bias and ReLU are fused into the store. A panel (K x 32
+ * floats, <= 32 KB) stays in L1 while all row tiles pass.
  * Measured on the 2.8 GHz Ice Lake Xeon (test_predictor prints it): 128 rows in about 175 us on
  * one core (about 160 GFLOP/s, near the 2 x 16-lane FMA peak of 179), 32 rows in about 49 us;
  * 28 MFLOP for 128 rows cannot go below about 160 us on one core, so 0.1 ms needs 2 workers.
  * On this project's 2-CPU AMD EPYC (Zen 4, one 512-bit FMA a cycle) the fp32 path runs at about
  * 109 GFLOP/s a core, at its peak. On a 2.45 GHz AMD EPYC (Zen 3, AVX2 only: 2 x 8-lane FMA, a
  * peak of 78 GFLOP/s) the AVX2 path runs 6 rows in 17.5 us (75 GFLOP/s) and 128 rows in 400 us
- * (70); its 2-row tail about 40. Where the CPU has AVX-512 BF16 the two hidden layers (256 ->
- * 256 -> 128, 90 % of the work) take bf16 weights (k-pair panels made at create) and bf16 copies
- * of their inputs into _mm512_dpbf16_ps with fp32 sums: twice the multiply-adds per instruction.
+ * (70 GFLOP/s); its 2-row tail at about 40. Where the CPU has AVX-512 BF16 the two hidden layers
+ * (256 -> 256 -> 128, 90 % of the work) take bf16 weights (k-pair panels made at create) and bf16
+ * copies of their inputs into _mm512_dpbf16_ps with fp32 sums: twice the multiply-adds per
+ * instruction.
  * Their oracle is flx_mlp_forward_ref_bf16; on the shipped SmolLM2 predictor over real decode
  * features the selector's choices moved in 5 of 5,760 groups (2 streaming, 3 blk), budgets by
  * 0.17 % on average.
  * Rows are independent (and a row's sums run in the same k order whatever tile it is in), so a
- * pool's workers claim chunks of whole register tiles (flx_predictor_tile_rows) and each carries its chunk through all four
- * layers in its own part of the scratch: no barrier between layers, and results independent of the
- * pool; flx_predictor_run_rows is one such chunk for a caller that hands out the rows itself.
+ * pool's workers claim chunks of whole register tiles (flx_predictor_tile_rows) and each carries
+ * its chunk through all four layers in its own part of the scratch: no barrier between layers, and
+ * results independent of the pool; flx_predictor_run_rows is one such chunk for a caller that hands
+ * out the rows itself.
  * Standardization is applied to the features explicitly (not folded into W1): L_cpu-like features
  * have means far from 0 and folding would cancel catastrophically in fp32.
  * flx_mlp_forward_ref is the oracle: same math in double, straight from the (out, in) weights.

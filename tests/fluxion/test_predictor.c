@@ -1,7 +1,8 @@
 /*
  * test_predictor.c - the fast predictor against flx_mlp_forward_ref at every ISA level the CPU has
- * (1, 3, 32, 100 rows, 1 and 3 threads) for both output maps, weights file round trip, loader
- * refusals, non-finite features, and the timing of one layer (32 and 128 rows, one thread).
+ * (1, 3, 32, 100 rows, pools of 1 to 7 workers, and every row in ranges of 1 to 8 rows: the same
+ * bits) for both output maps, weights file round trip, loader refusals, non-finite features, and
+ * the timing of one layer (32 and 128 rows, one thread).
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -81,8 +82,8 @@ static void check_fast_vs_ref(const flx_mlp_t *m, flx_predictor_h p, flx_rng_t *
             if (wi == 0) memcpy(one, got, n * sizeof *got);
             else CHECK_SAME(label, (const float *)got, (const float *)one, 3 * n);
         }
-        /* a row's bits do not depend on the tile it lands in: ranges of 1 to 8 rows, so every row
-         * goes through a full register tile in flx_predictor_run and through the tails here */
+        /* a row's bits do not depend on the tile it lands in: flx_predictor_run put most rows in
+         * full register tiles; ranges of 1 to 8 rows put them in every tail kernel too */
         memset(got, 0xff, sizeof got);
         for (uint32_t r0 = 0, len = 1; r0 < n; r0 += len, len = len % 8 + 1)
             CHECK_OK(flx_predictor_run_rows(p, feat, n, r0, r0 + len < n ? r0 + len : n, got, scratch, sb));

@@ -145,8 +145,8 @@ flx_select_params_t flx_predictor_select_params(flx_predictor_h p);
 /* Scratch bytes for up to max_rows rows per call. */
 size_t flx_predictor_scratch_bytes(uint32_t max_rows);
 /* Rows of the active kernel's full register tile (flx_isa_active: 6 on AVX2, 8 on AVX-512 and for
- * the scalar code): a caller handing out rows (flx_predictor_run_rows) gives each worker multiples of it,
- * since a shorter tail runs in a narrower, slower kernel. */
+ * the scalar code): a caller handing out rows (flx_predictor_run_rows) gives each worker multiples
+ * of it, since a shorter tail runs in a narrower, slower kernel. */
 uint32_t flx_predictor_tile_rows(void);
 /* feat (n_rows, 41) -> out (n_rows); rows are independent (all heads of a layer, of every sequence
  * in the batch), in chunks of whole register tiles (flx_predictor_tile_rows) on pool's workers
