@@ -52,6 +52,7 @@
 
 #define MAX_DISTINCT 16
 #define MAX_B 64
+#define MAX_BATCHES 8   /* batch sizes per length at most (--batches) */
 #define MAX_LAYERS 8   /* layers measured at most (--layers) */
 #define HQ 32
 #define HKV 8
@@ -430,7 +431,6 @@ static void point_end(const ctx_t *cx, point_t *pt)
     free(dec);
 }
 
-
 /* Measures points pt[0..n) on the sessions of set: per layer, the layer is loaded into the sessions
  * the points use, once, and every point runs its repetitions on it; the points' figures are then
  * printed in order. */
@@ -452,7 +452,7 @@ int main(int argc, char **argv)
 {
     const char *weights = NULL, *csv_path = NULL, *lens_s = NULL, *batches_s = NULL, *layers_s = NULL;
     const char *mixed_s = NULL, *trace_path = NULL;
-    uint32_t lens[8] = {16384, 32768, 65536, 131072}, n_lens = 4, batches[8] = {1, 4, 8, 16}, n_b = 4;
+    uint32_t lens[8] = {16384, 32768, 65536, 131072}, n_lens = 4, batches[MAX_BATCHES] = {1, 4, 8, 16}, n_b = 4;
     uint32_t layers[MAX_LAYERS] = {0, 4, 8, 12, 16, 20, 24, 28}, n_layers = 8;
     uint32_t mixed_lo[4] = {16384, 32768}, mixed_hi[4] = {65536, 131072};
     uint32_t n_mixed = 2;
@@ -488,7 +488,7 @@ int main(int argc, char **argv)
     uint64_t mlo[4], mhi[4];
     FILE *csv = NULL;
     if ((rc = flx_bench_u32_list(&cli, "lens", lens_s, 1024, 1u << 20, lens, 8, &n_lens)) != FLX_CLI_PROCEED ||
-        (rc = flx_bench_u32_list(&cli, "batches", batches_s, 1, MAX_B, batches, 8, &n_b)) != FLX_CLI_PROCEED ||
+        (rc = flx_bench_u32_list(&cli, "batches", batches_s, 1, MAX_B, batches, MAX_BATCHES, &n_b)) != FLX_CLI_PROCEED ||
         (rc = flx_bench_u32_list(&cli, "layers", layers_s, 0, 31, layers, MAX_LAYERS, &n_layers)) != FLX_CLI_PROCEED)
         return rc;
     if (mixed_s) {
@@ -550,9 +550,9 @@ int main(int argc, char **argv)
         set_open(&set, dl, nd, 1000 + L, cx.pool);
         printf("%uK: %u distinct session(s); rows of a batch beyond them reuse one\n", L / 1024, nd);
         /* every batch of this length (and its GPU point) on one load of each layer */
-        point_t pts[16];
-        result_t res[16][4];
-        int main_of[8], gpu_of[8];   /* batch bi's point, its GPU point (or -1) */
+        point_t pts[2 * MAX_BATCHES];
+        result_t res[2 * MAX_BATCHES][4];
+        int main_of[MAX_BATCHES], gpu_of[MAX_BATCHES];   /* batch bi's point, its GPU point (or -1) */
         uint32_t np = 0;
         for (uint32_t bi = 0; bi < n_b; bi++) {
             const uint32_t B = batches[bi];
