@@ -136,9 +136,10 @@ static void test_schedules(const int32_t *prompt, flx_predictor_h pred)
     ep.keep_streaming = 1;
     run(prompt, ep, NULL, tok, got, &tot, &st_keep, NULL);
     CHECK(tot.n_skipped == 0);
-    /* every skipped group becomes a task; its bytes may be none (a budget of 0 reads no block) */
-    CHECK(st_skip.n_skipped > 0 && st_keep.n_skipped == 0 && st_keep.n_tasks == st_skip.n_tasks + st_skip.n_skipped &&
-          st_keep.host_bytes >= st_skip.host_bytes);
+    /* every skipped group becomes a task. The bytes are not compared: keeping a group's streaming
+     * heads never lowers its Eq. 3 cost at any blk, but its cheapest blk can become a coarser one that
+     * reads fewer bytes (FLX_SEED=66939651994538: 94,208 kept against 98,048 skipped on this step) */
+    CHECK(st_skip.n_skipped > 0 && st_keep.n_skipped == 0 && st_keep.n_tasks == st_skip.n_tasks + st_skip.n_skipped);
     ep.keep_streaming = 0, ep.fixed_blk = 128;
     run(prompt, ep, NULL, tok, got, &tot, &st_fix, &l0_fix);
     /* a fixed blk leaves the streaming decisions as they were where the inputs are the same: in

@@ -121,9 +121,11 @@ static void gradient_check(flx_rng_t *rng, flx_train_loss_t kind)
             double gp = (lp - l0) / (de / 2), gm = (l0 - lm) / (de / 2), fd = (lp - lm) / de;
             double fd4 = (lp4 - lm4) / de4;
             /* a kink within e: the one-sided slopes part, or the central difference moves when the
-             * step shrinks (kinks on both sides can leave the one-sided slopes alike) */
+             * step shrinks (kinks on both sides can leave the one-sided slopes alike; many small ones
+             * move it a few percent: FLX_SEED=36518949874285 had 0.0697 at e, 0.0650 at e/4 and 0.0544
+             * at the point, one-sided 0.0673 and 0.0722) */
             if (fabs(gp - gm) > 0.1 * fmax(fabs(gp), fabs(gm)) + 2e-3 ||
-                fabs(fd - fd4) > 0.1 * fmax(fabs(fd), fabs(fd4)) + 1e-3) {
+                fabs(fd - fd4) > 0.03 * fmax(fabs(fd), fabs(fd4)) + 1e-3) {
                 skipped++;
                 continue;
             }
