@@ -52,7 +52,9 @@
 
 #define MAX_DISTINCT 16
 #define MAX_B 64
+#define MAX_LENS 8      /* context lengths at most (--lens) */
 #define MAX_BATCHES 8   /* batch sizes per length at most (--batches) */
+#define MAX_CFGS 8      /* configurations of one point at most (ABL_CFG has the most, 7) */
 #define MAX_LAYERS 8   /* layers measured at most (--layers) */
 #define HQ 32
 #define HKV 8
@@ -133,6 +135,8 @@ static const cfg_t ABL_CFG[7] = {
     {"fluxion_blk16", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_PRIORITY, {0, 16}, 0, FLX_SCHED_HYBRID},
     {"fluxion_blk32", FLX_LAYER_FLUXION, 0, 0, FLX_SCHED_PRIORITY, {0, 32}, 0, FLX_SCHED_HYBRID},
 };
+_Static_assert(FLX_ARRAY_SIZE(ABL_CFG) <= MAX_CFGS && FLX_ARRAY_SIZE(MAIN_CFG) <= MAX_CFGS &&
+                   FLX_ARRAY_SIZE(GPU_CFG) <= MAX_CFGS, "a point holds at most MAX_CFGS configurations");
 
 /* ---- sessions ---- */
 
@@ -215,8 +219,8 @@ typedef struct point {
     result_t *res;                                       /* nc results, filled by point_end */
     /* state */
     uint32_t max_l, r;
-    flx_attn_layer_h L[8];
-    float *q, *o[8];
+    flx_attn_layer_h L[MAX_CFGS];
+    float *q, *o[MAX_CFGS];
     double *ms, *pred_ns, *within, *bytes, *tasks, *idle, *gtasks, *within_l, *gbusy, *dec, heads;
 } point_t;
 
@@ -452,7 +456,7 @@ int main(int argc, char **argv)
 {
     const char *weights = NULL, *csv_path = NULL, *lens_s = NULL, *batches_s = NULL, *layers_s = NULL;
     const char *mixed_s = NULL, *trace_path = NULL;
-    uint32_t lens[8] = {16384, 32768, 65536, 131072}, n_lens = 4, batches[MAX_BATCHES] = {1, 4, 8, 16}, n_b = 4;
+    uint32_t lens[MAX_LENS] = {16384, 32768, 65536, 131072}, n_lens = 4, batches[MAX_BATCHES] = {1, 4, 8, 16}, n_b = 4;
     uint32_t layers[MAX_LAYERS] = {0, 4, 8, 12, 16, 20, 24, 28}, n_layers = 8;
     uint32_t mixed_lo[4] = {16384, 32768}, mixed_hi[4] = {65536, 131072};
     uint32_t n_mixed = 2;
@@ -487,8 +491,9 @@ int main(int argc, char **argv)
     if (rc != FLX_CLI_PROCEED) return rc;
     uint64_t mlo[4], mhi[4];
     FILE *csv = NULL;
-    if ((rc = flx_bench_u32_list(&cli, "lens", lens_s, 1024, 1u << 20, lens, 8, &n_lens)) != FLX_CLI_PROCEED ||
-        (rc = flx_bench_u32_list(&cli, "batches", batches_s, 1, MAX_B, batches, MAX_BATCHES, &n_b)) != FLX_CLI_PROCEED ||
+    if ((rc = flx_bench_u32_list(&cli, "lens", lens_s, 1024, 1u << 20, lens, MAX_LENS, &n_lens)) != FLX_CLI_PROCEED ||
+        (rc = flx_bench_u32_list(&cli, "batches", batches_s, 1, MAX_B, batches, MAX_BATCHES, &n_b)) !=
+            FLX_CLI_PROCEED ||
         (rc = flx_bench_u32_list(&cli, "layers", layers_s, 0, 31, layers, MAX_LAYERS, &n_layers)) != FLX_CLI_PROCEED)
         return rc;
     if (mixed_s) {
