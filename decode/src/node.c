@@ -89,7 +89,7 @@ typedef struct sess {
 } sess_t;
 
 struct flx_node_gen {
-    struct flx_node_gen *next;     /* the incoming queue, then the decode thread's active list */
+    struct flx_node_gen *next;     /* the incoming queue, then the decode thread's deferred or active list */
     flx_node_h node;
     uint64_t sid;
     flx_kv_session_id_t kv;
@@ -105,6 +105,7 @@ struct flx_node_gen {
     /* decode thread only */
     flx_engine_h eng;
     flx_engine_seq_id_t seq;
+    int deferred_logged;
     uint32_t n_sent;
     int has_pend;                  /* a token of the step in progress waits for its statistics */
     int32_t pend_tok;
@@ -167,6 +168,7 @@ struct flx_node {
     uint32_t n_eng;
     uint32_t eng_next;             /* the engine that steps first in the next round (rotates) */
     struct flx_node_gen *active;
+    struct flx_node_gen *deferred, **deferred_tail;   /* calls waiting for an engine, in arrival order */
 
     pthread_mutex_t stats_mu;      /* guards the sums below (written by the decode thread) */
     flx_engine_stats_t eng_total;
@@ -283,6 +285,26 @@ static void kv_close(flx_node_h n, flx_kv_session_id_t kv)
         flx_kv_session_close(n->store, kv);
 }
 
+/* A LOCAL session that ends before the prefill thread took it: its prompt is freed, its reservation
+ * (only counted so far) uncounted, and its entry leaves the prefill queue. The queue then holds one
+ * entry per session still waiting, never more than the sessions that can be open, so however many
+ * sessions open and close behind a long prefill no waiting entry is overwritten. */
+static void drop_local_tokens_locked(flx_node_h n, sess_t *s)
+{
+    if (!s->local_tokens)
+        return;
+    free(s->local_tokens);
+    s->local_tokens = NULL;
+    n->pending_bytes -= s->reserved_bytes;
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < n->pf_n; i++) {
+        const uint64_t id = n->pf_queue[(n->pf_head + i) % n->n_slots];
+        if (id != s->id)
+            n->pf_queue[(n->pf_head + kept++) % n->n_slots] = id;
+    }
+    n->pf_n = kept;
+}
+
 /* OPEN/RECEIVING/READY -> FAILED with a reason; the KV (if any) goes back to the pool. In UCX mode
  * a transfer still running is failed in the transport (its senders hear the reason) and the id
  * stays open until CloseSession; one that got READY meanwhile is closed. */
@@ -295,11 +317,7 @@ static void fail_locked(flx_node_h n, sess_t *s, const char *reason)
         kv_close(n, s->kv);
         s->kv = 0;
     }
-    if (s->local_tokens) {   /* never prefilled: its reservation was only counted */
-        free(s->local_tokens);
-        s->local_tokens = NULL;
-        n->pending_bytes -= s->reserved_bytes;
-    }
+    drop_local_tokens_locked(n, s);
     mark_failed_locked(n, s, reason);
 }
 
@@ -387,8 +405,9 @@ static flx_status_t limits_init(flx_node_h n)
     l->head_dim = c->head_dim;
     l->vocab = c->vocab;
     uint32_t ctx = c->max_ctx ? c->max_ctx : 4096;
-    if (n->cfg.max_prompt_len > ctx)
-        flx_log_warn(MOD, "max-prompt-len %u exceeds the model's trained context %u", n->cfg.max_prompt_len, ctx);
+    if (n->cfg.max_prompt_len > ctx)   /* sessions the engine would refuse after their whole transfer */
+        return flx_error_set(FLX_ERR_INVALID, "max-prompt-len %u exceeds the model's context of %u tokens",
+                             n->cfg.max_prompt_len, ctx);
     l->max_prompt_len = n->cfg.max_prompt_len ? n->cfg.max_prompt_len : ctx;
     l->max_new_tokens = n->cfg.max_new_tokens;
     l->max_stop_ids = FLX_ENGINE_MAX_STOP - n->n_eog;
@@ -472,6 +491,7 @@ flx_status_t flx_node_create(const flx_node_config_t *cfg, flx_node_h *node_p)
     pthread_cond_init(&n->wake_cv, NULL);
     pthread_cond_init(&n->pf_cv, NULL);
     n->incoming_tail = &n->incoming;
+    n->deferred_tail = &n->deferred;
     if ((st = hists_init(n)))
         goto fail;
 
@@ -776,11 +796,7 @@ flx_status_t flx_node_close(flx_node_h n, uint64_t id, flx_node_state_t *prev_p)
     } else if (s->state != FLX_NODE_CLOSED) {
         kv_close(n, s->kv);
         s->kv = 0;
-        if (s->local_tokens) {
-            free(s->local_tokens);
-            s->local_tokens = NULL;
-            n->pending_bytes -= s->reserved_bytes;
-        }
+        drop_local_tokens_locked(n, s);
     }
     if (s->state != FLX_NODE_DECODING)
         close_record_locked(n, s);
@@ -1056,9 +1072,12 @@ static int attn_equal(const flx_node_attn_t *a, const flx_node_attn_t *b)
     return a->mode != FLX_ENGINE_ATTN_FIXED || (a->blk == b->blk && a->bgt == b->bgt);
 }
 
-/* The engine of an attention configuration, created on first use; an idle one makes room. */
+/* The engine of an attention configuration, created on first use; an idle one makes room. When
+ * FLX_NODE_MAX_ENGINES other configurations are all decoding, *e_p is NULL (FLX_OK): the call waits
+ * for one of them to go idle. */
 static flx_status_t engine_for(flx_node_h n, const flx_node_attn_t *attn, flx_engine_h *e_p)
 {
+    *e_p = NULL;
     for (uint32_t i = 0; i < n->n_eng; i++)
         if (attn_equal(&n->eng[i].attn, attn)) {
             *e_p = n->eng[i].e;
@@ -1069,8 +1088,7 @@ static flx_status_t engine_for(flx_node_h n, const flx_node_attn_t *attn, flx_en
         for (slot = 0; slot < n->n_eng && flx_engine_n_live(n->eng[slot].e); slot++) {
         }
         if (slot == n->n_eng)
-            return flx_error_set(FLX_ERR_CAPACITY, "%u attention configurations are decoding at once (the most)",
-                                 FLX_NODE_MAX_ENGINES);
+            return FLX_OK;
         flx_engine_destroy(n->eng[slot].e);
         n->eng[slot].e = NULL;
     }
@@ -1098,7 +1116,10 @@ static flx_status_t engine_for(flx_node_h n, const flx_node_attn_t *attn, flx_en
     return FLX_OK;
 }
 
-/* Appends the text of token t to g->text (complete UTF-8 only); returns its length. */
+/* Appends the text of token t to g->text and returns its length. A piece that ends inside a UTF-8
+ * character waits for the tokens that complete it (up to 16); what is sent is always valid UTF-8
+ * (the proto's text is a string), so bytes that form no character, or a character still incomplete
+ * at the end of the call or when the 16 are used up, go out as U+FFFD. */
 static size_t detok(flx_node_h n, struct flx_node_gen *g, int32_t t, int flush)
 {
     g->text[0] = '\0';
@@ -1108,32 +1129,27 @@ static size_t detok(flx_node_h n, struct flx_node_gen *g, int32_t t, int flush)
         g->dt_ids[g->dt_n++] = t;
     if (!g->dt_n)
         return 0;
+    char raw[TEXT_MAX];
     size_t len = 0;
-    if (flx_tok_decode(n->tok, g->dt_ids, g->dt_n, FLX_TOK_SKIP_SPECIAL, g->text, sizeof g->text, &len)) {
+    if (flx_tok_decode(n->tok, g->dt_ids, g->dt_n, FLX_TOK_SKIP_SPECIAL, raw, sizeof raw, &len)) {
         g->dt_n = 0;
-        g->text[0] = '\0';
         return 0;
     }
-    if (len >= sizeof g->text)
-        len = sizeof g->text - 1;
     /* hold back an incomplete UTF-8 character, unless this is the end or the buffer is full */
     size_t i = len, k = 0;
-    while (i > 0 && k < 4 && ((unsigned char)g->text[i - 1] & 0xC0) == 0x80) i--, k++;
+    while (i > 0 && k < 4 && ((unsigned char)raw[i - 1] & 0xC0) == 0x80) i--, k++;
     int incomplete = 0;
     if (i > 0) {
-        unsigned char c = (unsigned char)g->text[i - 1];
+        unsigned char c = (unsigned char)raw[i - 1];
         size_t need = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
         incomplete = k < need;
     } else {
         incomplete = k > 0;
     }
-    if (incomplete && !flush && g->dt_n < FLX_ARRAY_SIZE(g->dt_ids)) {
-        g->text[0] = '\0';
+    if (incomplete && !flush && g->dt_n < FLX_ARRAY_SIZE(g->dt_ids))
         return 0;
-    }
     g->dt_n = 0;
-    g->text[len] = '\0';
-    return len;
+    return flx_utf8_repair(raw, len, g->text, sizeof g->text);
 }
 
 static void emit(flx_node_h n, struct flx_node_gen *g, int32_t tok, flx_engine_finish_t why, int with_step)
@@ -1219,18 +1235,32 @@ static void gen_end(flx_node_h n, struct flx_node_gen *g, flx_status_t st, const
     free(g);
 }
 
-/* New calls join their engine. */
+/* New calls join their engine, in arrival order after the calls still waiting for one (those whose
+ * attention configuration found every engine busy with others; they stay first in line). */
 static void admit(flx_node_h n)
 {
     pthread_mutex_lock(&n->mu);
-    struct flx_node_gen *g = n->incoming;
+    *n->deferred_tail = n->incoming;
     n->incoming = NULL;
     n->incoming_tail = &n->incoming;
     pthread_mutex_unlock(&n->mu);
+    struct flx_node_gen *g = n->deferred;
+    n->deferred = NULL;
+    n->deferred_tail = &n->deferred;
     while (g) {
         struct flx_node_gen *next = g->next;
         g->next = NULL;
         flx_status_t st = engine_for(n, &g->attn, &g->eng);
+        if (!st && !g->eng) {
+            if (!g->deferred_logged)
+                flx_log_info(MOD, "session %llu waits for an engine: %u other attention configurations are decoding",
+                             (unsigned long long)g->sid, FLX_NODE_MAX_ENGINES);
+            g->deferred_logged = 1;
+            *n->deferred_tail = g;
+            n->deferred_tail = &g->next;
+            g = next;
+            continue;
+        }
         if (!st) {
             g->gp.on_token = on_engine_token;
             g->gp.ctx = g;
@@ -1272,21 +1302,28 @@ static int gen_flush(flx_node_h n, struct flx_node_gen *g, int with_step)
     return 1;
 }
 
+/* Why a call must stop now (its error set), or FLX_OK. */
+static flx_status_t call_stop(const struct flx_node_gen *g, uint64_t now, int drain_over)
+{
+    if (g->cancel && atomic_load(g->cancel))
+        return flx_error_set(FLX_ERR_CANCELED, "the client cancelled after %u tokens", g->n_sent);
+    if (atomic_load(&g->closed))
+        return flx_error_set(FLX_ERR_CANCELED, "session closed by CloseSession after %u tokens", g->n_sent);
+    if (now >= g->deadline_ns)
+        return flx_error_set(FLX_ERR_TIMEOUT, "deadline passed after %u tokens", g->n_sent);
+    if (drain_over)
+        return flx_error_set(FLX_ERR_UNAVAILABLE, "node draining: stopped after %u tokens", g->n_sent);
+    return FLX_OK;
+}
+
 /* Cancels calls whose client went away, whose session was closed, whose deadline passed, or that
- * a drain stops; each leaves its engine now, before the next step. */
+ * a drain stops; each leaves its engine now, before the next step. A call still waiting for an
+ * engine ends the same way. */
 static void check_calls(flx_node_h n, uint64_t now, int drain_over)
 {
     for (struct flx_node_gen **pp = &n->active; *pp;) {
         struct flx_node_gen *g = *pp;
-        flx_status_t st = FLX_OK;
-        if (g->cancel && atomic_load(g->cancel))
-            st = flx_error_set(FLX_ERR_CANCELED, "the client cancelled after %u tokens", g->n_sent);
-        else if (atomic_load(&g->closed))
-            st = flx_error_set(FLX_ERR_CANCELED, "session closed by CloseSession after %u tokens", g->n_sent);
-        else if (now >= g->deadline_ns)
-            st = flx_error_set(FLX_ERR_TIMEOUT, "deadline passed after %u tokens", g->n_sent);
-        else if (drain_over)
-            st = flx_error_set(FLX_ERR_UNAVAILABLE, "node draining: stopped after %u tokens", g->n_sent);
+        flx_status_t st = call_stop(g, now, drain_over);
         if (!st) {
             pp = &g->next;
             continue;
@@ -1299,6 +1336,19 @@ static void check_calls(flx_node_h n, uint64_t now, int drain_over)
         }
         *pp = g->next;
         gen_flush(n, g, 0);
+    }
+    n->deferred_tail = &n->deferred;
+    for (struct flx_node_gen **pp = &n->deferred; *pp;) {
+        struct flx_node_gen *g = *pp;
+        flx_status_t st = call_stop(g, now, drain_over);
+        if (!st) {
+            pp = n->deferred_tail = &g->next;
+            continue;
+        }
+        char msg[FLX_ERROR_MSG_MAX];
+        snprintf(msg, sizeof msg, "%s", flx_error_msg());
+        *pp = g->next;
+        gen_end(n, g, st, msg);
     }
 }
 
@@ -1461,14 +1511,14 @@ static void *decode_main(void *arg)
         step_engines(n);
         if (stop && !n->active) {
             pthread_mutex_lock(&n->mu);
-            int idle = !n->incoming && !n->waiters;
+            int idle = !n->incoming && !n->waiters && !n->deferred;
             pthread_mutex_unlock(&n->mu);
             if (idle)
                 break;
             continue;
         }
-        if (n->active)
-            continue;   /* live sequences: the next step */
+        if (n->active || n->deferred)
+            continue;   /* live sequences: the next step (calls wait for an engine only while others decode) */
         /* Idle: sleep until a wakeup or the next timer. */
         next = FLX_MIN(next, drain_deadline);
         pthread_mutex_lock(&n->wake_mu);
@@ -1514,10 +1564,12 @@ flx_status_t flx_node_metrics_text(flx_node_h n, char **text_p, size_t *len_p)
     uint32_t live = n->live_seqs;
     pthread_mutex_unlock(&n->stats_mu);
 
+    char model_id[2 * FLX_NODE_ID_MAX];
+    flx_prom_escape(s.limits.model_id, model_id, sizeof model_id);
     flx_prom_printf(&b, "# HELP fluxion_build_info The node's model and prefill mode.\n"
                         "# TYPE fluxion_build_info gauge\n"
                         "fluxion_build_info{model_id=\"%s\",prefill=\"%s\"} 1\n",
-                    s.limits.model_id, s.limits.prefill == FLX_NODE_PREFILL_LOCAL ? "local" : "ucx");
+                    model_id, s.limits.prefill == FLX_NODE_PREFILL_LOCAL ? "local" : "ucx");
     flx_prom_metric(&b, "fluxion_draining", "gauge", "1 while the node drains (SIGTERM).", s.draining);
     flx_prom_header(&b, "fluxion_sessions", "gauge", "Sessions by state now (closed: records kept for a minute).");
     for (int st = FLX_NODE_OPEN; st <= FLX_NODE_CLOSED; st++) {

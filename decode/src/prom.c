@@ -46,6 +46,21 @@ void flx_prom_printf(flx_prom_buf_t *b, const char *fmt, ...)
     }
 }
 
+void flx_prom_escape(const char *in, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (; *in; in++) {
+        const char c = *in == '\n' ? 'n' : *in;
+        const size_t w = (*in == '\\' || *in == '"' || *in == '\n') ? 2 : 1;
+        if (o + w > cap - 1)
+            break;
+        if (w == 2)
+            out[o++] = '\\';
+        out[o++] = c;
+    }
+    out[o] = '\0';
+}
+
 void flx_prom_header(flx_prom_buf_t *b, const char *name, const char *type, const char *help)
 {
     flx_prom_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);

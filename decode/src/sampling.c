@@ -150,7 +150,8 @@ flx_status_t flx_sample(flx_sampler_t *s, const float *logits, void *scratch, si
     }
     if (n_finite == 0)
         return flx_error_set(FLX_ERR_INVALID, "all %u logits are -inf", V);
-    if (s->p.temperature == 0.0f) {
+    /* a temperature so small that 1 / T overflows is greedy's limit (0 * inf would be NaN below) */
+    if (s->p.temperature == 0.0f || !isfinite(1.0f / s->p.temperature)) {
         *token_p = (int32_t)flx_sample_argmax(logits, V);
         return FLX_OK;
     }

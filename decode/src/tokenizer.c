@@ -980,6 +980,25 @@ out:
     return st;
 }
 
+size_t flx_utf8_repair(const char *in, size_t len, char *out, size_t cap)
+{
+    static const char repl[3] = {(char)0xEF, (char)0xBF, (char)0xBD};   /* U+FFFD */
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        uint32_t cp;
+        const size_t n = u8_next((const uint8_t *)in, i, len, &cp);
+        const char *src = cp == CP_INVALID ? repl : in + i;
+        const size_t w = cp == CP_INVALID ? sizeof repl : n;
+        if (o + w > cap - 1)
+            break;
+        memcpy(out + o, src, w);
+        o += w;
+        i += n;
+    }
+    out[o] = '\0';
+    return o;
+}
+
 flx_status_t flx_tok_decode(flx_tok_h tok, const int32_t *ids, size_t n, unsigned flags, char *buf,
                             size_t cap, size_t *len_p)
 {

@@ -27,12 +27,17 @@
  *     before), new sessions UNAVAILABLE, the stream ends
  *     UNAVAILABLE at the drain timeout, the daemon exits 0; exit 2 on bad flags, 1 when it cannot
  *     start.
+ *   - a node with max-sessions 9: sessions opened and closed behind a long local prefill never push
+ *     a waiting one out of the prefill queue; a Generate for a ninth attention configuration while
+ *     eight decode waits for an engine (its deadline still holds) and then streams its reference
+ *     tokens; /metrics escapes a model id with a quote and a backslash.
  * Real model: Generate's text pieces concatenate to what flx-generate prints for the same prompt.
  */
 #include <arpa/inet.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -47,6 +52,7 @@
 
 static const char *g_daemon, *g_dir, *g_py;
 static char g_model_dir[512], g_pred[512];
+static const char *g_model_id = "test-model";   /* what OpenSession names */
 static flx_model_t *g_m;
 
 enum { VOCAB = 512 };
@@ -118,7 +124,7 @@ static void open_req(Fluxion__Decode__V1__OpenSessionRequest *r, Fluxion__Decode
     a->mode = FLUXION__DECODE__V1__ATTENTION_MODE__ATTENTION_MODE_FULL;
     lp->token_ids = (int32_t *)prompt;
     lp->n_token_ids = n;
-    r->model_id = (char *)"test-model";
+    r->model_id = (char *)g_model_id;
     r->shape = &g_shape;
     r->prompt_len = n;
     r->max_new_tokens = max_new;
@@ -337,6 +343,8 @@ static void run_readme_snippet(daemon_proc_t *d, const int32_t *prompt, uint32_t
     CHECK(strstr(got, "finish: FINISH_REASON_MAX_NEW_TOKENS"));
     free(got);
 }
+
+static void test_limits(const int32_t *prompt);
 
 static void test_random(void)
 {
@@ -614,11 +622,195 @@ static void test_random(void)
     }
     flx_rpc_client_destroy(c);
     CHECK(daemon_stop(&d, 0, 20000) == 0);
+    test_limits(prompt);
     free(o);
     flx_model_destroy(g_m);
 }
 
 /* The real model: Generate's text equals flx-generate's for the same prompt. */
+/* A Generate stream on sid that has sent its first two tokens. */
+static flx_rpc_stream_h generate_started(flx_rpc_client_h c, uint64_t sid, uint32_t max_new)
+{
+    Fluxion__Decode__V1__GenerateRequest g = FLUXION__DECODE__V1__GENERATE_REQUEST__INIT;
+    Fluxion__Decode__V1__StopConditions stop = FLUXION__DECODE__V1__STOP_CONDITIONS__INIT;
+    stop.max_new_tokens = max_new;
+    g.session_id = sid;
+    g.stop = &stop;
+    size_t len;
+    uint8_t *b = pb_pack(&g.base, &len);
+    flx_rpc_stream_h s;
+    CHECK_OK(flx_rpc_stream_open(c, "/fluxion.decode.v1.DecodeNode/Generate", b, len, 0, &s));
+    free(b);
+    for (int i = 0; i < 2; i++) {
+        void *m;
+        size_t ml;
+        flx_rpc_result_t res;
+        CHECK(flx_rpc_stream_next(s, &m, &ml, &res) == 1);
+        free(m);
+    }
+    return s;
+}
+
+static void stream_cancel(flx_rpc_stream_h s)
+{
+    flx_rpc_stream_cancel(s);
+    for (;;) {
+        void *m;
+        size_t ml;
+        flx_rpc_result_t res;
+        flx_status_t st = flx_rpc_stream_next(s, &m, &ml, &res);
+        CHECK(st >= 0);
+        if (st == 0) break;
+        free(m);
+    }
+    flx_rpc_stream_close(s);
+}
+
+static Fluxion__Decode__V1__SessionState session_state(flx_rpc_client_h c, uint64_t sid)
+{
+    flx_rpc_result_t res;
+    Fluxion__Decode__V1__SessionInfo *si = session_call(c, "GetSession", sid, 0, &res);
+    CHECK(si);
+    Fluxion__Decode__V1__SessionState st = si->state;
+    fluxion__decode__v1__session_info__free_unpacked(si, NULL);
+    return st;
+}
+
+typedef struct waiting_call {
+    flx_rpc_client_h c;
+    uint64_t sid;
+    gen_out_t o;
+    atomic_int done;
+} waiting_call_t;
+
+static void *waiting_call_main(void *arg)
+{
+    waiting_call_t *w = arg;
+    generate(w->c, w->sid, 16, 60000, 0, &w->o);
+    atomic_store(&w->done, 1);
+    return NULL;
+}
+
+/* A node with a small session table (max-sessions 9) and a model id the metrics page must escape:
+ *   - local prefill queue: while one long prompt is prefilled, sessions opened and closed behind it
+ *     must not push a waiting session out of the queue (it would sit OPEN until its deadline);
+ *   - nine attention configurations: eight decoding, a Generate for a ninth waits for an engine
+ *     (not refused, its session not closed), a waiting call whose deadline passes ends
+ *     DEADLINE_EXCEEDED, and the ninth streams its reference tokens once one of the eight ends;
+ *   - /metrics escapes the model id in its label. */
+static void test_limits(const int32_t *prompt)
+{
+    char err[600];
+    snprintf(err, sizeof err, "%s/node-daemon-limits.err", g_dir);
+    g_model_id = "te\"st\\m";
+    const char *args[] = {"--model", g_model_dir, "--model-id", g_model_id, "--prefill", "local",
+                          "--grpc-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--kv-capacity", "64M",
+                          "--max-sessions", "9", "--max-batch", "4", "--threads", "2", NULL};
+    daemon_proc_t d;
+    int code;
+    if (daemon_start(g_daemon, args, err, &d, &code)) {
+        fprintf(stderr, "daemon exited %d before serving; its log: %s\n", code, err);
+        exit(1);
+    }
+    flx_rpc_client_h c;
+    CHECK_OK(flx_rpc_client_create(d.target, 0, &c));
+
+    /* the prefill queue (2 x max-sessions entries) under open/close churn behind a long prefill */
+    {
+        static int32_t longp[4000];
+        for (uint32_t i = 0; i < 4000; i++) longp[i] = prompt[i % 600] ^ (int32_t)(i / 600);
+        Fluxion__Decode__V1__OpenSessionRequest r;
+        Fluxion__Decode__V1__AttentionConfig a;
+        Fluxion__Decode__V1__LocalPrefill lp;
+        flx_rpc_result_t res;
+        uint64_t sa = 0, sb = 0, sc = 0;
+        open_req(&r, &a, &lp, longp, 4000, 8);
+        CHECK(open_session(c, &r, &sa, &res) == FLX_RPC_OK);
+        open_req(&r, &a, &lp, prompt, 8, 8);
+        CHECK(open_session(c, &r, &sb, &res) == FLX_RPC_OK);
+        uint32_t behind = 0;
+        for (int i = 0; i < 24; i++) {
+            CHECK(open_session(c, &r, &sc, &res) == FLX_RPC_OK);
+            Fluxion__Decode__V1__CloseSessionRequest cq = FLUXION__DECODE__V1__CLOSE_SESSION_REQUEST__INIT;
+            cq.session_id = sc;
+            size_t len;
+            void *b = node_call(c, "CloseSession", &cq.base, 5000, &len, &res);
+            CHECK(b);
+            free(b);
+            behind += session_state(c, sa) == FLUXION__DECODE__V1__SESSION_STATE__SESSION_STATE_RECEIVING;
+        }
+        fprintf(stderr, "prefill queue: %u of 24 open/close pairs ran behind the long prefill\n", behind);
+        Fluxion__Decode__V1__SessionInfo *si = session_call(c, "WaitReady", sb, 30000, &res);
+        if (!si) fprintf(stderr, "WaitReady of the session queued behind: %s %s\n", flx_rpc_code_name(res.code), res.msg);
+        CHECK(si && si->state == FLUXION__DECODE__V1__SESSION_STATE__SESSION_STATE_READY);
+        fluxion__decode__v1__session_info__free_unpacked(si, NULL);
+        si = session_call(c, "WaitReady", sa, 30000, &res);
+        CHECK(si && si->state == FLUXION__DECODE__V1__SESSION_STATE__SESSION_STATE_READY);
+        fluxion__decode__v1__session_info__free_unpacked(si, NULL);
+        for (int k = 0; k < 2; k++) {
+            Fluxion__Decode__V1__CloseSessionRequest cq = FLUXION__DECODE__V1__CLOSE_SESSION_REQUEST__INIT;
+            cq.session_id = k ? sb : sa;
+            size_t len;
+            void *b = node_call(c, "CloseSession", &cq.base, 5000, &len, &res);
+            CHECK(b);
+            free(b);
+        }
+    }
+
+    /* eight configurations decoding, a ninth waits for an engine */
+    {
+        Fluxion__Decode__V1__AttentionConfig fx[10];
+        flx_rpc_stream_h busy[8];
+        for (int i = 0; i < 10; i++) {
+            fluxion__decode__v1__attention_config__init(&fx[i]);
+            fx[i].mode = FLUXION__DECODE__V1__ATTENTION_MODE__ATTENTION_MODE_FIXED;
+            fx[i].blk = 16;
+            fx[i].budget = 0.1f * (float)(i + 1);
+        }
+        for (int i = 0; i < 8; i++) busy[i] = generate_started(c, ready_session(c, prompt, 100, 3900, &fx[i]), 3900);
+
+        uint64_t late = ready_session(c, prompt, 100, 8, &fx[8]);   /* a ninth, with a short deadline */
+        gen_out_t *o = malloc(sizeof *o);
+        generate(c, late, 8, 300, 0, o);
+        expect_code("Generate waiting for an engine past its deadline", &o->res, FLX_RPC_DEADLINE_EXCEEDED, NULL);
+        free(o);
+        /* the node ends the waiting call too: its session closes with no token generated */
+        Fluxion__Decode__V1__SessionState st = 0;
+        for (int i = 0; i < 200 && st != FLUXION__DECODE__V1__SESSION_STATE__SESSION_STATE_CLOSED; i++) {
+            st = session_state(c, late);
+            if (st != FLUXION__DECODE__V1__SESSION_STATE__SESSION_STATE_CLOSED) usleep(10000);
+        }
+        CHECK(st == FLUXION__DECODE__V1__SESSION_STATE__SESSION_STATE_CLOSED);
+
+        int32_t ref[16];
+        uint32_t n_ref = reference(prompt + 100, 200, 16, FLX_ENGINE_ATTN_FULL, 16, 1.0f, ref);
+        waiting_call_t *w = calloc(1, sizeof *w);
+        w->c = c;
+        w->sid = ready_session(c, prompt + 100, 200, 16, NULL);   /* FULL: a ninth configuration */
+        pthread_t t;
+        CHECK(pthread_create(&t, NULL, waiting_call_main, w) == 0);
+        usleep(300000);
+        CHECK(!atomic_load(&w->done));
+        CHECK(session_state(c, w->sid) == FLUXION__DECODE__V1__SESSION_STATE__SESSION_STATE_DECODING);
+        stream_cancel(busy[0]);
+        pthread_join(t, NULL);
+        expect_code("Generate that waited for an engine", &w->o.res, FLX_RPC_OK, NULL);
+        same_tokens("Generate that waited for an engine", w->o.tok, w->o.n, ref, n_ref);
+        free(w);
+        for (int i = 1; i < 8; i++) stream_cancel(busy[i]);
+    }
+
+    {
+        int hc;
+        char *m = http_get(d.metrics_port, "/metrics", &hc);
+        CHECK(hc == 200 && strstr(m, "fluxion_build_info{model_id=\"te\\\"st\\\\m\",prefill=\"local\"} 1\n"));
+        free(m);
+    }
+    flx_rpc_client_destroy(c);
+    CHECK(daemon_stop(&d, SIGTERM, 20000) == 0);
+    g_model_id = "test-model";
+}
+
 static int test_model(void)
 {
     char path[1024];

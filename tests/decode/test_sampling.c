@@ -163,6 +163,21 @@ int main(void)
         CHECK(flx_sample_argmax(lg, VG) == want);
     }
 
+    /* ---- a temperature whose 1 / T overflows (1e-40, a float denormal) draws greedy's token ---- */
+    {
+        flx_sampling_params_t sp = {.temperature = 1e-40f, .top_p = 1.0f, .seed = 7};
+        CHECK(sp.temperature > 0.0f && isinf(1.0f / sp.temperature));
+        CHECK_OK(flx_sampler_init(&s, &sp, VG));
+        void *scr = malloc(flx_sample_scratch_bytes(VG));
+        for (int rep = 0; rep < 4; rep++) {
+            for (uint32_t i = 0; i < VG; i++) lg[i] = (float)flx_rng_normal(&rng) * 3.0f;
+            int32_t t = -1;
+            CHECK_OK(flx_sample(&s, lg, scr, flx_sample_scratch_bytes(VG), &t));
+            CHECK(t == (int32_t)flx_sample_argmax(lg, VG));
+        }
+        free(scr);
+    }
+
     /* ---- bad logits and scratch ---- */
     {
         flx_sampling_params_t sp = {.temperature = 1.0f, .top_p = 1.0f, .seed = 1};

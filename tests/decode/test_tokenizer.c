@@ -603,9 +603,41 @@ static void test_ids(void)
     CHECK(strstr(flx_error_msg(), "/nonexistent/ids.txt"));
 }
 
+/* flx_utf8_repair: valid text passes unchanged; every byte that starts no whole, shortest-form,
+ * non-surrogate character becomes U+FFFD; a character that does not fit ends the copy. */
+static void test_utf8_repair(void)
+{
+    static const struct {
+        const char *in;
+        size_t len;
+        const char *want;
+    } c[] = {
+        {"plain ascii", 11, "plain ascii"},
+        {"caf\xc3\xa9 \xe4\xb8\xad \xf0\x9f\x98\x80", 14, "caf\xc3\xa9 \xe4\xb8\xad \xf0\x9f\x98\x80"},
+        {"ab\xe4\xb8", 4, "ab\xef\xbf\xbd\xef\xbf\xbd"},           /* a character cut short */
+        {"\x80x", 2, "\xef\xbf\xbdx"},                            /* a stray continuation byte */
+        {"\xc0\xaf", 2, "\xef\xbf\xbd\xef\xbf\xbd"},              /* overlong '/' */
+        {"\xed\xa0\x80", 3, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"}, /* a surrogate */
+        {"\xf4\x90\x80\x80", 4, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"}, /* above U+10FFFF */
+        {"a\0b", 3, "a"},                                        /* NUL is kept (the string ends there) */
+    };
+    char out[64];
+    for (size_t i = 0; i < FLX_ARRAY_SIZE(c); i++) {
+        size_t n = flx_utf8_repair(c[i].in, c[i].len, out, sizeof out);
+        CHECK(!strcmp(out, c[i].want));
+        CHECK(i == FLX_ARRAY_SIZE(c) - 1 ? n == 3 : n == strlen(c[i].want));
+    }
+    /* cut at a character boundary: 5 bytes of room hold "ab" and one 3-byte character, not two */
+    CHECK(flx_utf8_repair("ab\xe4\xb8\xad\xe4\xb8\xad", 8, out, 6) == 5 && !strcmp(out, "ab\xe4\xb8\xad"));
+    CHECK(flx_utf8_repair("\x80\x80", 2, out, 4) == 3 && !strcmp(out, "\xef\xbf\xbd"));
+    CHECK(flx_utf8_repair("x", 1, out, 1) == 0 && out[0] == '\0');
+    fprintf(stderr, "utf8 repair: ok\n");
+}
+
 int main(void)
 {
     test_ids();
+    test_utf8_repair();
     test_bpe();
     test_pretokenizers();
     test_specials_decode_capacity();

@@ -36,7 +36,8 @@
  *
  * DECODE THREAD
  * One thread owns the engines (one per attention configuration: FULL, FIXED (blk, bgt), FLUXION;
- * engines are created on first use, at most FLX_NODE_MAX_ENGINES) and, in a loop: admits new
+ * engines are created on first use, at most FLX_NODE_MAX_ENGINES; a call whose configuration would be
+ * one more waits, first in line, until an engine has no live sequence) and, in a loop: admits new
  * Generate calls into their engine; ends those whose client cancelled, whose deadline passed or
  * that a drain stops (each frees its batch slot before the next step); expires leases and waits;
  * runs one step of every engine with live sequences; hands each sequence's token to its sink with

@@ -32,6 +32,9 @@ typedef struct flx_prom_buf {
 void flx_prom_printf(flx_prom_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* "# HELP name help" and "# TYPE name type" (type: counter, gauge, histogram). */
 void flx_prom_header(flx_prom_buf_t *b, const char *name, const char *type, const char *help);
+/* A label value as the format writes it: \ " and newline escaped (\\ \" \n), into out (cap > 0,
+ * NUL-terminated; cut at cap - 1 bytes, never inside an escape). */
+void flx_prom_escape(const char *in, char *out, size_t cap);
 /* "name{labels} value"; labels NULL or "" for none, else 'key="value",...' (already escaped). */
 void flx_prom_sample(flx_prom_buf_t *b, const char *name, const char *labels, double v);
 /* header + one unlabelled sample. */

@@ -7,7 +7,8 @@
  * on which other sequences share its decode batch. flx_sample() draws one token:
  *
  *   temperature == 0   greedy: argmax of the logits (ties -> the lowest token id); top_k, top_p
- *                      and the RNG are not used.
+ *                      and the RNG are not used. So is a temperature whose 1 / T overflows a
+ *                      float (below about 3e-39), greedy's limit.
  *   temperature  > 0   candidates = every token, or the top_k highest logits when top_k > 0
  *                      (ties -> lower id); p_i = softmax(logit_i / temperature) over the
  *                      candidates; when top_p < 1 the candidates shrink to the NUCLEUS: the

@@ -138,6 +138,13 @@ enum {
 flx_status_t flx_tok_decode(flx_tok_h tok, const int32_t *ids, size_t n, unsigned flags, char *buf,
                             size_t cap, size_t *len_p);
 
+/* Decoded ids are bytes: a piece can end inside a character, and a model can emit byte tokens that
+ * form no character at all. Copies len bytes of in to out (cap > 0 bytes, NUL-terminated) as valid
+ * UTF-8: every byte that does not start a whole, shortest-form, non-surrogate character becomes
+ * U+FFFD; a character that does not fit in cap - 1 bytes ends the copy. Returns the bytes written,
+ * NUL excluded. in and out must not overlap. */
+size_t flx_utf8_repair(const char *in, size_t len, char *out, size_t cap);
+
 /* The stored string of id (byte-level form, e.g. "Ġthe"), NUL-terminated, valid while tok lives;
  * NULL for an id outside the vocabulary. */
 const char *flx_tok_token_str(flx_tok_h tok, int32_t id);
