@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "tp_testutil.h"
+#include "../../transport/src/tp_core.h"
 #include "../../transport/src/tp_hash.h"
 #include "flx/cpu.h"
 
@@ -115,6 +116,12 @@ static void test_wire(void)
     CHECK_ST(flx_tp_hdr_parse(b, sizeof b - 1, sizeof payload, &got), FLX_ERR_FORMAT);
     CHECK_ST(flx_tp_hdr_parse(b, sizeof b, sizeof payload + 2, &got), FLX_ERR_FORMAT); /* AM data length */
     CHECK(strstr(flx_error_msg(), "carries"));
+    /* a KV shape whose byte count passes 2^64, with no payload: the overflow is named */
+    flx_tp_hdr_t o = {.kind = FLX_TP_KV, .sid = 5, .head_begin = 0, .head_end = 0xFFFFFFFFu, .tok_begin = 0,
+                      .tok_end = 0xFFFFFFF0u, .arg0 = 16};
+    flx_tp_hdr_encode(&o, b);
+    CHECK_ST(flx_tp_hdr_parse(b, sizeof b, 0, &got), FLX_ERR_FORMAT);
+    CHECK(strstr(flx_error_msg(), "overflow"));
     /* control kinds carry no payload hash, the node sends no token */
     flx_tp_hdr_t c = {.kind = FLX_TP_COMMIT, .sid = 5, .arg0 = 1, .payload_xxh3 = 9};
     flx_tp_hdr_encode(&c, b);
@@ -137,7 +144,7 @@ static void test_wire(void)
     flx_tp_welcome_encode(&w, wb);
     CHECK_ST(flx_tp_welcome_parse(wb, sizeof wb, &w2), FLX_ERR_FORMAT);
     CHECK(strstr(flx_error_msg(), "n_q_heads 33"));
-    fprintf(stderr, "wire: %zu refusals, each naming its field\n", FLX_ARRAY_SIZE(bad) + 4);
+    fprintf(stderr, "wire: %zu refusals, each naming its field\n", FLX_ARRAY_SIZE(bad) + 5);
 }
 
 /* The planner covers every (head, token) of a layer exactly once, on 16-token granules, and its
@@ -348,6 +355,64 @@ static void test_iov(void)
     flx_kv_store_destroy(store);
 }
 
+/* More sessions end between two passes of the node's loop than one call of tp_core_notices returns
+ * (40 sessions, each fed by its own connection, failed at once; then all closed at once): every
+ * sender hears its session's end, once, over as many calls as it takes, and the closed records go. */
+static void test_notices(void)
+{
+    enum { NS = 40 };
+    flx_kv_store_h store = kv_make_store(1, 1, 1, 16, 16, 16, 16u << 20);
+    tp_core_t core;
+    tp_core_params_t cp = {.store = store, .liveness_ms = 10000, .default_timeout_ms = 60000,
+                           .default_lease_ms = 60000, .cancel_grace_ms = 500};
+    CHECK_OK(tp_core_init(&core, &cp));
+    flx_tp_session_desc_t d[NS];
+    for (uint32_t i = 0; i < NS; i++) {
+        flx_tp_open_params_t op = {.n_layers = 1, .n_kv_heads = 1, .n_q_heads = 1, .head_dim = 16, .vocab = 1000,
+                                   .prompt_len = 100, .max_new_tokens = 8};
+        CHECK_OK(tp_core_open(&core, &op, &d[i]));
+        flx_tp_hdr_t h = {.kind = FLX_TP_HELLO, .sid = d[i].sid};
+        memcpy(h.token, d[i].token, FLX_TP_TOKEN_BYTES);
+        uint8_t hdr[FLX_TP_HDR_BYTES];
+        flx_tp_hdr_encode(&h, hdr);
+        tp_recv_t *r = NULL;
+        tp_reply_t reply;
+        int drop = 0;
+        CHECK_OK(tp_core_ingest(&core, 100 + i, "peer", hdr, sizeof hdr, 0, &r, &reply, &drop));
+        CHECK(!r && !drop && reply.kind == FLX_TP_WELCOME);
+    }
+    for (int round = 0; round < 2; round++) {
+        const flx_kv_state_t want = round ? FLX_KV_CLOSED : FLX_KV_FAILED;
+        if (round) {
+            for (uint32_t i = 0; i < NS; i++) CHECK_OK(tp_core_close(&core, d[i].sid));
+        } else {
+            tp_core_fail_all(&core, "test: failed at once");
+        }
+        uint32_t heard[NS] = {0}, calls = 0, k;
+        tp_notice_t no[32];
+        while ((k = tp_core_notices(&core, no, 32)) > 0) {
+            calls++;
+            for (uint32_t j = 0; j < k; j++) {
+                CHECK(no[j].reply.state == (uint32_t)want && no[j].n_conns == 1);
+                const uint64_t i = no[j].conns[0] - 100;
+                CHECK(i < NS && no[j].reply.sid == d[i].sid);
+                heard[i]++;
+            }
+            if (k < 32) break;
+        }
+        for (uint32_t i = 0; i < NS; i++) CHECK(heard[i] == 1);
+        fprintf(stderr, "notices: %u sessions %s, every sender told once, in %u calls\n", NS,
+                flx_kv_state_name(want), calls);
+        CHECK(calls == 2);
+    }
+    CHECK(core.map_n == 0);   /* every closed record whose end was told is gone */
+    tp_core_fini(&core);
+    flx_kv_store_info_t si;
+    flx_kv_store_info(store, &si);
+    CHECK(si.used_bytes == 0);
+    flx_kv_store_destroy(store);
+}
+
 int main(int argc, char **argv)
 {
     CHECK(argc >= 2);
@@ -359,6 +424,7 @@ int main(int argc, char **argv)
     test_loop();
     test_iov();
     test_hostile();
+    test_notices();
     printf("test_transport %s: ok\n", argv[1]);
     return 0;
 }

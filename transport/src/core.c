@@ -243,7 +243,8 @@ flx_status_t tp_core_info(tp_core_t *c, flx_kv_session_id_t sid, flx_tp_session_
     memset(&info, 0, sizeof info);
     pthread_mutex_lock(&c->lock);
     tp_sess_t *s = map_get(c, sid);
-    if (s && !s->closed) {
+    const int known = s && !s->closed;   /* s may go once the lock does */
+    if (known) {
         info.receives_inflight = s->inflight;
         info.n_conns = s->n_conns;
         memcpy(info.peer, s->peer, sizeof info.peer);
@@ -252,7 +253,7 @@ flx_status_t tp_core_info(tp_core_t *c, flx_kv_session_id_t sid, flx_tp_session_
         info.t_last_data_ns = s->t_last_data;
     }
     pthread_mutex_unlock(&c->lock);
-    if (!s || s->closed)
+    if (!known)
         return flx_error_set(FLX_ERR_NOT_FOUND, "session %#llx is unknown or closed", (unsigned long long)sid);
     flx_status_t st = flx_kv_session_info(c->store, sid, &info.kv);
     if (st) return st;
@@ -647,7 +648,8 @@ uint32_t tp_core_notices(tp_core_t *c, tp_notice_t *out, uint32_t cap)
     if (all) ids = all_sids(c, &n);
     if (!ids) return 0;
     qsort(ids, n, sizeof *ids, cmp_u64);
-    for (uint32_t i = 0; i < n && n_out < cap; i++) {
+    uint32_t i = 0;
+    for (; i < n && n_out < cap; i++) {
         if (i && ids[i] == ids[i - 1]) continue;
         flx_kv_session_info_t ki;
         flx_kv_state_t state = flx_kv_session_info(c->store, ids[i], &ki) == FLX_OK ? ki.state : FLX_KV_CLOSED;
@@ -666,6 +668,10 @@ uint32_t tp_core_notices(tp_core_t *c, tp_notice_t *out, uint32_t cap)
         }
         pthread_mutex_unlock(&c->lock);
     }
+    /* out is full: the sessions not looked at yet stay changed for the next call */
+    pthread_mutex_lock(&c->lock);
+    for (; i < n; i++) mark_changed_locked(c, ids[i]);
+    pthread_mutex_unlock(&c->lock);
     free(ids);
     return n_out;
 }

@@ -117,7 +117,8 @@ uint64_t tp_core_sweep(tp_core_t *c, uint64_t now, uint64_t *conns_out, uint32_t
 
 /* Sessions whose state changed since last asked: for each that is READY, DECODING, FAILED or closed
  * and was not reported yet, fills a STATUS reply and the connections to send it to; returns how
- * many replies (up to cap). */
+ * many replies (up to cap). When it returns cap, the sessions it did not get to stay changed: call
+ * again until it returns fewer. */
 typedef struct tp_notice {
     tp_reply_t reply;
     uint64_t conns[TP_MAX_SESSION_CONNS];

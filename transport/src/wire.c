@@ -213,6 +213,9 @@ flx_status_t flx_tp_hdr_parse(const void *buf, size_t len, uint64_t data_len, fl
         if (h.head_begin >= h.head_end) return BAD("KV kv heads [%u, %u) empty", h.head_begin, h.head_end);
         if (h.tok_begin >= h.tok_end) return BAD("KV tokens [%u, %u) empty", h.tok_begin, h.tok_end);
         if (!head_dim_ok(h.arg0)) return BAD("KV head_dim %u not a multiple of 16 in [16, 256]", h.arg0);
+        if (!flx_tp_kv_bytes(&h)) /* 0 for a product past 2^64: no payload_len can carry it */
+            return BAD("KV %u heads x %u tokens x head_dim %u overflow 64 bits", h.head_end - h.head_begin,
+                       h.tok_end - h.tok_begin, h.arg0);
         if (flx_tp_kv_bytes(&h) != h.payload_len)
             return BAD("KV payload %llu bytes, its %u heads x %u tokens x head_dim %u need %llu",
                        (unsigned long long)h.payload_len, h.head_end - h.head_begin, h.tok_end - h.tok_begin, h.arg0,
