@@ -62,6 +62,8 @@ struct flx_attn_layer {
     _Atomic uint32_t *seq_left;  /* (max_batch) the run's feature items of each sequence not yet done */
     _Atomic uint32_t *seq_state; /* (max_batch) SEQ_PENDING, SEQ_READY (features final), SEQ_FAILED */
     _Atomic uint32_t *seq_fail;  /* (max_batch) 1: a feature item of the sequence failed */
+    atomic_int feat_failed;      /* 1: some feature item of the run failed (the pool may then skip
+                                    feature items a predictor item waits for: it must stop waiting) */
     uint32_t n_feat_items, n_rows;   /* the run in progress: B * Hkv feature items, B * Hq predictor rows */
     uint32_t pred_tile;              /* predictor rows per item: one register tile (flx_predictor_tile_rows) */
     _Atomic uint64_t feat_cpu_ns, mlp_cpu_ns;   /* the run in progress: thread time of each kind of item */
@@ -206,6 +208,7 @@ static flx_status_t feat_item(struct flx_attn_layer *L, uint32_t wi, uint32_t id
     if (st) {
         st = flx_error_set(st, "layer %u batch row %u kv group %u: features: %s", L->a->layer, b, g, flx_error_msg());
         atomic_store_explicit(&L->seq_fail[b], 1, memory_order_relaxed);
+        atomic_store_explicit(&L->feat_failed, 1, memory_order_relaxed);   /* before the pool hears of it */
     }
     /* acq_rel: the last one sees every group's rows (and the fail flag) of the others */
     if (atomic_fetch_sub_explicit(&L->seq_left[b], 1, memory_order_acq_rel) == 1) {
@@ -218,13 +221,18 @@ static flx_status_t feat_item(struct flx_attn_layer *L, uint32_t wi, uint32_t id
 
 /* Predictor item t: rows [t * tile, t * tile + tile) once the sequences they belong to have their
  * features. Items are claimed in order, so every feature item below a claimed predictor item is
- * running or done (or the pool skipped both, past a failure): the wait ends. */
+ * running or done: the wait ends. Past a failure the pool may skip a feature item claimed before
+ * this one (it checks when it runs an item, not when it claims it): a failed feature item raises
+ * feat_failed first, and the wait ends on that. */
 static flx_status_t pred_item(struct flx_attn_layer *L, uint32_t t)
 {
     const uint32_t r0 = t * L->pred_tile, r1 = r0 + L->pred_tile < L->n_rows ? r0 + L->pred_tile : L->n_rows;
     for (uint32_t b = r0 / L->Hq; b <= (r1 - 1) / L->Hq; b++) {
         uint32_t s, spins = 0;
         while ((s = atomic_load_explicit(&L->seq_state[b], memory_order_acquire)) == SEQ_PENDING) {
+            if (atomic_load_explicit(&L->feat_failed, memory_order_relaxed))   /* the run fails anyway */
+                return flx_error_set(FLX_ERR_STATE, "layer %u batch row %u: predictor: features of the layer failed",
+                                     L->a->layer, b);
             if (++spins >= 256) sched_yield();   /* the feature item's worker may need this CPU */
             else flx_cpu_relax();
         }
@@ -322,6 +330,7 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
         L->n_feat_items = B * Hkv, L->n_rows = B * Hq, L->pred_tile = flx_predictor_tile_rows();
         atomic_store_explicit(&L->feat_cpu_ns, 0, memory_order_relaxed);
         atomic_store_explicit(&L->mlp_cpu_ns, 0, memory_order_relaxed);
+        atomic_store_explicit(&L->feat_failed, 0, memory_order_relaxed);
         for (uint32_t b = 0; b < B; b++) {
             atomic_store_explicit(&L->seq_left[b], Hkv, memory_order_relaxed);
             atomic_store_explicit(&L->seq_state[b], SEQ_PENDING, memory_order_relaxed);

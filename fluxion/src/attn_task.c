@@ -36,7 +36,10 @@ uint32_t flx_attn_budget_blocks(float bgt, uint32_t l_cpu, uint32_t blk)
 {
     uint32_t n = (l_cpu + blk - 1) / blk;
     if (!(bgt > 0)) return 0;
-    double k = ceil((double)bgt * (double)l_cpu / (double)blk);
+    /* A float budget stands for a decimal within 6e-8 of it, relative: 0.05f * 3200 / 16 must be
+     * the 10 blocks 5 % means, not 11. Fractions of a block below 1e-6 of the count are that error. */
+    const double x = (double)bgt * (double)l_cpu / (double)blk;
+    double k = ceil(x - x * 1e-6);
     return k >= n ? n : (uint32_t)k;
 }
 

@@ -13,8 +13,11 @@
  * the active list; chunks of active tasks are handed out by a per-task atomic counter, and a free
  * worker takes a chunk of the earliest active task that has one before it pops a new task. The
  * worker whose chunk completes a task (an atomic count of chunks left) ends it: the merge in chunk
- * order, so the bits never depend on who ran which chunk. The static shares (UNIFORM, LENGTH) skip
- * the helping: their point is that a share is one worker's.
+ * order, so the bits never depend on who ran which chunk. A worker that finds the queue empty does
+ * not leave while a task popped before is still being begun (a count of workers between pop and
+ * publication, raised before the pop): it waits to help with its chunks, so the last tasks of a
+ * layer are shared like the others. The static shares (UNIFORM, LENGTH) skip the helping: their
+ * point is that a share is one worker's.
  *
  * Queues are index ranges of one `order` array: the shared queue is order[0, n) popped with one
  * atomic add on `next`; a static share is order[lane_begin, lane_end) popped with its own cursor
@@ -114,6 +117,7 @@ struct flx_sched {
     float *lse_tmp;           /* (max_tasks + 1, G) a task's lse when the layer has none */
     uint32_t *active;         /* (max_tasks) begun tasks, in the order they were begun */
     atomic_uint n_active, first_open;
+    atomic_uint beginning;    /* CPU workers between a pop of the shared queue and its task's publication */
 
     /* the run in progress */
     flx_sched_layer_t *L;
@@ -618,7 +622,7 @@ static void cpu_whole(struct flx_sched *s, uint32_t w, uint32_t i, uint32_t pos)
         cpu_end(s, w, i);
         return;
     }
-    for (uint32_t c = 0; c < n && !atomic_load_explicit(&s->stop, memory_order_relaxed); c++) cpu_chunk(s, w, i, c);
+    for (uint32_t c = 0; c < n; c++) cpu_chunk(s, w, i, c);   /* a taken task finishes, even in a failed run */
 }
 
 /* One chunk of the earliest begun task that still has one, on worker w; 0 when there is none. */
@@ -642,6 +646,24 @@ static int help(struct flx_sched *s, uint32_t w)
     return 0;
 }
 
+/* Begins task i popped from the shared queue on worker w and publishes its chunks to the helpers
+ * (or ends it here when it has none). */
+static void cpu_start(struct flx_sched *s, uint32_t w, uint32_t i, uint32_t pos)
+{
+    uint32_t n;
+    if (cpu_begin(s, w, i, pos, &n)) return;
+    tstate_t *ts = &s->ts[i];
+    ts->n_chunks = n;
+    atomic_store(&ts->next, 0);
+    atomic_store(&ts->left, n);
+    if (n == 0) {
+        cpu_end(s, w, i);
+        return;
+    }
+    const uint32_t a = atomic_fetch_add(&s->n_active, 1);   /* publish: helpers take its chunks */
+    atomic_store_explicit((_Atomic uint32_t *)&s->active[a], i, memory_order_release);
+}
+
 /* A CPU worker's lane: the static share `lane`, or the shared queue with helping. */
 static flx_status_t cpu_lane(void *arg, const flx_pool_worker_t *pw, uint64_t l0, uint64_t l1)
 {
@@ -656,30 +678,32 @@ static flx_status_t cpu_lane(void *arg, const flx_pool_worker_t *pw, uint64_t l0
             while (pop(s, (uint32_t)lane, &i, &pos)) cpu_whole(s, w, i, pos);
             continue;
         }
+        int empty = 0;   /* the queue gave nothing: it stays empty for this run */
         for (;;) {
-            if (atomic_load_explicit(&s->stop, memory_order_relaxed)) break;
             if (help(s, w)) continue;
-            if (s->balance && leave_to_gpu(s)) {   /* the GPU worker may need this CPU after a while */
-                if (++waits % 256 == 0) sched_yield();
-                else flx_cpu_relax();
-                continue;
+            if (!empty && !atomic_load_explicit(&s->stop, memory_order_relaxed)) {
+                if (s->balance && leave_to_gpu(s)) {   /* the GPU worker may need this CPU after a while */
+                    if (++waits % 256 == 0) sched_yield();
+                    else flx_cpu_relax();
+                    continue;
+                }
+                /* counted before the pop: a worker that finds the queue empty then sees every task
+                 * popped before that and not yet published, and helps with it once it is */
+                atomic_fetch_add(&s->beginning, 1);
+                if (pop(s, 0, &i, &pos)) {
+                    cpu_start(s, w, i, pos);
+                    atomic_fetch_sub(&s->beginning, 1);
+                    continue;
+                }
+                atomic_fetch_sub(&s->beginning, 1);
+                empty = 1;
             }
-            if (!pop(s, 0, &i, &pos)) {
-                if (help(s, w)) continue;
-                break;
-            }
-            uint32_t n;
-            if (cpu_begin(s, w, i, pos, &n)) break;
-            tstate_t *ts = &s->ts[i];
-            ts->n_chunks = n;
-            atomic_store(&ts->next, 0);
-            atomic_store(&ts->left, n);
-            if (n == 0) {
-                cpu_end(s, w, i);
-                continue;
-            }
-            const uint32_t a = atomic_fetch_add(&s->n_active, 1);   /* publish: helpers take its chunks */
-            atomic_store_explicit((_Atomic uint32_t *)&s->active[a], i, memory_order_release);
+            /* nothing to pop (or the run failed): help until no begun task has a chunk left and no
+             * popped task is still being begun, so the last tasks of a layer are shared too, and
+             * every task some worker took is finished */
+            if (atomic_load(&s->beginning) == 0 && !help(s, w)) break;
+            if (++waits % 256 == 0) sched_yield();
+            else flx_cpu_relax();
         }
     }
     return FLX_OK;
@@ -962,8 +986,12 @@ flx_status_t flx_sched_run(flx_sched_h s, flx_sched_layer_t *L, flx_sched_layer_
 {
     if (!s) return flx_error_set(FLX_ERR_INVALID, "scheduler run: NULL scheduler");
     flx_status_t st = check_layer(s, L);
-    if (st) return st;
-    if (s->span_open) return flx_error_set(FLX_ERR_INVALID, "scheduler run: a GPU span was begun and not ended");
+    if (!st && s->span_open) st = flx_error_set(FLX_ERR_INVALID, "scheduler run: a GPU span was begun and not ended");
+    if (st) {   /* the spans marked for this layer go with it: none is counted in a later one */
+        s->n_spans = s->span_open = 0;
+        s->ref_recorded = 0;
+        return st;
+    }
     const uint64_t t_start = flx_now_ns();
     s->t0 = t_start;
     s->L = L;
@@ -987,6 +1015,7 @@ flx_status_t flx_sched_run(flx_sched_h s, flx_sched_layer_t *L, flx_sched_layer_
     s->balance = both_pull && s->cpu_rate > 0 && s->gpu_rate > 0;
     atomic_store(&s->n_active, 0);
     atomic_store(&s->first_open, 0);
+    atomic_store(&s->beginning, 0);
     for (uint32_t i = 0; i < L->n_tasks; i++) s->active[i] = UINT32_MAX;
     s->n_iv = 0;
     int woke = 0;

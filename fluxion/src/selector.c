@@ -84,12 +84,13 @@ flx_status_t flx_select_group_opts(const flx_head_pred_t *pred, uint32_t G, uint
         return FLX_OK;
     }
     int best = 0;
+    double v_best = 0.0;
     for (int j = 0; j < 4; j++) {
         double sum = 0.0;
         for (uint32_t h = 0; h < G; h++) sum += head_budget(&pred[h], sp, keep, SEL_BLKS[j], l_cpu);
         double v = 2.0 * (double)l_cpu / SEL_BLKS[j] + 2.0 * (double)l_cpu * sum;
         sel->v_blk[j] = (float)v;
-        if (v < sel->v_blk[best]) best = j;   /* strict: ties keep the smaller blk */
+        if (j == 0 || v < v_best) best = j, v_best = v;   /* strict, in double: ties keep the smaller blk */
     }
     if (fixed >= 0) best = fixed;
     sel->blk = SEL_BLKS[best];

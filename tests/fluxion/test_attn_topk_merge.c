@@ -186,6 +186,11 @@ static void test_validation(void)
     CHECK(flx_attn_budget_blocks(0.05f, 1000, 16) == 4);
     CHECK(flx_attn_budget_blocks(0.02f, 32768, 32) == 21);
     CHECK(flx_attn_budget_blocks(1.0f, 0, 128) == 0);
+    /* whole products stay whole although the float is a little above the decimal (0.05f > 0.05) */
+    CHECK(flx_attn_budget_blocks(0.05f, 3200, 16) == 10);
+    CHECK(flx_attn_budget_blocks(0.1f, 1600, 16) == 10);
+    CHECK(flx_attn_budget_blocks(0.3f, 1600, 16) == 30);
+    CHECK(flx_attn_budget_blocks(0.05f, 3216, 16) == 11);   /* 10.05 blocks */
     CHECK(flx_attn_blk_level(64) == 2 && flx_attn_blk_level(8) == -1);
     free(mem);
     tkv_free(&t);

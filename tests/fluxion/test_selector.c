@@ -52,6 +52,11 @@ int main(void)
     CHECK(s.v_blk[0] == 56.0f && s.v_blk[1] == 56.0f);
     CHECK(s.blk == 16 && bud[0] == 0.375f);
 
+    /* the same tie where V(16) rounds up to the float above V(32)'s: decided in double, 16 wins */
+    flx_head_pred_t g5b[1] = {{0.00199f, 0.03125f, 0.0f}};
+    CHECK_OK(flx_select_group(g5b, 1, 178250, NULL, bud, &s));
+    CHECK(s.blk == 16);
+
     /* MHA (G = 1), flat line: V falls with blk, 128 wins */
     flx_head_pred_t g6[1] = {{0.3f, 0.0f, 0.0f}};
     CHECK_OK(flx_select_group(g6, 1, 1000, NULL, bud, &s));

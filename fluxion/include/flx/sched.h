@@ -224,7 +224,9 @@ flx_status_t flx_sched_run(flx_sched_h sched, flx_sched_layer_t *layer, flx_sche
 
 /* Device work the caller queues on stream for the next flx_sched_run (the layer's window kernel)
  * counted as GPU busy time of that layer: call with begin 1 right before queuing it and with begin
- * 0 right after. Needs use_gpu; at most 4 spans per layer. */
+ * 0 right after. Needs use_gpu; at most 4 spans per layer. A caller whose queuing failed after a
+ * begin ends the span all the same (or its next run is refused); a run that is refused drops the
+ * layer's spans. */
 flx_status_t flx_sched_gpu_span(flx_sched_h sched, flx_cuda_stream_t stream, int begin);
 
 /* The policy's order of the tasks of the last flx_sched_run (for tests and reports): order[i] is
