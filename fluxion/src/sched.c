@@ -701,9 +701,18 @@ static flx_status_t cpu_lane(void *arg, const flx_pool_worker_t *pw, uint64_t l0
             /* nothing to pop (or the run failed): help until no begun task has a chunk left and no
              * popped task is still being begun, so the last tasks of a layer are shared too, and
              * every task some worker took is finished */
-            if (atomic_load(&s->beginning) == 0 && !help(s, w)) break;
-            if (++waits % 256 == 0) sched_yield();
-            else flx_cpu_relax();
+            const uint32_t seen = atomic_load(&s->n_active);
+            if (atomic_load(&s->beginning) == 0) {
+                if (!help(s, w)) break;
+                continue;
+            }
+            /* one is being begun: wait for a publication reading two counters, not the tasks'
+             * lines the beginner writes */
+            while (atomic_load_explicit(&s->n_active, memory_order_relaxed) == seen &&
+                   atomic_load_explicit(&s->beginning, memory_order_relaxed) != 0) {
+                if (++waits % 256 == 0) sched_yield();
+                else flx_cpu_relax();
+            }
         }
     }
     return FLX_OK;
