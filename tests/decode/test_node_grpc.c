@@ -26,7 +26,7 @@
  *   - SIGTERM during a Generate: health NOT_SERVING (Check, and a Watch stream that said SERVING
  *     before), new sessions UNAVAILABLE, the stream ends
  *     UNAVAILABLE at the drain timeout, the daemon exits 0; exit 2 on bad flags, 1 when it cannot
- *     start.
+ *     start (a missing model; max-prompt-len above the model's context, named).
  *   - a node with max-sessions 9: sessions opened and closed behind a long local prefill never push
  *     a waiting one out of the prefill queue; a Generate for a ninth attention configuration while
  *     eight decode waits for an engine (its deadline still holds) and then streams its reference
@@ -388,6 +388,18 @@ static void test_random(void)
     CHECK(daemon_start(g_daemon, bad2, err, &d, &code) == -1 && code == 2);
     const char *bad3[] = {"--model", "/nonexistent/model", "--prefill", "local", NULL};
     CHECK(daemon_start(g_daemon, bad3, err, &d, &code) == -1 && code == 1);
+    /* prompts the model cannot decode (its context is 4096): refused at start, naming both */
+    const char *bad4[] = {"--model", g_model_dir, "--prefill", "ucx", "--max-prompt-len", "5000", NULL};
+    CHECK(daemon_start(g_daemon, bad4, err, &d, &code) == -1 && code == 1);
+    {
+        FILE *f = fopen(err, "r");
+        CHECK(f);
+        char log[8192];
+        size_t n = fread(log, 1, sizeof log - 1, f);
+        fclose(f);
+        log[n] = '\0';
+        CHECK(strstr(log, "max-prompt-len 5000 exceeds the model's context of 4096 tokens"));
+    }
 
     const char *args[] = {"--model", g_model_dir, "--model-id", "test-model", "--predictor", g_pred,
                           "--prefill", "local", "--grpc-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
