@@ -191,11 +191,21 @@ typedef struct gen_out {
     uint32_t stream_heads, heads, blk128;
 } gen_out_t;
 
-/* Generate on sid; reads cancel_after messages then cancels (0: all). */
-static inline void generate(flx_rpc_client_h c, uint64_t sid, uint32_t max_new, uint32_t timeout_ms, uint32_t cancel_after,
-                     gen_out_t *o)
+/* CloseSession on sid; the call must succeed. */
+static inline void close_session(flx_rpc_client_h c, uint64_t sid)
 {
-    memset(o, 0, sizeof *o);
+    Fluxion__Decode__V1__CloseSessionRequest cq = FLUXION__DECODE__V1__CLOSE_SESSION_REQUEST__INIT;
+    cq.session_id = sid;
+    size_t len;
+    flx_rpc_result_t res;
+    void *b = node_call(c, "CloseSession", &cq.base, 5000, &len, &res);
+    CHECK(b);
+    free(b);
+}
+
+/* A Generate stream on sid for max_new tokens (timeout_ms 0: no deadline). */
+static inline flx_rpc_stream_h generate_open(flx_rpc_client_h c, uint64_t sid, uint32_t max_new, uint32_t timeout_ms)
+{
     Fluxion__Decode__V1__GenerateRequest g = FLUXION__DECODE__V1__GENERATE_REQUEST__INIT;
     Fluxion__Decode__V1__StopConditions stop = FLUXION__DECODE__V1__STOP_CONDITIONS__INIT;
     stop.max_new_tokens = max_new;
@@ -206,6 +216,15 @@ static inline void generate(flx_rpc_client_h c, uint64_t sid, uint32_t max_new, 
     flx_rpc_stream_h s;
     CHECK_OK(flx_rpc_stream_open(c, "/fluxion.decode.v1.DecodeNode/Generate", b, len, timeout_ms, &s));
     free(b);
+    return s;
+}
+
+/* Generate on sid; reads cancel_after messages then cancels (0: all). */
+static inline void generate(flx_rpc_client_h c, uint64_t sid, uint32_t max_new, uint32_t timeout_ms, uint32_t cancel_after,
+                     gen_out_t *o)
+{
+    memset(o, 0, sizeof *o);
+    flx_rpc_stream_h s = generate_open(c, sid, max_new, timeout_ms);
     for (;;) {
         void *m;
         size_t ml;

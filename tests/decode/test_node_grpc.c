@@ -459,12 +459,7 @@ static void test_random(void)
         /* the session is consumed: Generate again is FAILED_PRECONDITION, CloseSession is fine */
         generate(c, sid, 4, 5000, 0, o);
         expect_code("Generate on a closed session", &o->res, FLX_RPC_FAILED_PRECONDITION, "closed");
-        Fluxion__Decode__V1__CloseSessionRequest cq = FLUXION__DECODE__V1__CLOSE_SESSION_REQUEST__INIT;
-        cq.session_id = sid;
-        size_t len;
-        void *b = node_call(c, "CloseSession", &cq.base, 5000, &len, &res);
-        CHECK(b);
-        free(b);
+        close_session(c, sid);
     }
 
     /* four clients at once, each its own prompt and reference */
@@ -639,20 +634,10 @@ static void test_random(void)
     flx_model_destroy(g_m);
 }
 
-/* The real model: Generate's text equals flx-generate's for the same prompt. */
 /* A Generate stream on sid that has sent its first two tokens. */
 static flx_rpc_stream_h generate_started(flx_rpc_client_h c, uint64_t sid, uint32_t max_new)
 {
-    Fluxion__Decode__V1__GenerateRequest g = FLUXION__DECODE__V1__GENERATE_REQUEST__INIT;
-    Fluxion__Decode__V1__StopConditions stop = FLUXION__DECODE__V1__STOP_CONDITIONS__INIT;
-    stop.max_new_tokens = max_new;
-    g.session_id = sid;
-    g.stop = &stop;
-    size_t len;
-    uint8_t *b = pb_pack(&g.base, &len);
-    flx_rpc_stream_h s;
-    CHECK_OK(flx_rpc_stream_open(c, "/fluxion.decode.v1.DecodeNode/Generate", b, len, 0, &s));
-    free(b);
+    flx_rpc_stream_h s = generate_open(c, sid, max_new, 0);
     for (int i = 0; i < 2; i++) {
         void *m;
         size_t ml;
@@ -743,12 +728,7 @@ static void test_limits(const int32_t *prompt)
         uint32_t behind = 0;
         for (int i = 0; i < 24; i++) {
             CHECK(open_session(c, &r, &sc, &res) == FLX_RPC_OK);
-            Fluxion__Decode__V1__CloseSessionRequest cq = FLUXION__DECODE__V1__CLOSE_SESSION_REQUEST__INIT;
-            cq.session_id = sc;
-            size_t len;
-            void *b = node_call(c, "CloseSession", &cq.base, 5000, &len, &res);
-            CHECK(b);
-            free(b);
+            close_session(c, sc);
             behind += session_state(c, sa) == FLUXION__DECODE__V1__SESSION_STATE__SESSION_STATE_RECEIVING;
         }
         fprintf(stderr, "prefill queue: %u of 24 open/close pairs ran behind the long prefill\n", behind);
@@ -759,21 +739,15 @@ static void test_limits(const int32_t *prompt)
         si = session_call(c, "WaitReady", sa, 30000, &res);
         CHECK(si && si->state == FLUXION__DECODE__V1__SESSION_STATE__SESSION_STATE_READY);
         fluxion__decode__v1__session_info__free_unpacked(si, NULL);
-        for (int k = 0; k < 2; k++) {
-            Fluxion__Decode__V1__CloseSessionRequest cq = FLUXION__DECODE__V1__CLOSE_SESSION_REQUEST__INIT;
-            cq.session_id = k ? sb : sa;
-            size_t len;
-            void *b = node_call(c, "CloseSession", &cq.base, 5000, &len, &res);
-            CHECK(b);
-            free(b);
-        }
+        close_session(c, sa);
+        close_session(c, sb);
     }
 
     /* eight configurations decoding, a ninth waits for an engine */
     {
-        Fluxion__Decode__V1__AttentionConfig fx[10];
+        Fluxion__Decode__V1__AttentionConfig fx[9];
         flx_rpc_stream_h busy[8];
-        for (int i = 0; i < 10; i++) {
+        for (int i = 0; i < 9; i++) {
             fluxion__decode__v1__attention_config__init(&fx[i]);
             fx[i].mode = FLUXION__DECODE__V1__ATTENTION_MODE__ATTENTION_MODE_FIXED;
             fx[i].blk = 16;
@@ -823,6 +797,7 @@ static void test_limits(const int32_t *prompt)
     g_model_id = "test-model";
 }
 
+/* The real model: Generate's text equals flx-generate's for the same prompt. */
 static int test_model(void)
 {
     char path[1024];
