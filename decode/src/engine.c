@@ -860,14 +860,17 @@ static flx_status_t attn_layer_gpu(void *ctx, const flx_gpu_attn_args_t *a)
     const size_t rows = (size_t)B * Hq;
     e->stream_used = a->stream;
     flx_sched_h sched = flx_attn_layer_sched(e->attn);
-    if ((st = flx_sched_gpu_span(sched, a->stream, 1)))
+    if ((st = flx_sched_gpu_span(sched, a->stream, 1))) {
+        flx_sched_gpu_spans_drop(sched);
         return st;
+    }
     st = flx_attn_window_gpu(&e->wws, e->items, B * Hkv, a->stream);
     const flx_status_t st_end = flx_sched_gpu_span(sched, a->stream, 0);   /* closed even when the launch failed */
     if (!st) st = st_end;
     if (st || (st = flx_cuda_copy_dtoh_async(dev, e->ow_host, e->ow_dev, rows * D * sizeof(float), a->stream)) ||
         (st = flx_cuda_copy_dtoh_async(dev, e->lw_host, e->lw_dev, rows * sizeof(float), a->stream))) {
         (void)flx_cuda_stream_sync(dev, a->stream);
+        flx_sched_gpu_spans_drop(sched);   /* the layer will not run: its span is not counted in the next */
         return st;
     }
     st = layer_run(e, layer, B, a->q, a->o, 1);

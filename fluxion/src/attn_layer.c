@@ -307,7 +307,10 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
 {
     if (!L) return flx_error_set(FLX_ERR_INVALID, "attention layer run: NULL layer");
     flx_status_t st = check_args(L, a);
-    if (st) return st;
+    if (st) {
+        flx_sched_gpu_spans_drop(L->sched);   /* the window launch the caller marked: its layer failed */
+        return st;
+    }
     const uint64_t t0 = flx_now_ns();
     const uint32_t B = a->batch, Hq = L->Hq, Hkv = L->Hkv, G = L->G, D = L->D;
     L->a = a;
@@ -316,6 +319,7 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
     memset(L->row_skipped, 0, B * sizeof *L->row_skipped);
     uint64_t predict_ns = 0, merge_ns = 0, decide_ns = 0;
     uint32_t n = 0;
+    int ran = 0;
     flx_sched_layer_t sl = {.layer = a->layer, .batch = B, .sess = a->sess, .q = a->q, .o = a->o};
     if (L->p.mode == FLX_LAYER_FLUXION) {
         for (uint32_t b = 0; b < B; b++) {
@@ -378,6 +382,7 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
     sl.tasks = L->tasks, sl.n_tasks = n;
     flx_sched_layer_stats_t ss;
     st = flx_sched_run(L->sched, &sl, &ss);
+    ran = 1;
     if (a->window == FLX_LAYER_WIN_DEFERRED) {
         /* waited for even when a task failed: the caller's copies into o_win may still be in flight */
         flx_status_t wst = a->win_wait(a->win_ctx);
@@ -407,6 +412,7 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
         stats->n_tasks = n;
     }
 out:
+    if (!ran) flx_sched_gpu_spans_drop(L->sched);   /* failed before the run: the caller's spans go */
     L->a = NULL;
     return st;
 }

@@ -914,6 +914,13 @@ flx_status_t flx_sched_gpu_span(flx_sched_h s, flx_cuda_stream_t stream, int beg
     return FLX_OK;
 }
 
+void flx_sched_gpu_spans_drop(flx_sched_h s)
+{
+    if (!s) return;
+    s->n_spans = s->span_open = 0;
+    s->ref_recorded = 0;
+}
+
 /* ---- the run ---- */
 
 static flx_status_t check_layer(const struct flx_sched *s, const flx_sched_layer_t *L)
@@ -997,8 +1004,7 @@ flx_status_t flx_sched_run(flx_sched_h s, flx_sched_layer_t *L, flx_sched_layer_
     flx_status_t st = check_layer(s, L);
     if (!st && s->span_open) st = flx_error_set(FLX_ERR_INVALID, "scheduler run: a GPU span was begun and not ended");
     if (st) {   /* the spans marked for this layer go with it: none is counted in a later one */
-        s->n_spans = s->span_open = 0;
-        s->ref_recorded = 0;
+        flx_sched_gpu_spans_drop(s);
         return st;
     }
     const uint64_t t_start = flx_now_ns();

@@ -9,12 +9,13 @@
  *    shipped synthetic predictor; the ablations (no streaming skipping: every group a task; a fixed
  *    blk: every task at it) and a predictor that calls every head streaming (no task at all);
  *  - every result is the same bits whatever the number of CPU workers (1, 2, 3) and the policy;
- *  - refusals.
+ *  - refusals; with a CUDA device, a refused run drops the GPU spans its caller marked.
  * argv[1]: the synthetic predictor's weights file.
  */
 #include <string.h>
 
 #include "flx/attn_layer.h"
+#include "flx/cuda_rt.h"
 #include "flx/features.h"
 #include "replay.h"
 #include "sched_testutil.h"
@@ -281,6 +282,44 @@ static void test_refusals(const batch_t *bt)
     fprintf(stderr, "refusals: ok\n");
 }
 
+/* With a GPU worker: a run refused after its caller marked the window launch (flx_sched_gpu_span)
+ * drops the span. Before, six refused runs left four spans behind and every later begin was refused,
+ * which stopped an engine's every GPU layer for good. Needs a CUDA device. */
+static void test_refused_run_drops_spans(const batch_t *bt)
+{
+    if (flx_cuda_device_count() <= 0) {
+        fprintf(stderr, "spans of refused runs: no CUDA device, skipped\n");
+        return;
+    }
+    flx_attn_layer_params_t p;
+    memset(&p, 0, sizeof p);
+    p.n_q_heads = HQ, p.n_kv_heads = HKV, p.head_dim = D, p.max_batch = B, p.max_l_cpu = bt->max_l_cpu;
+    p.mode = FLX_LAYER_FIXED, p.blk = 32, p.bgt = 0.07f;
+    p.sched.field_mask = FLX_SCHED_FIELD_GPU, p.sched.use_gpu = 1, p.sched.pool = g_pools[2];
+    flx_attn_layer_h L;
+    CHECK_OK(flx_attn_layer_create(&p, &L));
+    flx_sched_h s = flx_attn_layer_sched(L);
+    flx_cuda_stream_t us;
+    CHECK_OK(flx_cuda_stream_create(0, &us));
+    float *o = malloc((size_t)B * HQ * D * sizeof(float));
+    flx_attn_layer_args_t a = {.layer = 0, .batch = B + 1, .sess = bt->sess, .q = bt->q, .o = o,
+                               .window = FLX_LAYER_WIN_COMPUTE};
+    for (int i = 0; i < 6; i++) {
+        CHECK_OK(flx_sched_gpu_span(s, us, 1));
+        CHECK_OK(flx_sched_gpu_span(s, us, 0));
+        CHECK_ST(flx_attn_layer_run(L, &a, NULL), FLX_ERR_INVALID);
+    }
+    a.batch = B;
+    flx_attn_layer_stats_t st;
+    CHECK_OK(flx_attn_layer_run(L, &a, &st));
+    CHECK(st.sched.gpu_span_ns == 0);   /* none of the refused runs' spans counted here */
+    CHECK_OK(flx_cuda_stream_sync(0, us));
+    flx_cuda_stream_destroy(0, us);
+    free(o);
+    flx_attn_layer_destroy(L);
+    fprintf(stderr, "spans of refused runs: dropped, ok\n");
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -294,6 +333,7 @@ int main(int argc, char **argv)
     batch_t bt;
     batch_make(&bt, &rng);
     test_refusals(&bt);
+    test_refused_run_drops_spans(&bt);
     test_full_fixed(&bt);
     test_deferred(&bt);
     test_fluxion(&bt);

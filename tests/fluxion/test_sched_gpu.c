@@ -9,8 +9,9 @@
  * element printed. K and q are small integers, so Quest scores are exact and the GPU selects the
  * CPU's blocks (test_attn_gpu_host holds the top-k to flx_topk on arbitrary scores). Also: who ran
  * what (gpu-only: all on the device; no-parallel: none), device busy time and the idle ratio from
- * CUDA events, a caller's span counted as busy, and a session of an unpinned store in the same
- * batch running on the GPU worker's thread with the CPU kernels.
+ * CUDA events, a caller's span counted as busy (and dropped with flx_sched_gpu_spans_drop), and a
+ * session of an unpinned store in the same batch running on the GPU worker's thread with the CPU
+ * kernels.
  */
 #include <math.h>
 #include <string.h>
@@ -151,6 +152,20 @@ static void test_span_and_fallback(void)
     fprintf(stderr, "span + fallback: %u on the device, %u on the GPU worker's thread; busy %.3f ms (span %.3f) "
             "-> ok\n",
             x.n_gpu_tasks, x.n_gpu_fallback, (double)x.gpu_busy_ns * 1e-6, (double)x.gpu_span_ns * 1e-6);
+    /* Spans of a layer the caller gave up before its run are dropped: four left behind refused
+     * every later begin, and a layer's spans never count in the next. */
+    for (int i = 0; i < 4; i++) {
+        CHECK_OK(flx_sched_gpu_span(s, us, 1));
+        CHECK_OK(flx_sched_gpu_span(s, us, 0));
+    }
+    CHECK_ST(flx_sched_gpu_span(s, us, 1), FLX_ERR_INVALID);   /* a fifth */
+    flx_sched_gpu_spans_drop(s);
+    CHECK_OK(flx_sched_gpu_span(s, us, 1));   /* an open one goes too */
+    flx_sched_gpu_spans_drop(s);
+    CHECK_OK(flx_sched_run(s, &L, &x));
+    CHECK(x.gpu_span_ns == 0);
+    check_close("after dropped spans", &bt, o, lse, o_want, l_want);
+    flx_sched_gpu_spans_drop(NULL);
     CHECK_OK(flx_cuda_free(0, dbuf));
     flx_cuda_stream_destroy(0, us);
     flx_sched_destroy(s);

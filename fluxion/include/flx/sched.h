@@ -226,8 +226,13 @@ flx_status_t flx_sched_run(flx_sched_h sched, flx_sched_layer_t *layer, flx_sche
  * counted as GPU busy time of that layer: call with begin 1 right before queuing it and with begin
  * 0 right after. Needs use_gpu; at most 4 spans per layer. A caller whose queuing failed after a
  * begin ends the span all the same (or its next run is refused); a run that is refused drops the
- * layer's spans. */
+ * layer's spans, and so does flx_sched_gpu_spans_drop. */
 flx_status_t flx_sched_gpu_span(flx_sched_h sched, flx_cuda_stream_t stream, int begin);
+
+/* The layer the spans were marked for will not run (the caller failed before flx_sched_run): they
+ * are dropped, an open one too, so that none is counted in a later layer or blocks its spans.
+ * Accepts NULL and a scheduler without a GPU worker (nothing to drop). */
+void flx_sched_gpu_spans_drop(flx_sched_h sched);
 
 /* The policy's order of the tasks of the last flx_sched_run (for tests and reports): order[i] is
  * the index of the i-th task of the shared queue (PRIORITY, NO_PARALLEL) or of the lanes one after
