@@ -23,7 +23,9 @@
  * Fault injection (tests, demos) acts on the wire exactly as a broken peer would: die (SIGKILL)
  * after N bytes landed, stall (stop sending, stay connected and alive) after N bytes, corrupt the
  * payload of chunk I after its hash was taken, a wrong token, a chunk outside the session, chunk I
- * twice.
+ * twice, and a refused message (a wrong token) after layer 0's chunks, the process stopped (SIGSTOP)
+ * as soon as it has gone out: a frozen peer whose connection the node drops while its chunks are
+ * still in flight.
  *
  * Exit status (flx/cli.h): 0 when the node reports the session READY; 1 when it fails (the node's
  * reason is printed), OpenSession is refused, the connection fails or the model cannot run; 2 for a
@@ -73,7 +75,7 @@ typedef struct opts {
     flx_tp_err_mode_t err_mode;
     /* faults (UINT64_MAX: off) */
     uint64_t die_after, stall_after, corrupt_chunk, dup_chunk;
-    int wrong_token, outside_chunk;
+    int wrong_token, outside_chunk, freeze_after_refused;
 } opts_t;
 
 static const char *const MODES[] = {"full", "fixed", "fluxion", NULL};
@@ -156,6 +158,9 @@ static int parse_args(int argc, char **argv, opts_t *o)
         FLX_CLI_FLAG(0, "wrong-token", &o->wrong_token, "fault: send the chunks with a wrong token"),
         FLX_CLI_FLAG(0, "outside-chunk", &o->outside_chunk, "fault: send one chunk past the session's prompt"),
         FLX_CLI_UINT(0, "duplicate-chunk", "I", &o->dup_chunk, 0, UINT32_MAX, 0, "fault: send KV chunk I twice"),
+        FLX_CLI_FLAG(0, "freeze-after-refused", &o->freeze_after_refused,
+                     "fault: after layer 0's chunks send a message with a wrong token (the node refuses it and\n"
+                     "drops the connection) and stop (SIGSTOP) once it has gone out, chunks still in flight"),
     };
     flx_cli_t cli = FLX_CLI_INIT(PROG, "Computes a prompt's KV cache and statistics and pushes them to a decode node "
                                        "over UCX, layer by layer, as a prefill node does.",
@@ -295,6 +300,13 @@ static uint8_t *pack_granules(uint8_t *dst, const flx_bf16_t *k, const flx_bf16_
             dst += bytes;
         }
     return dst;
+}
+
+/* --freeze-after-refused: the refused message went out (the sender's progress thread). */
+static void freeze_now(void *ctx, flx_status_t st)
+{
+    (void)ctx, (void)st;
+    raise(SIGSTOP);
 }
 
 /* Sends an already-built KV header with payload (fault injection goes through here). */
@@ -464,6 +476,23 @@ static flx_status_t layer_send(push_t *p, prepared_t *pl)
             if (!st) st = flx_tp_sender_flush(p->snd, (uint32_t)o->timeout_ms); /* junk must outlive the send */
             free(junk);
             if (st == FLX_ERR_IO) st = FLX_OK; /* the node's verdict comes as a STATUS */
+        }
+    }
+    if (!st && !p->stalled && pl->layer == 0 && o->freeze_after_refused) {
+        /* header only, the session's own but for the token; stopped from the sender's progress thread
+         * the moment the send completes, before it can move more of the chunks posted above */
+        flx_tp_hdr_t h = {.kind = FLX_TP_KV, .sid = p->ref.sid, .layer = 0, .head_begin = 0, .head_end = 1,
+                          .tok_begin = 0, .tok_end = 16, .arg0 = D};
+        memcpy(h.token, p->ref.token, FLX_TP_TOKEN_BYTES);
+        h.token[0] ^= 0xff;
+        static uint8_t zero[16 * 256 * 2 * 2];   /* 16 tokens of K and V, head_dim <= 256 */
+        const uint64_t bytes = flx_tp_kv_bytes(&h);
+        if (bytes <= sizeof zero) {
+            flx_tp_hdr_set_payload(&h, zero, bytes, 1);
+            fprintf(stderr, PROG ": --freeze-after-refused: a wrong token after layer 0's chunks, then SIGSTOP\n");
+            uint8_t hdr[FLX_TP_HDR_BYTES];
+            flx_tp_hdr_encode(&h, hdr);
+            st = flx_tp_send_raw(p->snd, hdr, zero, bytes, FLX_TP_SEND_EAGER, freeze_now, NULL);
         }
     }
     if (!st && !p->stalled && pl->stats) {

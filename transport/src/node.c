@@ -217,7 +217,13 @@ static void conns_tend(struct flx_tp_node *n)
          * message (no indirect ids): closing it while its peer may still send would let the next
          * message dereference a freed endpoint. Such a connection stays open, inert (its messages
          * are dropped), until UCX reports the peer gone. */
-        if (c->failed && !c->closing && (n->err_mode == FLX_TP_ERR_PEER || c->peer_gone)) conn_close(n, c);
+        /* A connection dropped for a refused message closes flushing (its last reply must reach the
+         * peer) only once no receive is in flight into it: a flushing close cancels nothing, so with a
+         * frozen peer those receives, and the session's memory, would be held for ever. Until then it
+         * stays inert; if its session ends first, the grace period closes it with FORCE (periodic). */
+        const int wait_receives = c->flush_close && c->inflight && !c->peer_gone;
+        if (c->failed && !c->closing && !wait_receives && (n->err_mode == FLX_TP_ERR_PEER || c->peer_gone))
+            conn_close(n, c);
         if (c->close_req && ucp_request_check_status(c->close_req) != UCS_INPROGRESS) {
             ucp_request_free(c->close_req);
             c->close_req = NULL;
@@ -352,7 +358,9 @@ static void send_notices(struct flx_tp_node *n)
         for (uint32_t i = 0; i < k; i++)
             for (uint32_t j = 0; j < no[i].n_conns; j++) {
                 conn_t *c = conn_by_id(n, no[i].conns[j]);
-                if (c && !c->failed) send_reply(n, c, &no[i].reply);
+                /* a dropped connection still open (NONE mode, or waiting for its receives) is told
+                 * too: its sender hears how its session ended instead of waiting for its timeout */
+                if (c && !c->peer_gone) send_reply(n, c, &no[i].reply);
             }
         if (k < FLX_ARRAY_SIZE(no)) break;
     }
@@ -369,6 +377,7 @@ static int periodic(struct flx_tp_node *n, uint64_t now)
         conn_t *c = conn_by_id(n, grace_conns[i]);
         if (c && !c->closing) {
             flx_log_warn(MOD, "connection from %s: closing it to cancel receives into a failed session", c->peer);
+            c->flush_close = 0;   /* what is in flight is cancelled (FORCE), not waited for */
             if (!c->failed) {
                 c->failed = 1;
                 snprintf(c->why, sizeof c->why, "closed: receives into a failed session were still in flight");
@@ -418,11 +427,13 @@ static void *progress_main(void *arg)
                 n->listener = NULL;
                 tp_core_fail_all(&n->core, "node shutting down");
                 send_notices(n);
-                for (conn_t *c = n->conns; c; c = c->next)
+                for (conn_t *c = n->conns; c; c = c->next) {
                     if (!c->failed) {
                         c->failed = 1;
                         snprintf(c->why, sizeof c->why, "closed: node shutting down");
                     }
+                    if (c->inflight) c->flush_close = 0;   /* a dropped one's receives: cancelled now */
+                }
                 conns_tend(n);
             }
             /* PEER mode closed every endpoint above; NONE mode leaves them to the worker's destruction
