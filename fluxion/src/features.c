@@ -389,7 +389,8 @@ flx_status_t flx_features_decode_groups(const flx_feat_layer_t *in, uint32_t g0,
                                        : FLX_FEAT_LSE_EMPTY;
         f[FLX_F_LSE_LOCAL_Q] = nl ? lse_l : FLX_FEAT_LSE_EMPTY;
         for (int j = 0; j < 3; j++) {
-            f[FLX_F_LSE_SINK_A + j] = s->lse_anchor[j];
+            /* an empty segment's -inf (the stats' contract) is the features' finite EMPTY */
+            f[FLX_F_LSE_SINK_A + j] = s->lse_anchor[j] > -INFINITY ? s->lse_anchor[j] : FLX_FEAT_LSE_EMPTY;
             f[FLX_F_ONORM_SINK_A + j] = s->onorm_anchor[j];
         }
         f[FLX_F_ONORM_SINK_Q] = onorm_s;

@@ -624,6 +624,38 @@ static void set_state_locked(struct flx_kv_session *x, flx_kv_state_t st)
     if (st != FLX_KV_RECEIVING) notify_state(x->store);
 }
 
+static int free_slot_locked(const struct flx_kv_store *s)
+{
+    for (uint32_t i = 0; i < s->max_sessions; i++)
+        if (!s->slots[i]) return 1;
+    return 0;
+}
+
+/* The capacity refusal of an open (takes the store lock); no_slot: every session slot was taken. */
+static flx_status_t session_refusal(struct flx_kv_store *s, const flx_kv_session_params_t *p,
+                                    const session_layout_t *lay, size_t total, size_t n_blocks, int no_slot)
+{
+    flx_status_t st;
+    pthread_mutex_lock(&s->lock);
+    if (no_slot)
+        st = flx_error_set(FLX_ERR_CAPACITY, "session open: all %u session slots in use", s->max_sessions);
+    else if (s->used_bytes + total > s->capacity || n_blocks > s->n_free)
+        st = flx_error_set(FLX_ERR_CAPACITY,
+                           "session open: prompt of %u tokens needs %zu bytes, %zu of %zu bytes in use (%u sessions, "
+                           "%zu bytes held by failed or closed ones)",
+                           p->prompt_len, total, s->used_bytes, s->capacity, s->n_sessions, s->pending_free);
+    else if (lay->dev_bytes > s->dev_capacity - s->dev_used)
+        st = flx_error_set(FLX_ERR_CAPACITY,
+                           "session open: prompt of %u tokens, %u new: device window needs %zu bytes, %zu of %zu "
+                           "device bytes in use (%u sessions)",
+                           p->prompt_len, p->max_new_tokens, lay->dev_bytes, s->dev_used, s->dev_capacity,
+                           s->n_sessions);
+    else   /* freed between the check and this message */
+        st = flx_error_set(FLX_ERR_CAPACITY, "session open: the store was full a moment ago; try again");
+    pthread_mutex_unlock(&s->lock);
+    return st;
+}
+
 flx_status_t flx_kv_session_open(flx_kv_store_h s, const flx_kv_session_params_t *p, flx_kv_session_id_t *sid_p)
 {
     flx_status_t st;
@@ -635,6 +667,16 @@ flx_status_t flx_kv_session_open(flx_kv_store_h s, const flx_kv_session_params_t
         return st;
     const size_t LH = (size_t)s->n_layers * s->n_kv_heads, n_blocks = LH * lay.n_blocks;
     const size_t total = lay.kv_bytes + lay.side_bytes;
+
+    /* A request that cannot fit is refused before its side memory is mapped and faulted in (a
+     * refused open of a 651 MiB session used to bring 560 MiB into RSS first). The check below,
+     * under the same lock as the reservation, stays the one that counts. */
+    pthread_mutex_lock(&s->lock);
+    const int slot_free = free_slot_locked(s);
+    const int fits = slot_free && s->used_bytes + total <= s->capacity && n_blocks <= s->n_free &&
+                     lay.dev_bytes <= s->dev_capacity - s->dev_used;
+    pthread_mutex_unlock(&s->lock);
+    if (!fits) return session_refusal(s, p, &lay, total, n_blocks, !slot_free);
 
     struct flx_kv_session *x = calloc(1, sizeof *x);
     if (!x) return flx_error_set(FLX_ERR_NOMEM, "session");
@@ -668,19 +710,11 @@ flx_status_t flx_kv_session_open(flx_kv_store_h s, const flx_kv_session_params_t
             slot = i;
             break;
         }
-    if (slot == UINT32_MAX) {
-        st = flx_error_set(FLX_ERR_CAPACITY, "session open: all %u session slots in use", s->max_sessions);
-    } else if (s->used_bytes + total > s->capacity || n_blocks > s->n_free) {
-        st = flx_error_set(FLX_ERR_CAPACITY,
-                           "session open: prompt of %u tokens needs %zu bytes, %zu of %zu bytes in use (%u sessions, "
-                           "%zu bytes held by failed or closed ones)",
-                           p->prompt_len, total, s->used_bytes, s->capacity, s->n_sessions, s->pending_free);
-    } else if (lay.dev_bytes > s->dev_capacity - s->dev_used) {
-        st = flx_error_set(FLX_ERR_CAPACITY,
-                           "session open: prompt of %u tokens, %u new: device window needs %zu bytes, %zu of %zu "
-                           "device bytes in use (%u sessions)",
-                           p->prompt_len, p->max_new_tokens, lay.dev_bytes, s->dev_used, s->dev_capacity,
-                           s->n_sessions);
+    if (slot == UINT32_MAX || s->used_bytes + total > s->capacity || n_blocks > s->n_free ||
+        lay.dev_bytes > s->dev_capacity - s->dev_used) {
+        pthread_mutex_unlock(&s->lock);
+        st = session_refusal(s, p, &lay, total, n_blocks, slot == UINT32_MAX);
+        pthread_mutex_lock(&s->lock);
     } else {
         pool_take(s, x->table, n_blocks);
         s->used_bytes += total;
@@ -1444,11 +1478,12 @@ static flx_status_t stats_check(const flx_head_stats_t *st, const float *q, uint
     if (st->reserved != 0) return BAD("reserved (must be 0)");
     const float *all = &st->k_sink_norm;
     const size_t nf = (sizeof *st - offsetof(flx_head_stats_t, k_sink_norm)) / sizeof(float);
-    /* LSEs may be -inf (empty segment); everything else must be finite. */
+    /* LSEs may be -inf (empty segment), never NaN or +inf; everything else must be finite. */
     for (size_t i = 0; i < nf; i++) {
         const float *f = &all[i];
         int is_lse = f >= st->lse_anchor && f < st->lse_anchor + 3;
-        if (!is_lse && !isfinite(*f)) return BAD("a field is not finite");
+        if (is_lse ? isnan(*f) || *f == INFINITY : !isfinite(*f))
+            return BAD(is_lse ? "an lse_anchor is NaN or +inf" : "a field is not finite");
     }
     if (!finite_nonneg(st->k_sink_norm) || !finite_nonneg(st->v_sink_norm) || !finite_nonneg(st->k_cpu_mean_norm) ||
         !finite_nonneg(st->v_cpu_mean_norm))

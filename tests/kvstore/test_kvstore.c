@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -381,7 +382,7 @@ static void test_stats(void)
     CHECK_OK(flx_kv_session_close(s, sid));
 
     /* Each defect refused and the session FAILED. */
-    for (int defect = 0; defect < 9; defect++) {
+    for (int defect = 0; defect < 11; defect++) {
         fill_stats(st, mk, qa, H, D);
         flx_status_t want = FLX_ERR_INVALID;
         uint32_t layer = 0;
@@ -395,6 +396,8 @@ static void test_stats(void)
         case 6: layer = 2; break;
         case 7: st[0].onorm_anchor[1] = -0.5f; break;
         case 8: st[2].bgt_star[0] = NAN; break;
+        case 9: st[1].lse_anchor[0] = NAN; break;        /* only -inf (an empty segment) is not finite */
+        case 10: st[3].lse_anchor[2] = INFINITY; break;
         }
         sid = open_session(s, 600, 4, 0);
         CHECK_ST(flx_kv_stats_write(s, sid, layer, st, mk, qa), want);
@@ -800,8 +803,30 @@ static void test_capacity(void)
     sp.prompt_len = 100;
     for (int i = 0; i < 3; i++) CHECK_OK(flx_kv_session_open(s2, &sp, &ids[i]));
     CHECK_ST(flx_kv_session_open(s2, &sp, &x), FLX_ERR_CAPACITY);
+    CHECK(strstr(flx_error_msg(), "all 3 session slots in use"));
     flx_kv_store_destroy(s2); /* closes the open sessions */
     flx_kv_store_destroy(s);
+
+    /* A refused open maps no side memory: in a child (its peak RSS starts at the parent's), a
+     * session needing about 650 MiB on a 64 MiB store is refused without its RSS growing. Before,
+     * the side memory (pyramid, window) was mapped and faulted in first: +560 MiB. */
+    fflush(NULL);
+    pid_t pid = fork();
+    CHECK(pid >= 0);
+    if (pid == 0) {
+        flx_kv_store_h s3 = kv_make_store(32, 8, 32, 128, 64, 256, 64u << 20);
+        struct rusage r0, r1;
+        getrusage(RUSAGE_SELF, &r0);
+        flx_kv_session_params_t big = {.prompt_len = 1024, .max_new_tokens = 4096};
+        flx_kv_session_id_t y;
+        const flx_status_t st = flx_kv_session_open(s3, &big, &y);
+        getrusage(RUSAGE_SELF, &r1);
+        const long grew_kib = r1.ru_maxrss - r0.ru_maxrss;
+        fprintf(stderr, "refused open: %s (%s); peak RSS grew %ld KiB\n", flx_status_name(st), flx_error_msg(), grew_kib);
+        _exit(st == FLX_ERR_CAPACITY && strstr(flx_error_msg(), "needs") && grew_kib < 32 * 1024 ? 0 : 1);
+    }
+    int wst;
+    CHECK(waitpid(pid, &wst, 0) == pid && WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
 }
 
 /* FLX_KV_STORE_WINDOW_DEVICE: parameter checks, then the documented fallback. Without a usable
