@@ -333,11 +333,12 @@ static flx_status_t read_config(gctx_t *c, flx_model_config_t *cfg)
     flx_error_clear();
     cfg->tied_embeddings = flx_gguf_find_tensor(c->g, "output.weight") == NULL;
     const char *name = NULL;
-    if (flx_gguf_find(c->g, "general.name") && flx_gguf_get_str(c->g, "general.name", &name) == FLX_OK)
-        snprintf(cfg->name, sizeof cfg->name, "%s", name);
-    else {
+    if (flx_gguf_find(c->g, "general.name") && flx_gguf_get_str(c->g, "general.name", &name) == FLX_OK) {
+        flx_model_name_set(cfg, name, strlen(name));
+    } else {
         const char *slash = strrchr(c->path, '/');
-        snprintf(cfg->name, sizeof cfg->name, "%s", slash ? slash + 1 : c->path);
+        name = slash ? slash + 1 : c->path;
+        flx_model_name_set(cfg, name, strlen(name));
     }
     if ((st = rope_scaling(c, cfg)) != FLX_OK) return st;
     if ((st = flx_model_config_check(cfg)) != FLX_OK) {

@@ -19,6 +19,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,8 +108,11 @@ static flx_status_t j_f32(const jcfg_t *j, const char *field, int required, doub
 {
     double v = 0;
     flx_status_t st = j_num(j, field, required, dflt, &v);
-    if (st == FLX_OK) *out = (float)v;
-    return st;
+    if (st != FLX_OK) return st;
+    if (!isfinite((float)v))   /* 1e39 is a JSON number but no float: it would become inf */
+        return flx_error_set(FLX_ERR_FORMAT, "file %s: field '%s' is %g, beyond the range of a float", j->path, field, v);
+    *out = (float)v;
+    return FLX_OK;
 }
 
 static flx_status_t parse_rope_scaling(const jcfg_t *j, flx_model_config_t *cfg)
@@ -170,6 +174,13 @@ static flx_status_t parse_config(const char *dir, const char *path, flx_model_co
             goto out;
         }
     }
+    /* Qwen2's sliding window (layers from max_window_layers on attend to the last sliding_window
+     * tokens only): this runtime attends to all of them, so past the window its output would differ */
+    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "use_sliding_window"))) {
+        st = flx_error_set(FLX_ERR_UNSUPPORTED, "file %s: field 'use_sliding_window' is true (sliding-window "
+                                                "attention is not supported)", path);
+        goto out;
+    }
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
     if (act && !(cJSON_IsString(act) && !strcmp(act->valuestring, "silu"))) {
         st = flx_error_set(FLX_ERR_UNSUPPORTED, "file %s: field 'hidden_act' is '%s', only silu is supported", path,
@@ -203,13 +214,14 @@ static flx_status_t parse_config(const char *dir, const char *path, flx_model_co
     const cJSON *nm = cJSON_GetObjectItemCaseSensitive(root, "_name_or_path");
     if (cJSON_IsString(nm) && nm->valuestring[0]) {
         const char *s = strrchr(nm->valuestring, '/');
-        snprintf(cfg->name, sizeof cfg->name, "%s", s && s[1] ? s + 1 : nm->valuestring);
+        const char *base = s && s[1] ? s + 1 : nm->valuestring;
+        flx_model_name_set(cfg, base, strlen(base));
     } else {
         size_t dl = strlen(dir);
         while (dl > 1 && dir[dl - 1] == '/') dl--;
         size_t b = dl;
         while (b > 0 && dir[b - 1] != '/') b--;
-        snprintf(cfg->name, sizeof cfg->name, "%.*s", (int)(dl - b), dir + b);
+        flx_model_name_set(cfg, dir + b, dl - b);
     }
     if ((st = flx_model_config_check(cfg)) != FLX_OK) {
         char why[FLX_ERROR_MSG_MAX];

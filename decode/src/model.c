@@ -6,6 +6,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "flx/log.h"
+#include "flx/tokenizer.h"
 #include "flx/util.h"
 #include "model_internal.h"
 
@@ -41,7 +43,8 @@ flx_status_t flx_model_config_check(const flx_model_config_t *c)
         return flx_error_set(FLX_ERR_INVALID, "model config: rope_theta %g out of range", (double)c->rope_theta);
     if (c->rope_scaling == FLX_ROPE_LLAMA3) {
         if (!(c->rope_factor >= 1) || !(c->rope_low_freq_factor > 0) ||
-            !(c->rope_high_freq_factor > c->rope_low_freq_factor) || c->rope_orig_ctx == 0)
+            !(c->rope_high_freq_factor > c->rope_low_freq_factor) || c->rope_orig_ctx == 0 ||
+            !isfinite(c->rope_factor) || !isfinite(c->rope_high_freq_factor))
             return flx_error_set(FLX_ERR_INVALID,
                                  "model config: llama3 rope scaling factor %g low %g high %g original ctx %u invalid",
                                  (double)c->rope_factor, (double)c->rope_low_freq_factor,
@@ -228,4 +231,13 @@ nomem:
     st = FLX_ERR_NOMEM; /* message set by flx_model_mem_alloc */
     flx_model_destroy(m);
     return st;
+}
+
+void flx_model_name_set(flx_model_config_t *cfg, const char *name, size_t len)
+{
+    const size_t n = flx_utf8_repair(name, len, cfg->name, sizeof cfg->name);
+    if (n != len || memcmp(cfg->name, name, n) != 0)
+        flx_log_warn("model", "model name '%.*s' (%zu bytes) is not valid UTF-8 or longer than the %zu bytes kept: "
+                     "named '%s' (set model-id to choose the id clients name)",
+                     (int)FLX_MIN(len, 512), name, len, sizeof cfg->name - 1, cfg->name);
 }

@@ -25,6 +25,12 @@ struct flx_model_mem {
     size_t n, cap;
 };
 
+/* cfg->name from the model's own metadata or path (len bytes of name, outside bytes): made valid
+ * UTF-8 (a byte that starts no whole character becomes U+FFFD) and cut at a character boundary where
+ * it does not fit, with a warning naming the original, which then differs from the node's default
+ * model id. */
+void flx_model_name_set(flx_model_config_t *cfg, const char *name, size_t len);
+
 /* A model with cfg copied, layers allocated (zeroed) and an empty region list. */
 flx_status_t flx_model_alloc(const flx_model_config_t *cfg, flx_model_t **model_p);
 /* Records a region the model owns from now on (freed by flx_model_destroy, last added first). */

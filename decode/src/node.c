@@ -506,9 +506,13 @@ flx_status_t flx_node_create(const flx_node_config_t *cfg, flx_node_h *node_p)
     flx_log_info(MOD, "%s", flx_pool_describe(n->pool));
     if ((st = flx_model_load_pool(cfg->model, n->pool, &n->model)))
         goto fail;
-    if (flx_tok_load(cfg->model, &n->tok)) {
+    if ((st = flx_tok_load(cfg->model, &n->tok)) == FLX_ERR_NOT_FOUND) {
         flx_log_warn(MOD, "no tokenizer with %s (%s): tokens stream without text", cfg->model, flx_error_msg());
         n->tok = NULL;
+        st = FLX_OK;
+    } else if (st) {   /* one that is there but cannot be used: without it no end token would stop a call */
+        st = flx_error_set(st, "tokenizer of %s: %s", cfg->model, flx_error_msg());
+        goto fail;
     } else if (flx_tok_vocab_size(n->tok) > n->model->cfg.vocab) {
         st = flx_error_set(FLX_ERR_FORMAT, "tokenizer has %u tokens, the model's vocabulary %u",
                            flx_tok_vocab_size(n->tok), n->model->cfg.vocab);

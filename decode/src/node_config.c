@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "flx/log.h"
+#include "flx/tokenizer.h"
 #include "flx/util.h"
 
 typedef enum { K_STR, K_ADDR, K_U32, K_BYTES, K_INT, K_PREFILL, K_ERRMODE, K_LEVEL, K_FORMAT } kind_t;
@@ -180,6 +181,12 @@ flx_status_t flx_node_config_set(flx_node_config_t *c, const char *key, const ch
         for (const char *p = v; *p; p++)
             if ((unsigned char)*p < 0x20)
                 return flx_error_set(FLX_ERR_INVALID, "%s holds control character 0x%02x", key, (unsigned char)*p);
+        if (k->off == F(model_id)) {   /* it goes out in the protocol's strings: UTF-8 only */
+            char fixed[3 * FLX_NODE_ID_MAX];
+            const size_t len = strlen(v), n = flx_utf8_repair(v, len, fixed, sizeof fixed);
+            if (n != len || memcmp(fixed, v, len) != 0)
+                return flx_error_set(FLX_ERR_INVALID, "%s is not valid UTF-8", key);
+        }
         memcpy(field, v, strlen(v) + 1);
         return FLX_OK;
     case K_U32:
@@ -336,6 +343,16 @@ flx_status_t flx_node_config_check(const flx_node_config_t *c)
         if ((hl == 7 && !strncmp(c->ucx_listen, "0.0.0.0", 7)) || (hl == 4 && !strncmp(c->ucx_listen, "[::]", 4)))
             return flx_error_set(FLX_ERR_INVALID, "ucx-listen %s listens on every address: set ucx-advertise to the "
                                                   "host prefill nodes should connect to", c->ucx_listen);
+    }
+    if (c->prefill == FLX_NODE_PREFILL_LOCAL) {   /* the KV receiver is not started: its settings do nothing */
+        flx_node_config_t d;
+        flx_node_config_default(&d);
+        const char *set = strcmp(c->ucx_listen, d.ucx_listen)           ? "ucx-listen"
+                          : strcmp(c->ucx_advertise, d.ucx_advertise)   ? "ucx-advertise"
+                          : c->ucx_err_mode != d.ucx_err_mode           ? "ucx-err-mode"
+                          : c->ucx_liveness_ms != d.ucx_liveness_ms     ? "ucx-liveness-ms"
+                                                                        : NULL;
+        if (set) return flx_error_set(FLX_ERR_INVALID, "%s applies only with prefill ucx (prefill is local)", set);
     }
     if (c->max_batch > c->max_sessions)
         return flx_error_set(FLX_ERR_INVALID, "max-batch %u exceeds max-sessions %u", c->max_batch, c->max_sessions);

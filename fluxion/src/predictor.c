@@ -243,9 +243,10 @@ flx_status_t flx_mlp_load(const char *path, flx_mlp_t *m)
                                    TENSORS[j].name, i, (double)arr[j][i]);
                 goto out;
             }
-            if ((j == 1 || j == 3) && !(arr[j][i] > 0.0f)) {
-                st = flx_error_set(FLX_ERR_FORMAT, "%s: tensor \"%s\" element %zu is %g, must be > 0", path,
-                                   TENSORS[j].name, i, (double)arr[j][i]);
+            /* a std whose inverse is not a float (subnormal) would normalise features to inf */
+            if ((j == 1 || j == 3) && !(arr[j][i] > 0.0f && isfinite(1.0f / arr[j][i]))) {
+                st = flx_error_set(FLX_ERR_FORMAT, "%s: tensor \"%s\" element %zu is %g, must be > 0 with a finite "
+                                   "inverse", path, TENSORS[j].name, i, (double)arr[j][i]);
                 goto out;
             }
         }
@@ -381,7 +382,7 @@ flx_status_t flx_predictor_create(const flx_mlp_t *m, flx_predictor_h *p_out)
     if (!p) return flx_error_set(FLX_ERR_NOMEM, "predictor create");
     memset(p, 0, sizeof *p);
     for (int i = 0; i < FLX_PRED_IN; i++) {
-        if (!(m->feature_std[i] > 0.0f) || !isfinite(m->feature_mean[i])) {
+        if (!(m->feature_std[i] > 0.0f) || !isfinite(1.0f / m->feature_std[i]) || !isfinite(m->feature_mean[i])) {
             flx_aligned_free(p);
             return flx_error_set(FLX_ERR_INVALID, "predictor create: feature %d mean %g std %g", i,
                                  (double)m->feature_mean[i], (double)m->feature_std[i]);

@@ -388,13 +388,47 @@ static void edit_config(const char *dir, const char *field, cJSON *value /* NULL
     char *txt = read_all(p);
     cJSON *j = cJSON_Parse(txt);
     CHECK(j);
-    if (value) cJSON_ReplaceItemInObjectCaseSensitive(j, field, value);
-    else cJSON_DeleteItemFromObjectCaseSensitive(j, field);
+    if (value && !cJSON_ReplaceItemInObjectCaseSensitive(j, field, value)) CHECK(cJSON_AddItemToObject(j, field, value));
+    else if (!value) cJSON_DeleteItemFromObjectCaseSensitive(j, field);
     char *out = cJSON_Print(j);
     write_all(p, out, strlen(out));
     free(out);
     cJSON_Delete(j);
     free(txt);
+}
+
+/* The model's name comes from its files: valid UTF-8 whatever they hold (a byte that starts no
+ * character becomes U+FFFD), and cut at a character boundary where it is longer than the field;
+ * the node's default model id is this name, and proto strings must be UTF-8. */
+static void test_hf_names(void)
+{
+    static const struct { const char *in, *want; } cases[] = {
+        {"org/SmolLM2-135M", "SmolLM2-135M"},
+        {"org/bad\xff\xfename", "bad\xef\xbf\xbd\xef\xbf\xbdname"},
+        /* 13 bytes a word: 62 bytes fit, the next 2-byte character would end past the 63 kept */
+        {"org/Модель-Модель-Модель-Модель-Модель-Модель-", NULL},
+    };
+    for (size_t i = 0; i < FLX_ARRAY_SIZE(cases); i++) {
+        char dn[32];
+        snprintf(dn, sizeof dn, "names%zu", i);
+        char *d = subdir(dn);
+        gen_small(d, FLX_ARCH_LLAMA, 1, FLX_DT_BF16);
+        edit_config(d, "_name_or_path", cJSON_CreateString(cases[i].in));
+        flx_model_t *m;
+        CHECK_OK(flx_model_load_hf(d, &m));
+        const char *name = m->cfg.name;
+        char fixed[256];
+        CHECK(flx_utf8_repair(name, strlen(name), fixed, sizeof fixed) == strlen(name) && !strcmp(fixed, name));
+        if (cases[i].want) {
+            CHECK(!strcmp(name, cases[i].want));
+        } else {   /* cut: a prefix of the original, whole characters only, within the field */
+            const char *orig = strchr(cases[i].in, '/') + 1;
+            CHECK(strlen(name) == 62);
+            CHECK(!strncmp(name, orig, strlen(name)) && strlen(orig) > strlen(name));
+        }
+        fprintf(stderr, "model name '%s' -> '%s'\n", cases[i].in, name);
+        flx_model_destroy(m);
+    }
 }
 
 static void test_hf_refusals(void)
@@ -453,6 +487,22 @@ static void test_hf_refusals(void)
     gen_small(d, FLX_ARCH_QWEN2, 1, FLX_DT_BF16);
     edit_config(d, "hidden_act", cJSON_CreateString("gelu"));
     expect_hf_fail(d, FLX_ERR_UNSUPPORTED, "hidden_act", "gelu");
+
+    /* Qwen2's sliding window (this runtime attends to every token) and a rope factor past a float. */
+    d = subdir("sliding");
+    gen_small(d, FLX_ARCH_QWEN2, 1, FLX_DT_BF16);
+    edit_config(d, "use_sliding_window", cJSON_CreateTrue());
+    expect_hf_fail(d, FLX_ERR_UNSUPPORTED, "use_sliding_window", NULL);
+    d = subdir("rope_inf");
+    gen_small(d, FLX_ARCH_LLAMA, 1, FLX_DT_BF16);
+    cJSON *rs = cJSON_CreateObject();
+    cJSON_AddStringToObject(rs, "rope_type", "llama3");
+    cJSON_AddNumberToObject(rs, "factor", 1e39);
+    cJSON_AddNumberToObject(rs, "low_freq_factor", 1);
+    cJSON_AddNumberToObject(rs, "high_freq_factor", 4);
+    cJSON_AddNumberToObject(rs, "original_max_position_embeddings", 8192);
+    edit_config(d, "rope_scaling", rs);
+    expect_hf_fail(d, FLX_ERR_FORMAT, "'factor' is 1e+39", "beyond the range of a float");
 
     /* A config whose ffn disagrees with the tensors: the first mis-shaped tensor is named. */
     d = subdir("bad_shape");
@@ -1257,6 +1307,7 @@ int main(int argc, char **argv)
     test_hf_roundtrips();
     test_gguf_save_roundtrips();
     test_gen_tool(argv[1]);
+    test_hf_names();
     test_hf_refusals();
     fprintf(stderr, "test_model_load: ok\n");
     return 0;

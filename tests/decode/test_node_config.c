@@ -106,6 +106,24 @@ int main(void)
     CHECK_OK(flx_node_config_set(&c, "max-sessions", "4"));
     CHECK_ST(flx_node_config_check(&c), FLX_ERR_INVALID);   /* max-batch 8 > max-sessions 4 */
     CHECK(strstr(flx_error_msg(), "max-batch 8 exceeds max-sessions 4"));
+    /* the model id goes out in the protocol's strings: UTF-8 only */
+    CHECK_ST(flx_node_config_set(&c, "model-id", "bad\xff"), FLX_ERR_INVALID);
+    CHECK(strstr(flx_error_msg(), "model-id is not valid UTF-8") && !c.model_id[0]);
+    CHECK_OK(flx_node_config_set(&c, "model-id", "Модель"));
+    /* the KV receiver's settings do nothing with a local prefill: refused, not ignored */
+    CHECK_OK(flx_node_config_set(&c, "max-sessions", "8"));
+    CHECK_OK(flx_node_config_set(&c, "prefill", "local"));
+    CHECK_OK(flx_node_config_check(&c));
+    static const char *const ucx_keys[][2] = {{"ucx-listen", "127.0.0.1:7000"}, {"ucx-advertise", "h"},
+                                              {"ucx-err-mode", "none"}, {"ucx-liveness-ms", "99"}};
+    for (size_t i = 0; i < FLX_ARRAY_SIZE(ucx_keys); i++) {
+        flx_node_config_t u = c;
+        CHECK_OK(flx_node_config_set(&u, ucx_keys[i][0], ucx_keys[i][1]));
+        CHECK_ST(flx_node_config_check(&u), FLX_ERR_INVALID);
+        CHECK(strstr(flx_error_msg(), ucx_keys[i][0]) && strstr(flx_error_msg(), "applies only with prefill ucx"));
+        CHECK_OK(flx_node_config_set(&u, "prefill", "ucx"));
+        CHECK_OK(flx_node_config_check(&u));
+    }
     CHECK_ST(flx_node_config_load(&c, "/nonexistent/x.conf"), FLX_ERR_NOT_FOUND);
     for (const char *const *k = flx_node_config_keys(); *k; k++) CHECK(flx_node_config_help(*k));
     fprintf(stderr, "test_node_config: ok\n");

@@ -400,6 +400,26 @@ static void test_random(void)
         log[n] = '\0';
         CHECK(strstr(log, "max-prompt-len 5000 exceeds the model's context of 4096 tokens"));
     }
+    /* a tokenizer that is there but unusable stops the start (served without it, no end token
+     * would end a call); the KV receiver's settings with a local prefill are a usage error */
+    {
+        char tokdir[600], cmd[2400];
+        snprintf(tokdir, sizeof tokdir, "%s/node-model-badtok", g_dir);
+        snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s' && printf '{\"model\": 7' > '%s/tokenizer.json'", tokdir,
+                 g_model_dir, tokdir, tokdir);
+        CHECK(system(cmd) == 0);
+        const char *bad5[] = {"--model", tokdir, "--prefill", "local", NULL};
+        CHECK(daemon_start(g_daemon, bad5, err, &d, &code) == -1 && code == 1);
+        FILE *f = fopen(err, "r");
+        CHECK(f);
+        char log[8192];
+        size_t n = fread(log, 1, sizeof log - 1, f);
+        fclose(f);
+        log[n] = '\0';
+        CHECK(strstr(log, "tokenizer of ") && strstr(log, "tokenizer.json"));
+        const char *bad6[] = {"--model", g_model_dir, "--prefill", "local", "--ucx-err-mode", "none", NULL};
+        CHECK(daemon_start(g_daemon, bad6, err, &d, &code) == -1 && code == 2);
+    }
 
     const char *args[] = {"--model", g_model_dir, "--model-id", "test-model", "--predictor", g_pred,
                           "--prefill", "local", "--grpc-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",

@@ -324,6 +324,10 @@ int main(void)
     check_bad_value(&m, &m.w2[1000], NAN, "\"backbone.1.weight\" element 1000 is not finite");
     check_bad_value(&m, &m.b4[2], INFINITY, "\"head.bias\" element 2 is not finite");
     check_bad_value(&m, &m.feature_std[5], 0.0f, "\"feature_std\" element 5");
+    /* subnormal: 1/std is inf, so every normalised feature would be (and the fast path's output
+     * silently disagreed with the reference) */
+    check_bad_value(&m, &m.feature_std[3], 1e-40f,
+                    "\"feature_std\" element 3 is 9.99995e-41, must be > 0 with a finite inverse");
     check_bad_value(&m, &m.target_std[1], -1.0f, "\"target_std\" element 1");
 
     for (int lvl = FLX_ISA_AVX2; lvl <= (int)best && lvl <= FLX_ISA_AVX512; lvl++) {

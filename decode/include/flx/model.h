@@ -83,7 +83,7 @@ typedef struct flx_model_config {
     uint32_t rope_orig_ctx;
     int tied_embeddings;      /* lm_head == tok_embd */
     int qkv_bias;             /* bq/bk/bv present (Qwen2) */
-    char name[64];            /* human-readable, e.g. "SmolLM2-135M-Instruct" */
+    char name[64];            /* human-readable, e.g. "SmolLM2-135M-Instruct"; valid UTF-8 */
 } flx_model_config_t;
 
 typedef struct flx_layer_weights {
