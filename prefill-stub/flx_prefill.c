@@ -485,15 +485,15 @@ static flx_status_t layer_send(push_t *p, prepared_t *pl)
                           .tok_begin = 0, .tok_end = 16, .arg0 = D};
         memcpy(h.token, p->ref.token, FLX_TP_TOKEN_BYTES);
         h.token[0] ^= 0xff;
-        static uint8_t zero[16 * 256 * 2 * 2];   /* 16 tokens of K and V, head_dim <= 256 */
+        static uint8_t zero[16 * 256 * 2 * 2];   /* 16 tokens of K and V; the wire's head_dim is <= 256 */
         const uint64_t bytes = flx_tp_kv_bytes(&h);
-        if (bytes <= sizeof zero) {
-            flx_tp_hdr_set_payload(&h, zero, bytes, 1);
-            fprintf(stderr, PROG ": --freeze-after-refused: a wrong token after layer 0's chunks, then SIGSTOP\n");
-            uint8_t hdr[FLX_TP_HDR_BYTES];
-            flx_tp_hdr_encode(&h, hdr);
-            st = flx_tp_send_raw(p->snd, hdr, zero, bytes, FLX_TP_SEND_EAGER, freeze_now, NULL);
-        }
+        if (FLX_NEVER(bytes > sizeof zero))
+            return flx_error_set(FLX_ERR_INTERNAL, "--freeze-after-refused: head_dim %u above the wire's 256", D);
+        flx_tp_hdr_set_payload(&h, zero, bytes, 1);
+        fprintf(stderr, PROG ": --freeze-after-refused: a wrong token after layer 0's chunks, then SIGSTOP\n");
+        uint8_t hdr[FLX_TP_HDR_BYTES];
+        flx_tp_hdr_encode(&h, hdr);
+        st = flx_tp_send_raw(p->snd, hdr, zero, bytes, FLX_TP_SEND_EAGER, freeze_now, NULL);
     }
     if (!st && !p->stalled && pl->stats) {
         st = flx_tp_send_stats(p->snd, &p->ref, pl->layer, p->w.n_q_heads, D, pl->stats, pl->mean_k, pl->q_anchor,

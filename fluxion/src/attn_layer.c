@@ -306,11 +306,9 @@ static flx_status_t check_args(struct flx_attn_layer *L, const flx_attn_layer_ar
 flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t *a, flx_attn_layer_stats_t *stats)
 {
     if (!L) return flx_error_set(FLX_ERR_INVALID, "attention layer run: NULL layer");
+    int ran = 0;   /* flx_sched_run was reached: the caller's GPU spans are the run's */
     flx_status_t st = check_args(L, a);
-    if (st) {
-        flx_sched_gpu_spans_drop(L->sched);   /* the window launch the caller marked: its layer failed */
-        return st;
-    }
+    if (st) goto out;
     const uint64_t t0 = flx_now_ns();
     const uint32_t B = a->batch, Hq = L->Hq, Hkv = L->Hkv, G = L->G, D = L->D;
     L->a = a;
@@ -319,7 +317,6 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
     memset(L->row_skipped, 0, B * sizeof *L->row_skipped);
     uint64_t predict_ns = 0, merge_ns = 0, decide_ns = 0;
     uint32_t n = 0;
-    int ran = 0;
     flx_sched_layer_t sl = {.layer = a->layer, .batch = B, .sess = a->sess, .q = a->q, .o = a->o};
     if (L->p.mode == FLX_LAYER_FLUXION) {
         for (uint32_t b = 0; b < B; b++) {
@@ -412,7 +409,8 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
         stats->n_tasks = n;
     }
 out:
-    if (!ran) flx_sched_gpu_spans_drop(L->sched);   /* failed before the run: the caller's spans go */
+    if (!ran) flx_sched_gpu_spans_drop(L->sched);   /* failed before the run: the window launch the caller
+                                                       marked is not counted in a later layer */
     L->a = NULL;
     return st;
 }

@@ -631,29 +631,24 @@ static int free_slot_locked(const struct flx_kv_store *s)
     return 0;
 }
 
-/* The capacity refusal of an open (takes the store lock); no_slot: every session slot was taken. */
-static flx_status_t session_refusal(struct flx_kv_store *s, const flx_kv_session_params_t *p,
-                                    const session_layout_t *lay, size_t total, size_t n_blocks, int no_slot)
+/* Whether an open of total bytes (n_blocks blocks, lay->dev_bytes on the device) fits now, under the
+ * store lock: FLX_OK, or the capacity refusal naming what ran out; no_slot: every slot is taken. */
+static flx_status_t room_locked(struct flx_kv_store *s, const flx_kv_session_params_t *p,
+                                const session_layout_t *lay, size_t total, size_t n_blocks, int no_slot)
 {
-    flx_status_t st;
-    pthread_mutex_lock(&s->lock);
-    if (no_slot)
-        st = flx_error_set(FLX_ERR_CAPACITY, "session open: all %u session slots in use", s->max_sessions);
-    else if (s->used_bytes + total > s->capacity || n_blocks > s->n_free)
-        st = flx_error_set(FLX_ERR_CAPACITY,
-                           "session open: prompt of %u tokens needs %zu bytes, %zu of %zu bytes in use (%u sessions, "
-                           "%zu bytes held by failed or closed ones)",
-                           p->prompt_len, total, s->used_bytes, s->capacity, s->n_sessions, s->pending_free);
-    else if (lay->dev_bytes > s->dev_capacity - s->dev_used)
-        st = flx_error_set(FLX_ERR_CAPACITY,
-                           "session open: prompt of %u tokens, %u new: device window needs %zu bytes, %zu of %zu "
-                           "device bytes in use (%u sessions)",
-                           p->prompt_len, p->max_new_tokens, lay->dev_bytes, s->dev_used, s->dev_capacity,
-                           s->n_sessions);
-    else   /* freed between the check and this message */
-        st = flx_error_set(FLX_ERR_CAPACITY, "session open: the store was full a moment ago; try again");
-    pthread_mutex_unlock(&s->lock);
-    return st;
+    if (no_slot) return flx_error_set(FLX_ERR_CAPACITY, "session open: all %u session slots in use", s->max_sessions);
+    if (s->used_bytes + total > s->capacity || n_blocks > s->n_free)
+        return flx_error_set(FLX_ERR_CAPACITY,
+                             "session open: prompt of %u tokens needs %zu bytes, %zu of %zu bytes in use (%u sessions, "
+                             "%zu bytes held by failed or closed ones)",
+                             p->prompt_len, total, s->used_bytes, s->capacity, s->n_sessions, s->pending_free);
+    if (lay->dev_bytes > s->dev_capacity - s->dev_used)
+        return flx_error_set(FLX_ERR_CAPACITY,
+                             "session open: prompt of %u tokens, %u new: device window needs %zu bytes, %zu of %zu "
+                             "device bytes in use (%u sessions)",
+                             p->prompt_len, p->max_new_tokens, lay->dev_bytes, s->dev_used, s->dev_capacity,
+                             s->n_sessions);
+    return FLX_OK;
 }
 
 flx_status_t flx_kv_session_open(flx_kv_store_h s, const flx_kv_session_params_t *p, flx_kv_session_id_t *sid_p)
@@ -672,11 +667,9 @@ flx_status_t flx_kv_session_open(flx_kv_store_h s, const flx_kv_session_params_t
      * refused open of a 651 MiB session used to bring 560 MiB into RSS first). The check below,
      * under the same lock as the reservation, stays the one that counts. */
     pthread_mutex_lock(&s->lock);
-    const int slot_free = free_slot_locked(s);
-    const int fits = slot_free && s->used_bytes + total <= s->capacity && n_blocks <= s->n_free &&
-                     lay.dev_bytes <= s->dev_capacity - s->dev_used;
+    st = room_locked(s, p, &lay, total, n_blocks, !free_slot_locked(s));
     pthread_mutex_unlock(&s->lock);
-    if (!fits) return session_refusal(s, p, &lay, total, n_blocks, !slot_free);
+    if (st) return st;
 
     struct flx_kv_session *x = calloc(1, sizeof *x);
     if (!x) return flx_error_set(FLX_ERR_NOMEM, "session");
@@ -710,12 +703,7 @@ flx_status_t flx_kv_session_open(flx_kv_store_h s, const flx_kv_session_params_t
             slot = i;
             break;
         }
-    if (slot == UINT32_MAX || s->used_bytes + total > s->capacity || n_blocks > s->n_free ||
-        lay.dev_bytes > s->dev_capacity - s->dev_used) {
-        pthread_mutex_unlock(&s->lock);
-        st = session_refusal(s, p, &lay, total, n_blocks, slot == UINT32_MAX);
-        pthread_mutex_lock(&s->lock);
-    } else {
+    if ((st = room_locked(s, p, &lay, total, n_blocks, slot == UINT32_MAX)) == FLX_OK) {
         pool_take(s, x->table, n_blocks);
         s->used_bytes += total;
         s->dev_used += lay.dev_bytes;
@@ -724,7 +712,6 @@ flx_status_t flx_kv_session_open(flx_kv_store_h s, const flx_kv_session_params_t
         id = ((uint64_t)s->gen[slot] << 32) | (slot + 1);
         x->slot = slot;
         s->slots[slot] = x;
-        st = FLX_OK;
     }
     pthread_mutex_unlock(&s->lock);
     if (st == FLX_OK && lay.dev_bytes) {

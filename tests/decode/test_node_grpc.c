@@ -391,15 +391,7 @@ static void test_random(void)
     /* prompts the model cannot decode (its context is 4096): refused at start, naming both */
     const char *bad4[] = {"--model", g_model_dir, "--prefill", "ucx", "--max-prompt-len", "5000", NULL};
     CHECK(daemon_start(g_daemon, bad4, err, &d, &code) == -1 && code == 1);
-    {
-        FILE *f = fopen(err, "r");
-        CHECK(f);
-        char log[8192];
-        size_t n = fread(log, 1, sizeof log - 1, f);
-        fclose(f);
-        log[n] = '\0';
-        CHECK(strstr(log, "max-prompt-len 5000 exceeds the model's context of 4096 tokens"));
-    }
+    CHECK(strstr(flx_test_slurp(err), "max-prompt-len 5000 exceeds the model's context of 4096 tokens"));
     /* a tokenizer that is there but unusable stops the start (served without it, no end token
      * would end a call); the KV receiver's settings with a local prefill are a usage error */
     {
@@ -410,12 +402,7 @@ static void test_random(void)
         CHECK(system(cmd) == 0);
         const char *bad5[] = {"--model", tokdir, "--prefill", "local", NULL};
         CHECK(daemon_start(g_daemon, bad5, err, &d, &code) == -1 && code == 1);
-        FILE *f = fopen(err, "r");
-        CHECK(f);
-        char log[8192];
-        size_t n = fread(log, 1, sizeof log - 1, f);
-        fclose(f);
-        log[n] = '\0';
+        const char *log = flx_test_slurp(err);
         CHECK(strstr(log, "tokenizer of ") && strstr(log, "tokenizer.json"));
         const char *bad6[] = {"--model", g_model_dir, "--prefill", "local", "--ucx-err-mode", "none", NULL};
         CHECK(daemon_start(g_daemon, bad6, err, &d, &code) == -1 && code == 2);
