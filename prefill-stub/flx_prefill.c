@@ -25,7 +25,9 @@
  * payload of chunk I after its hash was taken, a wrong token, a chunk outside the session, chunk I
  * twice, and a refused message (a wrong token) after layer 0's chunks, the process stopped (SIGSTOP)
  * as soon as it has gone out: a frozen peer whose connection the node drops while its chunks are
- * still in flight.
+ * still in flight; and a process stopped in the middle of writing a message into the transport (its
+ * payload sits on a page it cannot read, and the fault raises SIGSTOP inside UCX's copy): over
+ * shared memory that is a claimed and never finished element of the node's receive FIFO.
  *
  * Exit status (flx/cli.h): 0 when the node reports the session READY; 1 when it fails (the node's
  * reason is printed), OpenSession is refused, the connection fails or the model cannot run; 2 for a
@@ -75,7 +77,7 @@ typedef struct opts {
     flx_tp_err_mode_t err_mode;
     /* faults (UINT64_MAX: off) */
     uint64_t die_after, stall_after, corrupt_chunk, dup_chunk;
-    int wrong_token, outside_chunk, freeze_after_refused;
+    int wrong_token, outside_chunk, freeze_after_refused, freeze_mid_send;
 } opts_t;
 
 static const char *const MODES[] = {"full", "fixed", "fluxion", NULL};
@@ -161,6 +163,9 @@ static int parse_args(int argc, char **argv, opts_t *o)
         FLX_CLI_FLAG(0, "freeze-after-refused", &o->freeze_after_refused,
                      "fault: after layer 0's chunks send a message with a wrong token (the node refuses it and\n"
                      "drops the connection) and stop (SIGSTOP) once it has gone out, chunks still in flight"),
+        FLX_CLI_FLAG(0, "freeze-mid-send", &o->freeze_mid_send,
+                     "fault: stop (SIGSTOP) inside UCX while it copies layer 0's first eager chunk into the\n"
+                     "transport (SIGCONT goes on with the copy)"),
     };
     flx_cli_t cli = FLX_CLI_INIT(PROG, "Computes a prompt's KV cache and statistics and pushes them to a decode node "
                                        "over UCX, layer by layer, as a prefill node does.",
@@ -309,6 +314,41 @@ static void freeze_now(void *ctx, flx_status_t st)
     raise(SIGSTOP);
 }
 
+/* --freeze-mid-send: a chunk's payload on pages that cannot be read. UCX's copy of it into the
+ * transport (shared memory: into the node's FIFO element it has just claimed) faults; the handler
+ * stops the process there, and if it is continued makes the pages readable so the copy goes on. */
+static uint8_t *g_poison;
+static size_t g_poison_len;
+
+static void poison_hit(int sig, siginfo_t *si, void *uctx)
+{
+    (void)uctx;
+    const uint8_t *a = si->si_addr;
+    if (g_poison && a >= g_poison && a < g_poison + g_poison_len) {
+        raise(SIGSTOP);
+        mprotect(g_poison, g_poison_len, PROT_READ);
+        return;
+    }
+    signal(sig, SIG_DFL); /* any other fault is a crash: it faults again, by default */
+}
+
+static const uint8_t *poison_copy(const uint8_t *src, size_t bytes)
+{
+    const size_t len = (bytes + 4095) & ~(size_t)4095;
+    uint8_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return NULL;
+    memcpy(m, src, bytes);
+    struct sigaction sa = {.sa_sigaction = poison_hit, .sa_flags = SA_SIGINFO};
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGSEGV, &sa, NULL) || mprotect(m, len, PROT_NONE)) {
+        munmap(m, len);
+        return NULL;
+    }
+    g_poison_len = len;
+    g_poison = m; /* left mapped: the send may read it whenever the process goes on */
+    return m;
+}
+
 /* Sends an already-built KV header with payload (fault injection goes through here). */
 static flx_status_t send_raw_kv(push_t *p, flx_tp_hdr_t *h, const void *payload, uint32_t flags, chunk_ctx_t *cc)
 {
@@ -444,6 +484,17 @@ static flx_status_t layer_send(push_t *p, prepared_t *pl)
             fprintf(stderr, PROG ": --corrupt-chunk %" PRIu64 ": layer %u tokens [%u, %u) corrupted after hashing\n",
                     idx, c->layer, c->tok_begin, c->tok_end);
             st = send_raw_kv(p, &h, payload, pl->plan[i].send_flags, cc);
+        } else if (o->freeze_mid_send && pl->layer == 0 && !g_poison && pl->plan[i].send_flags & FLX_TP_SEND_EAGER) {
+            const uint8_t *src = poison_copy(payload, bytes);
+            if (!src) {
+                st = flx_error_set(FLX_ERR_NOMEM, "--freeze-mid-send: %s", strerror(errno));
+                atomic_fetch_sub(&b->refs, 1);
+                free(cc);
+                break;
+            }
+            fprintf(stderr, PROG ": --freeze-mid-send: layer 0 tokens [%u, %u) sent from an unreadable page\n",
+                    c->tok_begin, c->tok_end);
+            st = send_chunk(p, pl, i, src, cc);
         } else {
             st = send_chunk(p, pl, i, payload, cc);
         }

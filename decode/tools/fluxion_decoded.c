@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -93,6 +94,18 @@ out:
     return rc;
 }
 
+/* Every UCX connection has a worker of its own (docs/transfer.md: about 11 descriptors each over
+ * shared memory and TCP), so the soft limit on descriptors is raised to the hard one. */
+static void raise_nofile(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur >= rl.rlim_max) return;
+    const unsigned long long was = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+        flx_log_info("daemon", "file descriptor limit raised from %llu to %llu", was, (unsigned long long)rl.rlim_cur);
+}
+
 int main(int argc, char **argv)
 {
     flx_node_config_t cfg;
@@ -120,6 +133,7 @@ int main(int argc, char **argv)
     sigaddset(&sigs, SIGINT);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
+    raise_nofile();
 
     int rc = 1;
     flx_node_h node = NULL;

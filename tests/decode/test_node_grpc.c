@@ -38,6 +38,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -412,10 +413,22 @@ static void test_random(void)
                           "--prefill", "local", "--grpc-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
                           "--kv-capacity", "4M", "--max-batch", "4", "--threads", "2",
                           "--max-message-bytes", "64K", "--lease-ms", "1500", NULL};
-    if (daemon_start(g_daemon, args, err, &d, &code)) {
+    /* started with a soft descriptor limit below the hard one: the daemon raises it (every UCX
+     * connection has a worker of its own, about 11 descriptors) */
+    struct rlimit nofile;
+    CHECK(getrlimit(RLIMIT_NOFILE, &nofile) == 0);
+    const int lowered = nofile.rlim_max > 256;
+    if (lowered) {
+        struct rlimit low = {.rlim_cur = 256, .rlim_max = nofile.rlim_max};
+        CHECK(setrlimit(RLIMIT_NOFILE, &low) == 0);
+    }
+    const int started = daemon_start(g_daemon, args, err, &d, &code);
+    CHECK(setrlimit(RLIMIT_NOFILE, &nofile) == 0);
+    if (started) {
         fprintf(stderr, "daemon exited %d before serving; its log: %s\n", code, err);
         exit(1);
     }
+    if (lowered) CHECK(strstr(flx_test_slurp(err), "file descriptor limit raised from 256 to "));
     flx_rpc_client_h c;
     CHECK_OK(flx_rpc_client_create(d.target, 0, &c));
 

@@ -68,6 +68,20 @@ static inline int proc_wait(proc_t *p, uint32_t timeout_ms)
     }
 }
 
+/* Waits up to timeout_ms for the child to be stopped (SIGSTOP; it is not reaped); 1 when it is. */
+static inline int proc_wait_stopped(proc_t *p, uint32_t timeout_ms)
+{
+    const uint64_t until = flx_now_ns() + (uint64_t)timeout_ms * 1000000;
+    for (;;) {
+        int status;
+        pid_t r = waitpid(p->pid, &status, WNOHANG | WUNTRACED);
+        CHECK(r >= 0);
+        if (r == p->pid) return WIFSTOPPED(status);
+        if (flx_now_ns() > until) return 0;
+        usleep(2000);
+    }
+}
+
 /* The child's output (a static buffer, overwritten by the next call). */
 static inline const char *proc_output(const proc_t *p)
 {

@@ -3,15 +3,24 @@
  * handler, receives straight into the store, progress and completion threads.
  *
  * DESIGN
- * Threads. One progress thread owns the worker (created single-threaded): it accepts connections,
+ * Threads. One progress thread owns the workers (created single-threaded): it accepts connections,
  * runs the active-message handler (tp_core_ingest: every check before memory is touched), posts
  * the receives, sends replies, and does the periodic work (expiry, liveness, cancelling receives of
- * failed sessions). It sleeps in poll() on the worker's event fd and an eventfd (tp_loop_wait), with
- * a timeout set by the next due time, and sleeps without timeout when it has no session and no
+ * failed sessions). It sleeps in poll() on the workers' event fds and an eventfd (tp_loop_wait_set),
+ * with a timeout set by the next due time, and sleeps without timeout when it has no session and no
  * connection. Completed receives go to completion threads through a FIFO: hashing a payload and
  * building a layer's pyramid there overlaps the transfer of the next chunks instead of stalling the
  * worker. API calls (open, info, wait, close) go to the core and the store directly (both are
  * thread-safe) and wake the progress thread when its senders must hear something.
+ *
+ * Workers. The listener has a worker of its own, and every accepted connection gets a worker too,
+ * destroyed with it. Over shared memory a worker's receive FIFO is written by its peers: a sender
+ * claims an element, then fills it, and the receiver reads the elements in order. A peer stopped or
+ * killed between the two (SIGSTOP, a cgroup freeze, a debugger, the OOM killer) leaves an element
+ * that is never finished, and every message behind it waits for ever. One worker per connection
+ * keeps that to the peer that did it: its connection goes silent and is dropped, and the others go
+ * on (test_prefill_procs: frozen-mid-send). The price is a worker's transports per connection
+ * (docs/transfer.md has the memory and descriptors it costs).
  *
  * Receives. A KV chunk whose claim is one contiguous range is received with a contiguous datatype:
  * UCX then runs its zero-copy rendezvous (CMA get over shared memory, put over TCP, RDMA read), the
@@ -56,6 +65,8 @@ typedef struct conn {
     struct conn *next;
     struct flx_tp_node *node;
     uint64_t id;
+    ucp_worker_h worker;      /* the connection's own: its peer writes into no one else's FIFO */
+    int worker_fd;
     ucp_ep_h ep;
     char peer[64];
     uint64_t last_seen;       /* flx_now_ns of the last message */
@@ -92,6 +103,9 @@ struct flx_tp_node {
     /* progress thread only */
     conn_t *conns;
     uint64_t next_conn_id;
+    ucp_worker_h *wset;       /* (FLX_TP_NODE_MAX_CONNS) the connections' workers and their fds, */
+    int *wfds;                /* poll()'s entries (+ 2): wait_all's; never reallocated, as a */
+    struct pollfd *pfds;      /* connection accepted inside it adds to the list it walks */
 
     /* read by info from any thread */
     atomic_uint_fast64_t conns_accepted, conns_failed, inflight, contig, iov, eager;
@@ -131,13 +145,6 @@ static void send_reply(struct flx_tp_node *n, conn_t *c, const tp_reply_t *r)
 
 /* ---- connections ---- */
 
-static conn_t *conn_by_ep(struct flx_tp_node *n, ucp_ep_h ep)
-{
-    for (conn_t *c = n->conns; c; c = c->next)
-        if (c->ep == ep) return c;
-    return NULL;
-}
-
 static void ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     conn_t *c = arg;
@@ -148,6 +155,25 @@ static void ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
     atomic_fetch_add(&c->node->conns_failed, 1);
 }
 
+static ucs_status_t am_handler(void *arg, const void *header, size_t header_length, void *data, size_t length,
+                               const ucp_am_recv_param_t *param);
+
+/* A connection's worker with the handler of its messages (arg: the connection). */
+static flx_status_t conn_worker(struct flx_tp_node *n, conn_t *c)
+{
+    flx_status_t st = tp_worker_open(n->ctx, "connection worker", &c->worker);
+    if (st) return st;
+    ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                                               UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
+                                 .id = FLX_TP_AM_ID, .cb = am_handler, .arg = c, .flags = UCP_AM_FLAG_WHOLE_MSG};
+    ucs_status_t us = ucp_worker_set_am_recv_handler(c->worker, &hp);
+    if (us == UCS_OK) us = ucp_worker_get_efd(c->worker, &c->worker_fd);
+    if (us == UCS_OK) return FLX_OK;
+    ucp_worker_destroy(c->worker);
+    c->worker = NULL;
+    return tp_ucs_error(us, "connection worker");
+}
+
 static void conn_request(ucp_conn_request_h req, void *arg)
 {
     struct flx_tp_node *n = arg;
@@ -155,8 +181,14 @@ static void conn_request(ucp_conn_request_h req, void *arg)
         ucp_listener_reject(n->listener, req);
         return;
     }
+    if (atomic_load(&n->n_conns) >= FLX_TP_NODE_MAX_CONNS) {
+        flx_log_warn(MOD, "connection refused: %u connections open, the most a node keeps", FLX_TP_NODE_MAX_CONNS);
+        ucp_listener_reject(n->listener, req);
+        return;
+    }
     conn_t *c = calloc(1, sizeof *c);
     if (!c) {
+        flx_log_warn(MOD, "connection refused: out of memory");
         ucp_listener_reject(n->listener, req);
         return;
     }
@@ -165,13 +197,22 @@ static void conn_request(ucp_conn_request_h req, void *arg)
     snprintf(c->peer, sizeof c->peer, "?");
     ucp_conn_request_attr_t ra = {.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR};
     if (ucp_conn_request_query(req, &ra) == UCS_OK) tp_sockaddr_str(&ra.client_address, c->peer, sizeof c->peer);
+    if (conn_worker(n, c)) {
+        flx_log_warn(MOD, "connection from %s refused: %s (%u connections open, each with a UCX worker of its own: "
+                          "out of file descriptors or memory?)",
+                     c->peer, flx_error_msg(), atomic_load(&n->n_conns));
+        ucp_listener_reject(n->listener, req);
+        free(c);
+        return;
+    }
     ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                                         UCP_EP_PARAM_FIELD_ERR_HANDLER,
                           .conn_request = req, .err_mode = tp_err_mode(n->err_mode),
                           .err_handler = {.cb = ep_error, .arg = c}};
-    ucs_status_t us = ucp_ep_create(n->worker, &ep, &c->ep);
+    ucs_status_t us = ucp_ep_create(c->worker, &ep, &c->ep);
     if (us != UCS_OK) {
         flx_log_warn(MOD, "connection from %s: endpoint: %s", c->peer, ucs_status_string(us));
+        ucp_worker_destroy(c->worker);
         free(c);
         return;
     }
@@ -232,6 +273,7 @@ static void conns_tend(struct flx_tp_node *n)
         if (c->closed && !c->inflight) {
             *pp = c->next;
             atomic_fetch_sub(&n->n_conns, 1);
+            ucp_worker_destroy(c->worker); /* its callbacks name c: before the free */
             free(c);
             continue;
         }
@@ -268,10 +310,11 @@ static void recv_done_ucx(void *req, ucs_status_t status, size_t length, void *u
 static ucs_status_t am_handler(void *arg, const void *header, size_t header_length, void *data, size_t length,
                                const ucp_am_recv_param_t *param)
 {
-    struct flx_tp_node *n = arg;
-    conn_t *c = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? conn_by_ep(n, param->reply_ep) : NULL;
-    if (!c || c->failed || c->closing) {
-        /* Not from a connection this node accepted (senders set UCP_AM_SEND_FLAG_REPLY), or from one
+    conn_t *c = arg;
+    struct flx_tp_node *n = c->node;
+    const int ours = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) && param->reply_ep == c->ep;
+    if (!ours || c->failed || c->closing) {
+        /* Not from the endpoint this node accepted (senders set UCP_AM_SEND_FLAG_REPLY), or from one
          * being torn down: dropped (for rendezvous data, UCX acknowledges it unreceived). */
         flx_log_debug(MOD, "message of %zu bytes from an unknown or closing endpoint dropped", length);
         return UCS_OK;
@@ -326,7 +369,7 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
     }
     c->inflight++;
     atomic_fetch_add(&n->inflight, 1);
-    void *req = ucp_am_recv_data_nbx(n->worker, data, buf, count, &rp);
+    void *req = ucp_am_recv_data_nbx(c->worker, data, buf, count, &rp);
     if (UCS_PTR_IS_PTR(req)) return UCS_INPROGRESS;
     c->inflight--;
     atomic_fetch_sub(&n->inflight, 1);
@@ -337,7 +380,28 @@ static ucs_status_t am_handler(void *arg, const void *header, size_t header_leng
     return UCS_OK;
 }
 
+/* Messages to the listener's worker: no connection of this node sends there (each has a worker of
+ * its own); whatever comes (a peer that used the advertised worker address) is dropped. */
+static ucs_status_t am_stray(void *arg, const void *header, size_t header_length, void *data, size_t length,
+                             const ucp_am_recv_param_t *param)
+{
+    (void)arg, (void)header, (void)header_length, (void)data, (void)param;
+    flx_log_debug(MOD, "message of %zu bytes to the listener's worker dropped", length);
+    return UCS_OK;
+}
+
 /* ---- threads ---- */
+
+/* tp_loop_wait_set over the listener's worker and every connection's. */
+static void wait_all(struct flx_tp_node *n, int timeout_ms, uint64_t spin_ns)
+{
+    size_t i = 0;
+    for (conn_t *c = n->conns; c && i < FLX_TP_NODE_MAX_CONNS; c = c->next, i++) {
+        n->wset[i] = c->worker;
+        n->wfds[i] = c->worker_fd;
+    }
+    tp_loop_wait_set(&n->loop, n->wset, n->wfds, i, n->pfds, timeout_ms, spin_ns);
+}
 
 static void *completer_main(void *arg)
 {
@@ -447,7 +511,7 @@ static void *progress_main(void *arg)
             }
             timeout = 10;
         }
-        tp_loop_wait(&n->loop, timeout, atomic_load(&n->inflight) ? SPIN_NS : 0);
+        wait_all(n, timeout, atomic_load(&n->inflight) ? SPIN_NS : 0);
     }
     return NULL;
 }
@@ -495,10 +559,17 @@ flx_status_t flx_tp_node_create(const flx_tp_node_params_t *p, flx_tp_node_h *no
         free(n);
         return st;
     }
+    n->wset = malloc(FLX_TP_NODE_MAX_CONNS * sizeof *n->wset);
+    n->wfds = malloc(FLX_TP_NODE_MAX_CONNS * sizeof *n->wfds);
+    n->pfds = malloc((FLX_TP_NODE_MAX_CONNS + 2) * sizeof *n->pfds);
+    if (!n->wset || !n->wfds || !n->pfds) {
+        st = flx_error_set(FLX_ERR_NOMEM, "transport node");
+        goto err;
+    }
     if ((st = tp_ucx_open("flx-node", &n->ctx, &n->worker))) goto err;
     ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                                                UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS,
-                                 .id = FLX_TP_AM_ID, .cb = am_handler, .arg = n, .flags = UCP_AM_FLAG_WHOLE_MSG};
+                                 .id = FLX_TP_AM_ID, .cb = am_stray, .arg = n, .flags = UCP_AM_FLAG_WHOLE_MSG};
     ucs_status_t us = ucp_worker_set_am_recv_handler(n->worker, &hp);
     if (us != UCS_OK) {
         st = tp_ucs_error(us, "transport node: active-message handler");
@@ -572,16 +643,19 @@ void flx_tp_node_destroy(flx_tp_node_h n)
     }
     tp_fifo_stop(&n->done_q, &n->done_stop);
     for (uint32_t i = 0; i < n->n_completers; i++) pthread_join(n->completers[i], NULL);
-    /* Whatever UCX still owed (receives it could not cancel, endpoints left open) ends with the
-     * worker; the connections, which its callbacks name, go after it. */
-    for (conn_t *c = n->conns; c; c = c->next)
-        if (c->close_req) ucp_request_free(c->close_req);
-    tp_loop_fini(&n->loop);
-    tp_ucx_close(n->ctx, n->worker);
+    /* Whatever UCX still owed (receives it could not cancel, endpoints left open) ends with each
+     * connection's worker; the connection, which its callbacks name, goes after it. */
     for (conn_t *c = n->conns, *nx; c; c = nx) {
         nx = c->next;
+        if (c->close_req) ucp_request_free(c->close_req);
+        ucp_worker_destroy(c->worker);
         free(c);
     }
+    tp_loop_fini(&n->loop);
+    tp_ucx_close(n->ctx, n->worker);
+    free(n->wset);
+    free(n->wfds);
+    free(n->pfds);
     tp_recv_t *r;
     while ((r = tp_fifo_pop(&n->done_q))) tp_core_recv_done(&n->core, r);
     tp_core_fini(&n->core);

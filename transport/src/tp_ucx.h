@@ -7,6 +7,7 @@
 #define FLX_TP_UCX_H
 
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -25,6 +26,8 @@ flx_status_t tp_ucs_error(ucs_status_t st, const char *what);
 /* A context with active messages and wake-ups, and one worker driven by one thread
  * (UCS_THREAD_MODE_SINGLE: only the owner's progress thread touches it after create). */
 flx_status_t tp_ucx_open(const char *who, ucp_context_h *ctx_p, ucp_worker_h *worker_p);
+/* One more single-threaded worker of ctx. */
+flx_status_t tp_worker_open(ucp_context_h ctx, const char *who, ucp_worker_h *worker_p);
 void tp_ucx_close(ucp_context_h ctx, ucp_worker_h worker);
 
 ucp_err_handling_mode_t tp_err_mode(flx_tp_err_mode_t m);
@@ -62,6 +65,10 @@ void tp_loop_wake(tp_loop_t *l);
  * in poll() up to timeout_ms (-1: no limit) until UCX or a waker has something. Returns 1 when
  * woken by tp_loop_wake. */
 int tp_loop_wait(tp_loop_t *l, int timeout_ms, uint64_t spin_ns);
+/* The same over the loop's worker and n_more others (more_fds: their event fds), progressed round
+ * robin; fds is room for n_more + 2 entries. */
+int tp_loop_wait_set(tp_loop_t *l, ucp_worker_h const *more, const int *more_fds, size_t n_more,
+                     struct pollfd *fds, int timeout_ms, uint64_t spin_ns);
 
 /* A FIFO of nodes linked through their first field (a `void *next` at offset 0). */
 typedef struct tp_fifo {

@@ -2,8 +2,9 @@
  * ucx.c - UCX plumbing shared by the node and the sender (tp_ucx.h).
  *
  * DESIGN
- * Each side owns one worker and drives it from one thread, so the worker is created single-threaded
- * and nothing here locks around UCX. Waiting follows UCX's wake-up protocol: progress until it
+ * Each side drives its workers from one thread (the sender has one, the node one for its listener
+ * and one per connection), so workers are created single-threaded and nothing here locks around
+ * UCX. Waiting follows UCX's wake-up protocol: progress until it
  * reports nothing, ucp_worker_arm (BUSY means events raced in: progress again), then poll() on the
  * worker's fd together with an eventfd other threads use to hand work over. While receives are in
  * flight the loop may keep progressing for a few microseconds before arming: a rendezvous moved as
@@ -62,6 +63,13 @@ flx_status_t flx_tp_err_mode_parse(const char *s, flx_tp_err_mode_t *mode_p)
     return FLX_OK;
 }
 
+flx_status_t tp_worker_open(ucp_context_h ctx, const char *who, ucp_worker_h *worker_p)
+{
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE, .thread_mode = UCS_THREAD_MODE_SINGLE};
+    ucs_status_t us = ucp_worker_create(ctx, &wp, worker_p);
+    return us == UCS_OK ? FLX_OK : tp_ucs_error(us, who);
+}
+
 flx_status_t tp_ucx_open(const char *who, ucp_context_h *ctx_p, ucp_worker_h *worker_p)
 {
     ucp_config_t *cfg;
@@ -74,15 +82,12 @@ flx_status_t tp_ucx_open(const char *who, ucp_context_h *ctx_p, ucp_worker_h *wo
     us = ucp_init(&pp, cfg, &ctx);
     ucp_config_release(cfg);
     if (us != UCS_OK) return tp_ucs_error(us, who);
-    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE, .thread_mode = UCS_THREAD_MODE_SINGLE};
-    ucp_worker_h w;
-    us = ucp_worker_create(ctx, &wp, &w);
-    if (us != UCS_OK) {
+    flx_status_t st = tp_worker_open(ctx, who, worker_p);
+    if (st) {
         ucp_cleanup(ctx);
-        return tp_ucs_error(us, who);
+        return st;
     }
     *ctx_p = ctx;
-    *worker_p = w;
     return FLX_OK;
 }
 
@@ -146,27 +151,45 @@ void tp_loop_wake(tp_loop_t *l)
     (void)r; /* EAGAIN: the counter is already non-zero, the thread will wake anyway */
 }
 
-int tp_loop_wait(tp_loop_t *l, int timeout_ms, uint64_t spin_ns)
+/* One pass over the loop's worker and the others; 1 if any of them ran something. */
+static int progress_once(tp_loop_t *l, ucp_worker_h const *more, size_t n_more)
+{
+    int ran = ucp_worker_progress(l->worker) != 0;
+    for (size_t i = 0; i < n_more; i++) ran |= ucp_worker_progress(more[i]) != 0;
+    return ran;
+}
+
+int tp_loop_wait_set(tp_loop_t *l, ucp_worker_h const *more, const int *more_fds, size_t n_more,
+                     struct pollfd *fds, int timeout_ms, uint64_t spin_ns)
 {
     int progressed = 0;
-    while (ucp_worker_progress(l->worker)) progressed = 1;
+    while (progress_once(l, more, n_more)) progressed = 1; /* round robin: one busy worker starves none */
     if (progressed) return 0; /* completions ran: the caller may have work they made possible */
     if (spin_ns) {
         uint64_t end = flx_now_ns() + spin_ns;
         while (flx_now_ns() < end)
-            if (ucp_worker_progress(l->worker)) return 0; /* something happened: let the caller look */
+            if (progress_once(l, more, n_more)) return 0; /* something happened: let the caller look */
     }
-    ucs_status_t us = ucp_worker_arm(l->worker);
-    if (us == UCS_ERR_BUSY) return 0;
-    struct pollfd fds[2] = {{.fd = l->worker_fd, .events = POLLIN}, {.fd = l->wake_fd, .events = POLLIN}};
-    int n = poll(fds, 2, timeout_ms);
-    if (n > 0 && (fds[1].revents & POLLIN)) {
+    if (ucp_worker_arm(l->worker) == UCS_ERR_BUSY) return 0;
+    for (size_t i = 0; i < n_more; i++)
+        if (ucp_worker_arm(more[i]) == UCS_ERR_BUSY) return 0;
+    fds[0] = (struct pollfd){.fd = l->wake_fd, .events = POLLIN};
+    fds[1] = (struct pollfd){.fd = l->worker_fd, .events = POLLIN};
+    for (size_t i = 0; i < n_more; i++) fds[2 + i] = (struct pollfd){.fd = more_fds[i], .events = POLLIN};
+    int n = poll(fds, (nfds_t)(n_more + 2), timeout_ms);
+    if (n > 0 && (fds[0].revents & POLLIN)) {
         uint64_t v;
         ssize_t r = read(l->wake_fd, &v, sizeof v);
         (void)r;
         return 1;
     }
     return 0;
+}
+
+int tp_loop_wait(tp_loop_t *l, int timeout_ms, uint64_t spin_ns)
+{
+    struct pollfd fds[2];
+    return tp_loop_wait_set(l, NULL, NULL, 0, fds, timeout_ms, spin_ns);
 }
 
 void *tp_am_send(ucp_ep_h ep, const void *hdr, const void *payload, size_t len, uint32_t flags, ucp_send_nbx_callback_t cb,

@@ -148,6 +148,10 @@ void flx_tp_node_destroy(flx_tp_node_h node);
 
 #define FLX_TP_HOST_MAX 256
 
+/* Connections a node keeps open at once; more are refused (logged) until some close. Each has a UCX
+ * worker of its own (a peer stopped in the middle of a message blocks no one else's). */
+#define FLX_TP_NODE_MAX_CONNS 1024
+
 typedef struct flx_tp_node_info {
     char host[FLX_TP_HOST_MAX];       /* advertised listener host */
     uint16_t port;                    /* listener port */
