@@ -84,6 +84,7 @@ typedef struct seq {
 typedef struct sample_slot {
     int32_t tok;
     flx_status_t st;
+    int attn_failed;             /* a layer's attention failed this sequence alone (msg says why): no draw */
     char msg[FLX_ERROR_MSG_MAX];
 } sample_slot_t;
 
@@ -796,6 +797,14 @@ static flx_status_t layer_run(struct flx_engine *e, uint32_t layer, uint32_t B, 
     if (!st) {
         layer_stats_add(e, layer, &x);
         seq_stats_add(e, B);
+        /* a row that failed alone (its session's statistics or KV): that sequence ends, not the step */
+        for (uint32_t b = 0; b < B; b++) {
+            const char *why = flx_attn_layer_row_failed(e->attn, b);
+            if (why && !e->samples[b].attn_failed) {
+                e->samples[b].attn_failed = 1;
+                snprintf(e->samples[b].msg, sizeof e->samples[b].msg, "%s", why);
+            }
+        }
     }
     return st;
 }
@@ -929,6 +938,10 @@ static flx_status_t sample_seqs(void *ctx, const flx_pool_worker_t *w, uint64_t 
     struct flx_engine *e = ctx;
     for (uint64_t b = b0; b < b1; b++) {
         sample_slot_t *x = &e->samples[b];
+        if (x->attn_failed) {
+            x->st = FLX_ERR_FORMAT;
+            continue;
+        }
         x->st = flx_sample(&e->bseq[b]->sampler, e->logits + b * e->vocab, w->scratch, w->scratch_bytes, &x->tok);
         if (x->st) snprintf(x->msg, sizeof x->msg, "%s", flx_error_msg());
     }
@@ -959,6 +972,7 @@ flx_status_t flx_engine_step(flx_engine_h e)
         e->bpos[b] = s->prompt_len + s->n_fed;
         memset(&e->bstats[b], 0, sizeof e->bstats[b]);
         e->bstats[b].seq = s->id;
+        e->samples[b].attn_failed = 0;
     }
     e->batch = B;
     flx_status_t st;
@@ -987,7 +1001,7 @@ flx_status_t flx_engine_step(flx_engine_h e)
     for (uint32_t b = 0; b < B; b++) {
         seq_t *s = e->bseq[b];
         s->n_fed++;
-        if (s->on_logits)
+        if (s->on_logits && !e->samples[b].attn_failed)
             s->on_logits(s->ctx, s->id, e->logits + (size_t)b * e->vocab, e->vocab);
         if (e->samples[b].st) {
             flx_log_error("engine", "sequence %llu: %s", (unsigned long long)s->id, e->samples[b].msg);

@@ -17,12 +17,19 @@
  * waits only for the sequences its rows belong to, so the predictor of the first sequences runs
  * while the features of the last are still being computed (a barrier between two runs had left a
  * worker idle at its end, and the tiles of the whole batch split unevenly). The selector (about 1
- * us a group) runs on the calling thread after it. The pool reports the lowest failing item's error
- * on the driving thread; a tile whose sequence's features failed fails after them.
+ * us a group) runs on the calling thread after it.
+ *
+ * A sequence whose features cannot be had (its statistics or its window make them fail or
+ * overflow: what a prefill peer sent) fails alone: its reason is kept, its feature rows are zeroed
+ * so the predictor tiles it shares with other sequences stay finite, it gets no task, and its
+ * outputs are NaN so nothing downstream mistakes them for attention. The other sequences of the
+ * batch go on (flx_attn_layer_row_failed names the failed rows; the engine ends only those). A
+ * predictor error still fails the run: the pool reports the lowest failing item's error.
  */
 #include "flx/attn_layer.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +41,7 @@
 #include "flx/util.h"
 
 enum { SEQ_PENDING = 0, SEQ_READY = 1, SEQ_FAILED = 2 };
+enum { ROW_WHY = 256 };
 
 struct flx_attn_layer {
     flx_attn_layer_params_t p;
@@ -61,9 +69,11 @@ struct flx_attn_layer {
     size_t ps_bytes;
     _Atomic uint32_t *seq_left;  /* (max_batch) the run's feature items of each sequence not yet done */
     _Atomic uint32_t *seq_state; /* (max_batch) SEQ_PENDING, SEQ_READY (features final), SEQ_FAILED */
-    _Atomic uint32_t *seq_fail;  /* (max_batch) 1: a feature item of the sequence failed */
-    atomic_int feat_failed;      /* 1: some feature item of the run failed (the pool may then skip
-                                    feature items a predictor item waits for: it must stop waiting) */
+    _Atomic uint32_t *seq_fail;  /* (max_batch) 1: the sequence's features failed (row_why says why) */
+    char *row_why;               /* (max_batch, ROW_WHY) the reason of each failed row of the run */
+    uint8_t *row_failed;         /* (max_batch) 1: the row failed in the last run (FLUXION) */
+    atomic_int pred_failed;      /* 1: a predictor item failed (the pool may then skip feature items
+                                    another predictor item waits for: it must stop waiting) */
     uint32_t n_feat_items, n_rows;   /* the run in progress: B * Hkv feature items, B * Hq predictor rows */
     uint32_t pred_tile;              /* predictor rows per item: one register tile (flx_predictor_tile_rows) */
     _Atomic uint64_t feat_cpu_ns, mlp_cpu_ns;   /* the run in progress: thread time of each kind of item */
@@ -130,7 +140,8 @@ flx_status_t flx_attn_layer_create(const flx_attn_layer_params_t *params, flx_at
     L->l_cpu = calloc(B, sizeof *L->l_cpu);
     L->row_streaming = calloc(B, sizeof *L->row_streaming);
     L->row_skipped = calloc(B, sizeof *L->row_skipped);
-    if (!L->tasks || !L->lse || !L->l_cpu || !L->row_streaming || !L->row_skipped) {
+    L->row_failed = calloc(B, sizeof *L->row_failed);
+    if (!L->tasks || !L->lse || !L->l_cpu || !L->row_streaming || !L->row_skipped || !L->row_failed) {
         st = flx_error_set(FLX_ERR_NOMEM, "attention layer: tasks of %u sequences", B);
         goto fail;
     }
@@ -153,8 +164,9 @@ flx_status_t flx_attn_layer_create(const flx_attn_layer_params_t *params, flx_at
         L->seq_left = calloc(B, sizeof *L->seq_left);
         L->seq_state = calloc(B, sizeof *L->seq_state);
         L->seq_fail = calloc(B, sizeof *L->seq_fail);
+        L->row_why = calloc(B, ROW_WHY);
         if (!L->feat || !L->pred || !L->budgets || !L->o_win || !L->lse_win || !L->win_ptr || !L->feat_in || !L->fmem ||
-            !L->fws || !L->pscratch || !L->seq_left || !L->seq_state || !L->seq_fail) {
+            !L->fws || !L->pscratch || !L->seq_left || !L->seq_state || !L->seq_fail || !L->row_why) {
             st = flx_error_set(FLX_ERR_NOMEM, "attention layer: fluxion buffers for %u sequences", B);
             goto fail;
         }
@@ -178,6 +190,8 @@ void flx_attn_layer_destroy(flx_attn_layer_h L)
     free(L->l_cpu);
     free(L->row_streaming);
     free(L->row_skipped);
+    free(L->row_failed);
+    free(L->row_why);
     free(L->feat_in);
     free(L->feat);
     free(L->pred);
@@ -194,9 +208,22 @@ void flx_attn_layer_destroy(flx_attn_layer_h L)
     free(L);
 }
 
+/* Row b's features failed: the first reason is kept (the others' threads lose the exchange). */
+static void row_fail(struct flx_attn_layer *L, uint32_t b, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void row_fail(struct flx_attn_layer *L, uint32_t b, const char *fmt, ...)
+{
+    if (atomic_exchange_explicit(&L->seq_fail[b], 1, memory_order_relaxed)) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(L->row_why + (size_t)b * ROW_WHY, ROW_WHY, fmt, ap);
+    va_end(ap);
+}
+
 /* Feature item b * Hkv + g: the features (and window partials) of KV group g of sequence b. The
  * item that completes a sequence's groups (failed or not) finishes its features (the maximum
- * over its heads) and publishes the sequence's state for the predictor items waiting on it. */
+ * over its heads), checks them, and publishes the sequence's state for the predictor items waiting
+ * on it; a failed sequence's rows are zeroed (the predictor refuses a tile with a non-finite row,
+ * and other sequences share its tiles). A failure is the sequence's, never the item's. */
 static flx_status_t feat_item(struct flx_attn_layer *L, uint32_t wi, uint32_t id)
 {
     const uint32_t b = id / L->Hkv, g = id % L->Hkv;
@@ -204,46 +231,53 @@ static flx_status_t feat_item(struct flx_attn_layer *L, uint32_t wi, uint32_t id
     in.ws = &L->fws[wi];
     const size_t r0 = (size_t)b * L->Hq;
     float *feat = L->feat + r0 * FLX_FEAT_COUNT;
-    flx_status_t st = flx_features_decode_groups(&in, g, g + 1, feat, L->o_win + r0 * L->D, L->lse_win + r0);
-    if (st) {
-        st = flx_error_set(st, "layer %u batch row %u kv group %u: features: %s", L->a->layer, b, g, flx_error_msg());
-        atomic_store_explicit(&L->seq_fail[b], 1, memory_order_relaxed);
-        atomic_store_explicit(&L->feat_failed, 1, memory_order_relaxed);   /* before the pool hears of it */
-    }
+    if (flx_features_decode_groups(&in, g, g + 1, feat, L->o_win + r0 * L->D, L->lse_win + r0))
+        row_fail(L, b, "layer %u batch row %u kv group %u: features: %s", L->a->layer, b, g, flx_error_msg());
     /* acq_rel: the last one sees every group's rows (and the fail flag) of the others */
     if (atomic_fetch_sub_explicit(&L->seq_left[b], 1, memory_order_acq_rel) == 1) {
-        const int ok = !atomic_load_explicit(&L->seq_fail[b], memory_order_relaxed);
-        if (ok) flx_features_decode_finish(&L->feat_in[b], feat);
+        int ok = !atomic_load_explicit(&L->seq_fail[b], memory_order_relaxed);
+        if (ok) {
+            flx_features_decode_finish(&L->feat_in[b], feat);
+            for (size_t i = 0; ok && i < (size_t)L->Hq * FLX_FEAT_COUNT; i++)
+                if (!isfinite(feat[i])) {
+                    row_fail(L, b, "layer %u batch row %u: feature %zu of query head %zu is %g (out of range: "
+                                   "the session's prefill statistics, its window KV or the query)",
+                             L->a->layer, b, i % FLX_FEAT_COUNT, i / FLX_FEAT_COUNT, (double)feat[i]);
+                    ok = 0;
+                }
+        }
+        if (!ok) memset(feat, 0, (size_t)L->Hq * FLX_FEAT_COUNT * sizeof(float));
         atomic_store_explicit(&L->seq_state[b], ok ? SEQ_READY : SEQ_FAILED, memory_order_release);
     }
-    return st;
+    return FLX_OK;
 }
 
 /* Predictor item t: rows [t * tile, t * tile + tile) once the sequences they belong to have their
- * features. Items are claimed in order, so every feature item below a claimed predictor item is
- * running or done: the wait ends. Past a failure the pool may skip a feature item claimed before
- * this one (it checks when it runs an item, not when it claims it): a failed feature item raises
- * feat_failed first, and the wait ends on that. */
+ * features (a failed sequence's rows are zeros: predicted, then ignored). Items are claimed in
+ * order, so every feature item below a claimed predictor item is running or done: the wait ends.
+ * Past a failure the pool may skip a feature item claimed before this one (it checks when it runs
+ * an item, not when it claims it); only a predictor item fails a run, and it raises pred_failed
+ * first, on which the wait ends. */
 static flx_status_t pred_item(struct flx_attn_layer *L, uint32_t t)
 {
     const uint32_t r0 = t * L->pred_tile, r1 = r0 + L->pred_tile < L->n_rows ? r0 + L->pred_tile : L->n_rows;
     for (uint32_t b = r0 / L->Hq; b <= (r1 - 1) / L->Hq; b++) {
-        uint32_t s, spins = 0;
-        while ((s = atomic_load_explicit(&L->seq_state[b], memory_order_acquire)) == SEQ_PENDING) {
-            if (atomic_load_explicit(&L->feat_failed, memory_order_relaxed))   /* the run fails anyway */
-                return flx_error_set(FLX_ERR_STATE, "layer %u batch row %u: predictor: features of the layer failed",
+        uint32_t spins = 0;
+        while (atomic_load_explicit(&L->seq_state[b], memory_order_acquire) == SEQ_PENDING) {
+            if (atomic_load_explicit(&L->pred_failed, memory_order_relaxed))   /* the run fails anyway */
+                return flx_error_set(FLX_ERR_STATE, "layer %u batch row %u: predictor: another tile failed",
                                      L->a->layer, b);
             if (++spins >= 256) sched_yield();   /* the feature item's worker may need this CPU */
             else flx_cpu_relax();
         }
-        if (s == SEQ_FAILED)
-            return flx_error_set(FLX_ERR_STATE, "layer %u batch row %u: predictor: the features failed",
-                                 L->a->layer, b);
     }
     flx_status_t st = flx_predictor_run_rows(L->p.predictor, L->feat, L->n_rows, r0, r1, L->pred, L->pscratch,
                                              L->ps_bytes);
-    if (st) return flx_error_set(st, "layer %u: predictor: %s", L->a->layer, flx_error_msg());
-    return FLX_OK;
+    if (st) {
+        st = flx_error_set(st, "layer %u: predictor: %s", L->a->layer, flx_error_msg());
+        atomic_store_explicit(&L->pred_failed, 1, memory_order_relaxed);   /* before the pool hears of it */
+    }
+    return st;
 }
 
 /* The decision run: B * Hkv feature items, then the predictor's row tiles, in one pool run. */
@@ -315,6 +349,7 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
     L->last_batch = B;
     memset(L->row_streaming, 0, B * sizeof *L->row_streaming);
     memset(L->row_skipped, 0, B * sizeof *L->row_skipped);
+    memset(L->row_failed, 0, B * sizeof *L->row_failed);
     uint64_t predict_ns = 0, merge_ns = 0, decide_ns = 0;
     uint32_t n = 0;
     flx_sched_layer_t sl = {.layer = a->layer, .batch = B, .sess = a->sess, .q = a->q, .o = a->o};
@@ -331,7 +366,7 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
         L->n_feat_items = B * Hkv, L->n_rows = B * Hq, L->pred_tile = flx_predictor_tile_rows();
         atomic_store_explicit(&L->feat_cpu_ns, 0, memory_order_relaxed);
         atomic_store_explicit(&L->mlp_cpu_ns, 0, memory_order_relaxed);
-        atomic_store_explicit(&L->feat_failed, 0, memory_order_relaxed);
+        atomic_store_explicit(&L->pred_failed, 0, memory_order_relaxed);
         for (uint32_t b = 0; b < B; b++) {
             atomic_store_explicit(&L->seq_left[b], Hkv, memory_order_relaxed);
             atomic_store_explicit(&L->seq_state[b], SEQ_PENDING, memory_order_relaxed);
@@ -341,6 +376,12 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
             goto out;
         decide_ns = flx_now_ns() - t0;
         for (uint32_t b = 0; b < B; b++) {
+            if (atomic_load_explicit(&L->seq_state[b], memory_order_relaxed) == SEQ_FAILED) {
+                L->row_failed[b] = 1;   /* no task; outputs no one can take for attention */
+                float *o = a->o + (size_t)b * Hq * D;
+                for (size_t i = 0; i < (size_t)Hq * D; i++) o[i] = NAN;
+                continue;
+            }
             for (uint32_t g = 0; g < Hkv; g++) {
                 const size_t r0 = (size_t)b * Hq + (size_t)g * G;
                 flx_selection_t sel;
@@ -427,6 +468,11 @@ void flx_attn_layer_row_stats(flx_attn_layer_h L, uint32_t row, uint32_t *stream
     const int in = L && row < L->last_batch;
     if (streaming_heads) *streaming_heads = in ? L->row_streaming[row] : 0;
     if (skipped_groups) *skipped_groups = in ? L->row_skipped[row] : 0;
+}
+
+const char *flx_attn_layer_row_failed(flx_attn_layer_h L, uint32_t row)
+{
+    return L && row < L->last_batch && L->row_failed[row] ? L->row_why + (size_t)row * ROW_WHY : NULL;
 }
 
 flx_sched_h flx_attn_layer_sched(flx_attn_layer_h L)

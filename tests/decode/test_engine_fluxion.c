@@ -201,6 +201,91 @@ static void test_workers(const int32_t *prompt, uint64_t seed)
     flx_predictor_destroy(pred);
 }
 
+/* A sequence whose session's window values are out of range (every value of layer 0's window at
+ * bf16's largest, 3.4e38: a prefill peer's bytes are hashed, not judged) gets features that are not
+ * finite (the window output's norm overflows, whatever the query): that sequence alone ends with an
+ * error at the first step, the other one of the batch runs to its end, and its logits of the failing
+ * step are bit for bit those of the same batch without the bad values. Before, the layer failed and
+ * the engine ended both. (A NaN key is no test of this: the kernels give a NaN score no weight.) */
+typedef struct end_rec {
+    flx_test_rec_t r;
+    flx_engine_finish_t why;
+} end_rec_t;
+
+static void end_on_token(void *ctx, flx_engine_seq_id_t seq, int32_t token, int is_last, flx_engine_finish_t why)
+{
+    end_rec_t *x = ctx;
+    flx_test_rec_on_token(&x->r, seq, token, is_last, why);
+    if (is_last) x->why = why;
+}
+
+static void end_on_logits(void *ctx, flx_engine_seq_id_t seq, const float *logits, uint32_t vocab)
+{
+    flx_test_rec_on_logits(&((end_rec_t *)ctx)->r, seq, logits, vocab);
+}
+
+static void run_two_poisoned(const int32_t *prompt, flx_predictor_h pred, int poison, end_rec_t *x, float *logits)
+{
+    flx_kv_store_h store = make_store();
+    flx_engine_params_t ep = flx_engine_params_default();
+    ep.mode = FLX_ENGINE_ATTN_FLUXION, ep.predictor = pred, ep.max_batch = 2, ep.n_threads = 2;
+    flx_engine_h e;
+    CHECK_OK(flx_engine_create(g_m, store, &ep, &e));
+    float *lg = malloc(V * sizeof *lg);
+    for (int i = 0; i < 2; i++) {
+        flx_kv_session_id_t sid;
+        const uint32_t n = i ? PROMPT / 2 + 37 : PROMPT;
+        CHECK_OK(flx_engine_prefill_with_stats(g_m, g_pws, store, prompt + (PROMPT - n), n, 64, 0.1f, &sid, lg));
+        if (poison && i == 0) {
+            flx_kv_session_h h;
+            CHECK_OK(flx_kv_session_acquire(store, sid, &h));
+            flx_kv_head_view_t v;
+            CHECK_OK(flx_kv_head_view(h, 0, 0, &v));
+            CHECK(v.n_win > 0);
+            for (size_t j = 0; j < (size_t)v.n_win * v.head_dim; j++) v.win_v[j] = 0x7f7f;   /* 3.4e38 */
+            flx_kv_session_release(h);
+        }
+        memset(&x[i], 0, sizeof x[i]);
+        x[i].r.logits = logits + (size_t)i * (NGEN - 1) * V, x[i].r.logits_cap = NGEN - 1;
+        flx_sampling_params_t sp = {.temperature = 0.8f, .top_k = 0, .top_p = 0.9f, .seed = 11 + (uint64_t)i};
+        flx_gen_params_t gp = {.max_new_tokens = NGEN, .eos_id = -1, .sampling = sp, .on_token = end_on_token,
+                               .on_logits = end_on_logits, .ctx = &x[i]};
+        flx_engine_seq_id_t id;
+        CHECK_OK(flx_engine_add(e, sid, (int32_t)flx_sample_argmax(lg, V), &gp, &id));
+    }
+    flx_status_t st;
+    int guard = 0;
+    while ((st = flx_engine_step(e)) == FLX_INPROGRESS) CHECK(++guard < 100);
+    CHECK_OK(st);   /* no step failed */
+    flx_engine_destroy(e);
+    flx_kv_store_destroy(store);
+    free(lg);
+}
+
+static void test_poisoned_session_ends_alone(const int32_t *prompt)
+{
+    flx_predictor_h pred = random_predictor(0x5eed, 0.0f);
+    const size_t nl = (size_t)2 * (NGEN - 1) * V;
+    float *ref = malloc(nl * sizeof(float)), *got = malloc(nl * sizeof(float));
+    end_rec_t a[2], b[2];
+    run_two_poisoned(prompt, pred, 0, a, ref);
+    run_two_poisoned(prompt, pred, 1, b, got);
+    CHECK(a[0].r.n == NGEN && a[1].r.n == NGEN && a[0].why == FLX_FINISH_MAX_NEW);
+    /* the bad one: its first token (the prefill's), then the error of the first step */
+    if (!(b[0].why == FLX_FINISH_ERROR && b[0].r.n == 1 && b[0].r.n_logits == 0))
+        fprintf(stderr, "bad sequence: finish %d after %u tokens, %u logits rows\n", (int)b[0].why, b[0].r.n,
+                b[0].r.n_logits);
+    CHECK(b[0].why == FLX_FINISH_ERROR && b[0].r.n == 1 && b[0].r.n_logits == 0);
+    /* the other: to its end; the failing step's logits as without the bad values (rows are independent) */
+    CHECK(b[1].why == FLX_FINISH_MAX_NEW && b[1].r.n == NGEN);
+    CHECK_SAME("the other sequence's logits of the failing step", got + (size_t)(NGEN - 1) * V,
+               ref + (size_t)(NGEN - 1) * V, V);
+    fprintf(stderr, "a session with window values out of range ends alone (error after %u token), the other runs its "
+            "%u tokens\n", b[0].r.n, b[1].r.n);
+    free(ref), free(got);
+    flx_predictor_destroy(pred);
+}
+
 static void same(const rec_t *a, const rec_t *b, const char *what)
 {
     for (uint32_t i = 0; i < NGEN; i++)
@@ -303,6 +388,7 @@ int main(void)
     flx_predictor_destroy(stream);
     flx_predictor_destroy(tenth);
     test_workers(prompt, flx_rng_u64(&rng));
+    test_poisoned_session_ends_alone(prompt);
     flx_aligned_free(pmem);
     flx_model_destroy(g_m);
     flx_pool_destroy(g_pool);

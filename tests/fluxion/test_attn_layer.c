@@ -251,6 +251,47 @@ static void test_fluxion(const batch_t *bt)
     free(o), free(want);
 }
 
+/* A row whose features overflow (here its query: what a peer's statistics or window KV out of
+ * range do too) fails alone: the run succeeds, flx_attn_layer_row_failed names the row, its outputs
+ * are NaN, and every other row is bit for bit what the batch gives without the bad row. Before, the
+ * predictor refused the layer and the engine ended every sequence of the step. */
+static void test_row_fails_alone(const batch_t *bt)
+{
+    flx_predictor_h pred;
+    CHECK_OK(flx_predictor_load(g_weights, &pred));
+    float *o = malloc(sizeof(float) * B * HQ * D), *want = malloc(sizeof(float) * B * HQ * D);
+    uint32_t n_want;
+    fluxion_want(bt, pred, NULL, want, &n_want);
+    batch_t bad = *bt;
+    const uint32_t row = 1;
+    for (uint32_t i = 0; i < HQ * D; i++) bad.q[(size_t)row * HQ * D + i] = 3e37f;
+    for (uint32_t w = 1; w <= 3; w++) {
+        flx_attn_layer_h L = make_layer(bt, FLX_LAYER_FLUXION, pred, w, FLX_SCHED_PRIORITY, NULL);
+        flx_attn_layer_stats_t st;
+        run_layer(L, &bad, w, o, &st);
+        const char *why = flx_attn_layer_row_failed(L, row);
+        if (w == 1) fprintf(stderr, "row fails alone: '%s'\n", why ? why : "(not failed)");
+        CHECK(why && strstr(why, "batch row 1"));
+        for (uint32_t b = 0; b < B; b++) {
+            if (b == row) continue;
+            CHECK(!flx_attn_layer_row_failed(L, b));
+            CHECK_SAME("the other rows", o + (size_t)b * HQ * D, want + (size_t)b * HQ * D, (size_t)HQ * D);
+        }
+        for (uint32_t i = 0; i < HQ * D; i++) CHECK(isnan(o[(size_t)row * HQ * D + i]));
+        uint32_t n;
+        const flx_sched_task_t *t = flx_attn_layer_tasks(L, &n);
+        for (uint32_t i = 0; i < n; i++) CHECK(t[i].seq != row);
+        /* the next run is whole again */
+        run_layer(L, bt, w, o, &st);
+        CHECK(!flx_attn_layer_row_failed(L, row));
+        CHECK_SAME("the run after", o, want, (size_t)B * HQ * D);
+        flx_attn_layer_destroy(L);
+    }
+    fprintf(stderr, "row fails alone: 1-3 workers -> ok\n");
+    flx_predictor_destroy(pred);
+    free(o), free(want);
+}
+
 static void test_refusals(const batch_t *bt)
 {
     flx_attn_layer_params_t p;
@@ -332,6 +373,7 @@ int main(int argc, char **argv)
     for (uint32_t n = 2; n <= 3; n++) g_pools[n] = flx_test_pool(n);
     batch_t bt;
     batch_make(&bt, &rng);
+    test_row_fails_alone(&bt);
     test_refusals(&bt);
     test_refused_run_drops_spans(&bt);
     test_full_fixed(&bt);

@@ -127,6 +127,11 @@ const flx_sched_task_t *flx_attn_layer_tasks(flx_attn_layer_h layer, uint32_t *n
 void flx_attn_layer_row_stats(flx_attn_layer_h layer, uint32_t row, uint32_t *streaming_heads,
                               uint32_t *skipped_groups);
 
+/* FLUXION: why batch row `row` of the last run failed, or NULL. A row whose features fail or
+ * overflow (its session's prefill statistics or window KV out of range) fails alone: no task, its
+ * outputs NaN, the rest of the batch computed as usual; valid until the next run. */
+const char *flx_attn_layer_row_failed(flx_attn_layer_h layer, uint32_t row);
+
 /* Its scheduler: the caller marks its device window launch with flx_sched_gpu_span on it. */
 flx_sched_h flx_attn_layer_sched(flx_attn_layer_h layer);
 
