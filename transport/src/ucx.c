@@ -4,12 +4,12 @@
  * DESIGN
  * Each side drives its workers from one thread (the sender has one, the node one for its listener
  * and one per connection), so workers are created single-threaded and nothing here locks around
- * UCX. Waiting follows UCX's wake-up protocol: progress until it
- * reports nothing, ucp_worker_arm (BUSY means events raced in: progress again), then poll() on the
- * worker's fd together with an eventfd other threads use to hand work over. While receives are in
- * flight the loop may keep progressing for a few microseconds before arming: a rendezvous moved as
- * active-message fragments (IOV receives, eager fragments) otherwise costs a poll() wake-up per
- * fragment; when nothing is in flight it never spins.
+ * UCX. Waiting follows UCX's wake-up protocol: progress until they report nothing, ucp_worker_arm
+ * each (BUSY means events raced in: progress again), then poll() on the workers' fds together with
+ * an eventfd other threads use to hand work over. While receives are in flight the loop may keep
+ * progressing for a few microseconds before arming: a rendezvous moved as active-message fragments
+ * (IOV receives, eager fragments) otherwise costs a poll() wake-up per fragment; when nothing is in
+ * flight it never spins.
  */
 #define _GNU_SOURCE
 #include "tp_ucx.h"
