@@ -334,17 +334,16 @@ static void poison_hit(int sig, siginfo_t *si, void *uctx)
 
 static const uint8_t *poison_copy(const uint8_t *src, size_t bytes)
 {
-    const size_t len = (bytes + 4095) & ~(size_t)4095;
-    uint8_t *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    uint8_t *m = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) return NULL;
     memcpy(m, src, bytes);
     struct sigaction sa = {.sa_sigaction = poison_hit, .sa_flags = SA_SIGINFO};
     sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGSEGV, &sa, NULL) || mprotect(m, len, PROT_NONE)) {
-        munmap(m, len);
+    if (sigaction(SIGSEGV, &sa, NULL) || mprotect(m, bytes, PROT_NONE)) { /* the kernel rounds to pages */
+        munmap(m, bytes);
         return NULL;
     }
-    g_poison_len = len;
+    g_poison_len = bytes;
     g_poison = m; /* left mapped: the send may read it whenever the process goes on */
     return m;
 }
@@ -538,13 +537,15 @@ static flx_status_t layer_send(push_t *p, prepared_t *pl)
         h.token[0] ^= 0xff;
         static uint8_t zero[16 * 256 * 2 * 2];   /* 16 tokens of K and V; the wire's head_dim is <= 256 */
         const uint64_t bytes = flx_tp_kv_bytes(&h);
-        if (FLX_NEVER(bytes > sizeof zero))
-            return flx_error_set(FLX_ERR_INTERNAL, "--freeze-after-refused: head_dim %u above the wire's 256", D);
-        flx_tp_hdr_set_payload(&h, zero, bytes, 1);
-        fprintf(stderr, PROG ": --freeze-after-refused: a wrong token after layer 0's chunks, then SIGSTOP\n");
-        uint8_t hdr[FLX_TP_HDR_BYTES];
-        flx_tp_hdr_encode(&h, hdr);
-        st = flx_tp_send_raw(p->snd, hdr, zero, bytes, FLX_TP_SEND_EAGER, freeze_now, NULL);
+        if (FLX_NEVER(bytes > sizeof zero)) {   /* falls through to prepared_free below */
+            st = flx_error_set(FLX_ERR_INTERNAL, "--freeze-after-refused: head_dim %u above the wire's 256", D);
+        } else {
+            flx_tp_hdr_set_payload(&h, zero, bytes, 1);
+            fprintf(stderr, PROG ": --freeze-after-refused: a wrong token after layer 0's chunks, then SIGSTOP\n");
+            uint8_t hdr[FLX_TP_HDR_BYTES];
+            flx_tp_hdr_encode(&h, hdr);
+            st = flx_tp_send_raw(p->snd, hdr, zero, bytes, FLX_TP_SEND_EAGER, freeze_now, NULL);
+        }
     }
     if (!st && !p->stalled && pl->stats) {
         st = flx_tp_send_stats(p->snd, &p->ref, pl->layer, p->w.n_q_heads, D, pl->stats, pl->mean_k, pl->q_anchor,

@@ -71,7 +71,6 @@ struct flx_attn_layer {
     _Atomic uint32_t *seq_state; /* (max_batch) SEQ_PENDING, SEQ_READY (features final), SEQ_FAILED */
     _Atomic uint32_t *seq_fail;  /* (max_batch) 1: the sequence's features failed (row_why says why) */
     char *row_why;               /* (max_batch, ROW_WHY) the reason of each failed row of the run */
-    uint8_t *row_failed;         /* (max_batch) 1: the row failed in the last run (FLUXION) */
     atomic_int pred_failed;      /* 1: a predictor item failed (the pool may then skip feature items
                                     another predictor item waits for: it must stop waiting) */
     uint32_t n_feat_items, n_rows;   /* the run in progress: B * Hkv feature items, B * Hq predictor rows */
@@ -140,8 +139,7 @@ flx_status_t flx_attn_layer_create(const flx_attn_layer_params_t *params, flx_at
     L->l_cpu = calloc(B, sizeof *L->l_cpu);
     L->row_streaming = calloc(B, sizeof *L->row_streaming);
     L->row_skipped = calloc(B, sizeof *L->row_skipped);
-    L->row_failed = calloc(B, sizeof *L->row_failed);
-    if (!L->tasks || !L->lse || !L->l_cpu || !L->row_streaming || !L->row_skipped || !L->row_failed) {
+    if (!L->tasks || !L->lse || !L->l_cpu || !L->row_streaming || !L->row_skipped) {
         st = flx_error_set(FLX_ERR_NOMEM, "attention layer: tasks of %u sequences", B);
         goto fail;
     }
@@ -190,7 +188,6 @@ void flx_attn_layer_destroy(flx_attn_layer_h L)
     free(L->l_cpu);
     free(L->row_streaming);
     free(L->row_skipped);
-    free(L->row_failed);
     free(L->row_why);
     free(L->feat_in);
     free(L->feat);
@@ -349,11 +346,15 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
     L->last_batch = B;
     memset(L->row_streaming, 0, B * sizeof *L->row_streaming);
     memset(L->row_skipped, 0, B * sizeof *L->row_skipped);
-    memset(L->row_failed, 0, B * sizeof *L->row_failed);
     uint64_t predict_ns = 0, merge_ns = 0, decide_ns = 0;
     uint32_t n = 0;
     flx_sched_layer_t sl = {.layer = a->layer, .batch = B, .sess = a->sess, .q = a->q, .o = a->o};
     if (L->p.mode == FLX_LAYER_FLUXION) {
+        for (uint32_t b = 0; b < B; b++) {   /* first: a run that stops below reports no failed row */
+            atomic_store_explicit(&L->seq_left[b], Hkv, memory_order_relaxed);
+            atomic_store_explicit(&L->seq_state[b], SEQ_PENDING, memory_order_relaxed);
+            atomic_store_explicit(&L->seq_fail[b], 0, memory_order_relaxed);
+        }
         for (uint32_t b = 0; b < B; b++) {
             const flx_bf16_t **wk = L->win_ptr + (size_t)b * 2 * Hkv, **wv = wk + Hkv;
             if ((st = flx_features_layer_from_session(a->sess[b], a->layer, a->q + (size_t)b * Hq * D, wk, wv,
@@ -367,17 +368,12 @@ flx_status_t flx_attn_layer_run(flx_attn_layer_h L, const flx_attn_layer_args_t 
         atomic_store_explicit(&L->feat_cpu_ns, 0, memory_order_relaxed);
         atomic_store_explicit(&L->mlp_cpu_ns, 0, memory_order_relaxed);
         atomic_store_explicit(&L->pred_failed, 0, memory_order_relaxed);
-        for (uint32_t b = 0; b < B; b++) {
-            atomic_store_explicit(&L->seq_left[b], Hkv, memory_order_relaxed);
-            atomic_store_explicit(&L->seq_state[b], SEQ_PENDING, memory_order_relaxed);
-            atomic_store_explicit(&L->seq_fail[b], 0, memory_order_relaxed);
-        }
         if ((st = flx_pool_for(L->pool, L->n_feat_items + FLX_DIV_UP(L->n_rows, L->pred_tile), 1, decide_items, L)))
             goto out;
         decide_ns = flx_now_ns() - t0;
         for (uint32_t b = 0; b < B; b++) {
             if (atomic_load_explicit(&L->seq_state[b], memory_order_relaxed) == SEQ_FAILED) {
-                L->row_failed[b] = 1;   /* no task; outputs no one can take for attention */
+                /* no task; outputs no one can take for attention */
                 float *o = a->o + (size_t)b * Hq * D;
                 for (size_t i = 0; i < (size_t)Hq * D; i++) o[i] = NAN;
                 continue;
@@ -472,7 +468,9 @@ void flx_attn_layer_row_stats(flx_attn_layer_h L, uint32_t row, uint32_t *stream
 
 const char *flx_attn_layer_row_failed(flx_attn_layer_h L, uint32_t row)
 {
-    return L && row < L->last_batch && L->row_failed[row] ? L->row_why + (size_t)row * ROW_WHY : NULL;
+    const int failed = L && L->p.mode == FLX_LAYER_FLUXION && row < L->last_batch &&
+                       atomic_load_explicit(&L->seq_state[row], memory_order_relaxed) == SEQ_FAILED;
+    return failed ? L->row_why + (size_t)row * ROW_WHY : NULL;
 }
 
 flx_sched_h flx_attn_layer_sched(flx_attn_layer_h L)
