@@ -5,6 +5,7 @@
 #ifndef PROC_UTIL_H
 #define PROC_UTIL_H
 
+#include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -24,21 +25,24 @@ typedef struct proc {
     char log[1024];              /* the child's stdout + stderr */
 } proc_t;
 
-/* Starts argv[0] with argv (NULL-terminated); output to log. */
+/* Starts argv[0] with argv (NULL-terminated); output to log. The log is emptied here, before the
+ * fork: the tests' folders outlive a run, and a caller polling proc_output for a line (a session id,
+ * "stalled after") must not find the last run's while the child has yet to open the file (seen
+ * under TSan with ctest --repeat: test_node_ucx took an old session id and drained the node before
+ * its stub had even connected). */
 static inline proc_t proc_start(const char *log, char *const argv[])
 {
     proc_t p = {0};
     snprintf(p.log, sizeof p.log, "%s", log);
+    const int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) fprintf(stderr, "proc_start: %s: %s\n", log, strerror(errno));
+    CHECK(fd >= 0);
     fflush(NULL);
     p.pid = fork();
     CHECK(p.pid >= 0);
     if (p.pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
+        dup2(fd, 1);   /* dup2 clears close-on-exec on 1 and 2 */
+        dup2(fd, 2);
         /* The parent's UCX sockets and event fds are not inherited (UCX does not mark them
          * close-on-exec): a child holding the node's descriptors would change what the node sees. */
         for (int i = 3; i < 1024; i++) close(i);
@@ -46,6 +50,7 @@ static inline proc_t proc_start(const char *log, char *const argv[])
         fprintf(stderr, "exec %s failed\n", argv[0]);
         _exit(127);
     }
+    close(fd);
     return p;
 }
 
