@@ -465,6 +465,17 @@ static flx_status_t layer_send(push_t *p, prepared_t *pl)
             p->stalled = 1;
             break;
         }
+        const uint64_t idx = p->chunk_index;
+        const uint8_t *src = payload;   /* what the chunk is sent from */
+        if (o->freeze_mid_send && pl->layer == 0 && !g_poison && idx != o->corrupt_chunk &&
+            (pl->plan[i].send_flags & FLX_TP_SEND_EAGER)) {
+            if (!(src = poison_copy(payload, bytes))) {
+                st = flx_error_set(FLX_ERR_NOMEM, "--freeze-mid-send: %s", strerror(errno));
+                break;
+            }
+            fprintf(stderr, PROG ": --freeze-mid-send: layer 0 tokens [%u, %u) sent from an unreadable page\n",
+                    c->tok_begin, c->tok_end);
+        }
         chunk_ctx_t *cc = malloc(sizeof *cc);
         if (!cc) {
             st = flx_error_set(FLX_ERR_NOMEM, "chunk");
@@ -473,7 +484,7 @@ static flx_status_t layer_send(push_t *p, prepared_t *pl)
         cc->buf = b;
         cc->bytes = bytes;
         atomic_fetch_add(&b->refs, 1);
-        const uint64_t idx = p->chunk_index++;
+        p->chunk_index++;
         if (idx == o->corrupt_chunk) {
             flx_tp_hdr_t h = {.kind = FLX_TP_KV, .sid = p->ref.sid, .layer = c->layer, .head_begin = c->head_begin,
                               .head_end = c->head_end, .tok_begin = c->tok_begin, .tok_end = c->tok_end, .arg0 = D};
@@ -483,19 +494,8 @@ static flx_status_t layer_send(push_t *p, prepared_t *pl)
             fprintf(stderr, PROG ": --corrupt-chunk %" PRIu64 ": layer %u tokens [%u, %u) corrupted after hashing\n",
                     idx, c->layer, c->tok_begin, c->tok_end);
             st = send_raw_kv(p, &h, payload, pl->plan[i].send_flags, cc);
-        } else if (o->freeze_mid_send && pl->layer == 0 && !g_poison && pl->plan[i].send_flags & FLX_TP_SEND_EAGER) {
-            const uint8_t *src = poison_copy(payload, bytes);
-            if (!src) {
-                st = flx_error_set(FLX_ERR_NOMEM, "--freeze-mid-send: %s", strerror(errno));
-                atomic_fetch_sub(&b->refs, 1);
-                free(cc);
-                break;
-            }
-            fprintf(stderr, PROG ": --freeze-mid-send: layer 0 tokens [%u, %u) sent from an unreadable page\n",
-                    c->tok_begin, c->tok_end);
-            st = send_chunk(p, pl, i, src, cc);
         } else {
-            st = send_chunk(p, pl, i, payload, cc);
+            st = send_chunk(p, pl, i, src, cc);
         }
         if (!st && idx == o->dup_chunk) {
             chunk_ctx_t *c2 = malloc(sizeof *c2);

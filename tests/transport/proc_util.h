@@ -29,7 +29,7 @@ typedef struct proc {
  * fork: the tests' folders outlive a run, and a caller polling proc_output for a line (a session id,
  * "stalled after") must not find the last run's while the child has yet to open the file (seen
  * under TSan with ctest --repeat: test_node_ucx took an old session id and drained the node before
- * its stub had even connected). */
+ * that flx-prefill process had even connected). */
 static inline proc_t proc_start(const char *log, char *const argv[])
 {
     proc_t p = {0};
@@ -54,37 +54,37 @@ static inline proc_t proc_start(const char *log, char *const argv[])
     return p;
 }
 
+/* Polls waitpid(flags | WNOHANG) up to timeout_ms; 1 with *status when the child changed state, 0
+ * when the time ran out. */
+static inline int proc_poll(proc_t *p, int flags, uint32_t timeout_ms, int *status)
+{
+    const uint64_t until = flx_now_ns() + (uint64_t)timeout_ms * 1000000;
+    for (;;) {
+        pid_t r = waitpid(p->pid, status, flags | WNOHANG);
+        CHECK(r >= 0);
+        if (r == p->pid) return 1;
+        if (flx_now_ns() > until) return 0;
+        usleep(2000);
+    }
+}
+
 /* Waits up to timeout_ms; returns the exit status, 128 + signal when killed, -1 on timeout (the child
  * is then killed). */
 static inline int proc_wait(proc_t *p, uint32_t timeout_ms)
 {
-    const uint64_t until = flx_now_ns() + (uint64_t)timeout_ms * 1000000;
-    for (;;) {
-        int status;
-        pid_t r = waitpid(p->pid, &status, WNOHANG);
-        CHECK(r >= 0);
-        if (r == p->pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (flx_now_ns() > until) {
-            kill(p->pid, SIGKILL);
-            waitpid(p->pid, &status, 0);
-            return -1;
-        }
-        usleep(5000);
-    }
+    int status;
+    if (proc_poll(p, 0, timeout_ms, &status))
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    kill(p->pid, SIGKILL);
+    waitpid(p->pid, &status, 0);
+    return -1;
 }
 
 /* Waits up to timeout_ms for the child to be stopped (SIGSTOP; it is not reaped); 1 when it is. */
 static inline int proc_wait_stopped(proc_t *p, uint32_t timeout_ms)
 {
-    const uint64_t until = flx_now_ns() + (uint64_t)timeout_ms * 1000000;
-    for (;;) {
-        int status;
-        pid_t r = waitpid(p->pid, &status, WNOHANG | WUNTRACED);
-        CHECK(r >= 0);
-        if (r == p->pid) return WIFSTOPPED(status);
-        if (flx_now_ns() > until) return 0;
-        usleep(2000);
-    }
+    int status;
+    return proc_poll(p, WUNTRACED, timeout_ms, &status) && WIFSTOPPED(status);
 }
 
 /* The child's output (a static buffer, overwritten by the next call). */
