@@ -56,16 +56,19 @@ static flx_status_t check_rows(const flx_dataset_t *d)
     return FLX_OK;
 }
 
-/* The estimate of one operating point from predictions already made (pred: d->n rows). */
+/* The estimate of one operating point from predictions already made (pred: d->n rows), over the
+ * groups whose l_cpu lies in [l_lo, l_hi). */
 static void estimate(const flx_dataset_t *d, const flx_head_pred_t *pred, const flx_select_params_t *sp,
-                     flx_select_estimate_t *e)
+                     uint32_t l_lo, uint32_t l_hi, flx_select_estimate_t *e)
 {
     const uint32_t Hq = d->n_q_heads, G = Hq / d->n_kv_heads;
     double within = 0, within_b = 0, v = 0, v_b = 0;
     uint32_t groups = 0;
     float budgets[64];
-    for (uint32_t r0 = 0; r0 < d->n; r0 += G, groups++) {
+    for (uint32_t r0 = 0; r0 < d->n; r0 += G) {
         const double l_cpu = d->features[(size_t)r0 * FLX_FEAT_COUNT + FLX_F_L_CPU];
+        if (!(l_cpu >= l_lo && l_cpu < l_hi)) continue;
+        groups++;
         flx_selection_t sel;
         flx_select_group(pred + r0, G, (uint32_t)l_cpu, sp, budgets, &sel);   /* arguments checked above */
         v += sel.skip ? 0.0 : sel.v;
@@ -77,10 +80,11 @@ static void estimate(const flx_dataset_t *d, const flx_head_pred_t *pred, const 
             within += streaming || (!sel.skip && budgets[j] > 0.0f && budgets[j] + 1e-6f >= bgt[blk_col(sel.blk)]);
         }
     }
-    e->n_heads = d->n;
+    const double n = (double)groups * G;
+    e->n_heads = groups * G;
     e->n_groups = groups;
-    e->within = (float)(within / d->n);
-    e->within_baseline = (float)(within_b / d->n);
+    e->within = n > 0 ? (float)(within / n) : 0.0f;
+    e->within_baseline = n > 0 ? (float)(within_b / n) : 0.0f;
     e->bytes_ratio = v_b > 0 ? (float)(v / v_b) : 0.0f;
 }
 
@@ -105,17 +109,25 @@ static flx_status_t predict_all(flx_predictor_h p, const flx_dataset_t *d, flx_h
     return FLX_OK;
 }
 
-flx_status_t flx_select_estimate(flx_predictor_h p, const flx_dataset_t *d, const flx_select_params_t *sp,
-                                 flx_select_estimate_t *est)
+flx_status_t flx_select_estimate_lengths(flx_predictor_h p, const flx_dataset_t *d, const flx_select_params_t *sp,
+                                         uint32_t l_lo, uint32_t l_hi, flx_select_estimate_t *est)
 {
     if (!p || !d || !sp || !est) return flx_error_set(FLX_ERR_INVALID, "select estimate: NULL argument");
+    if (l_lo >= l_hi)
+        return flx_error_set(FLX_ERR_INVALID, "select estimate: empty length range [%u, %u)", l_lo, l_hi);
     flx_status_t st = flx_select_params_check(sp);
     if (st || (st = check_rows(d))) return st;
     flx_head_pred_t *pred;
     if ((st = predict_all(p, d, &pred))) return st;
-    estimate(d, pred, sp, est);
+    estimate(d, pred, sp, l_lo, l_hi, est);
     free(pred);
     return FLX_OK;
+}
+
+flx_status_t flx_select_estimate(flx_predictor_h p, const flx_dataset_t *d, const flx_select_params_t *sp,
+                                 flx_select_estimate_t *est)
+{
+    return flx_select_estimate_lengths(p, d, sp, 0, UINT32_MAX, est);
 }
 
 flx_status_t flx_select_calibrate(flx_predictor_h p, const flx_dataset_t *d, flx_select_params_t *out,
@@ -128,7 +140,7 @@ flx_status_t flx_select_calibrate(flx_predictor_h p, const flx_dataset_t *d, flx
     if ((st = predict_all(p, d, &pred))) return st;
     flx_select_params_t best = flx_select_params_paper(), fallback = best;
     flx_select_estimate_t best_e, fallback_e;
-    estimate(d, pred, &best, &best_e);
+    estimate(d, pred, &best, 0, UINT32_MAX, &best_e);
     fallback_e = best_e;
     int have_best = 0, have_fallback = 0;
     for (size_t a = 0; a < N_OF(GRID_THR); a++)
@@ -136,7 +148,7 @@ flx_status_t flx_select_calibrate(flx_predictor_h p, const flx_dataset_t *d, flx
             for (size_t c = 0; c < N_OF(GRID_MINB); c++) {
                 flx_select_params_t sp = {GRID_THR[a], GRID_SCALE[b], GRID_MINB[c]};
                 flx_select_estimate_t e;
-                estimate(d, pred, &sp, &e);
+                estimate(d, pred, &sp, 0, UINT32_MAX, &e);
                 if (e.within >= e.within_baseline) {
                     if (!have_best || e.bytes_ratio < best_e.bytes_ratio) best = sp, best_e = e, have_best = 1;
                 } else if (e.bytes_ratio <= 1.0f) {

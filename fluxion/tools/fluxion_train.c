@@ -13,7 +13,10 @@
  * shape) it also calibrates the selector's operating point (flx_select_calibrate) and stores it in
  * WEIGHTS; without, WEIGHTS carry the paper's rule. fluxion-predict prints the same metrics over
  * every row and, when the files carry their shape, the selector estimate at the weights' operating
- * point and at the paper's rule.
+ * point and at the paper's rule. Both print the estimate at the chosen (weights') point per prompt
+ * length too (calib_len32K_within ..., select_len32K_within ...): one point serves every length,
+ * and how its within share and volume split over the lengths is what a node serving some of them
+ * wants to know.
  * Deterministic for a seed and OPENBLAS_NUM_THREADS.
  * Exit status (flx/cli.h): 0 ok, 1 a runtime failure (an input file, memory), 2 a usage error.
  */
@@ -27,6 +30,31 @@
 #include "flx/util.h"
 
 #define MAX_DATA 64
+
+/* The selector's estimate at sp per prompt length, one band per power of two of l_cpu
+ * ([2^k / sqrt 2, 2^k sqrt 2), the first from 0): PREFIX_len32K_within, _within_baseline,
+ * _bytes_ratio and _heads, for the bands that hold rows. */
+static flx_status_t print_lengths(const char *prefix, flx_predictor_h p, const flx_dataset_t *d,
+                                  const flx_select_params_t *sp)
+{
+    for (int k = 0; k <= 21; k++) {
+        const uint32_t lo = k ? (uint32_t)ceil(ldexp(M_SQRT1_2, k)) : 0, hi = (uint32_t)ceil(ldexp(M_SQRT2, k));
+        uint32_t r = 0;
+        while (r < d->n && !(d->features[(size_t)r * FLX_FEAT_COUNT + FLX_F_L_CPU] >= lo &&
+                             d->features[(size_t)r * FLX_FEAT_COUNT + FLX_F_L_CPU] < hi))
+            r++;
+        if (r == d->n) continue;
+        flx_select_estimate_t e;
+        flx_status_t st = flx_select_estimate_lengths(p, d, sp, lo, hi, &e);
+        if (st) return st;
+        char band[24];
+        snprintf(band, sizeof band, k < 10 ? "%u" : "%uK", k < 10 ? 1u << k : 1u << (k - 10));
+        printf("%s_len%s_heads %u\n%s_len%s_within %.6g\n%s_len%s_within_baseline %.6g\n%s_len%s_bytes_ratio %.6g\n",
+               prefix, band, e.n_heads, prefix, band, (double)e.within, prefix, band, (double)e.within_baseline, prefix,
+               band, (double)e.bytes_ratio);
+    }
+    return FLX_OK;
+}
 
 #ifndef FLX_PREDICT_TOOL
 /* Calibrates m->select on the label files calib (labelled like the training rows), prints the
@@ -54,6 +82,7 @@ static flx_status_t calibrate(flx_mlp_t *m, const flx_dataset_t *train, const ch
         printf("calib_within %.6g\ncalib_within_baseline %.6g\ncalib_bytes_ratio %.6g\n", (double)e.within,
                (double)e.within_baseline, (double)e.bytes_ratio);
         printf("calib_paper_within %.6g\ncalib_paper_bytes_ratio %.6g\n", (double)e0.within, (double)e0.bytes_ratio);
+        st = print_lengths("calib", p, &c, &sp);
     }
     flx_predictor_destroy(p);
     flx_dataset_free(&c);
@@ -148,6 +177,7 @@ int main(int argc, char **argv)
                        name[i], (double)sp[i].budget_scale, name[i], sp[i].min_blocks, name[i], (double)e.within,
                        name[i], (double)e.within_baseline, name[i], (double)e.bytes_ratio);
         }
+        if (!st) st = print_lengths("select", p, &d, &sp[0]);
     }
     free(rows);
     flx_predictor_destroy(p);

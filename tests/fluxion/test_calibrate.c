@@ -2,7 +2,8 @@
  * test_calibrate.c - the selector estimate and the operating-point calibration (flx/predictor.h)
  * worked by hand: predictors of constant output (zero weights, biases set) over label rows built so
  * that exactly one grid point is the cheapest to reach the fixed (16, 0.05) baseline; the fallback
- * when none reaches it; refusals of rows without a shape or out of their (layer, step) blocks.
+ * when none reaches it; the estimate over a range of prompt lengths; refusals of rows without a shape
+ * or out of their (layer, step) blocks.
  */
 #include <math.h>
 #include <string.h>
@@ -115,6 +116,27 @@ int main(void)
     for (uint32_t r = 0; r < N; r++) d.labels[r * 3 + 2] = 1.0f;
     CHECK_OK(flx_select_estimate(p, &d, &paper, &e));
     CHECK(e.within == 1.0f && e.within_baseline == 1.0f);
+
+    /* per length: the second half of the blocks at l_cpu 20000, whose heads need only 0.005 (the
+     * paper's rule reads 0.01 and meets them), the first half as before (need 0.9 at blk 128: missed).
+     * Each half on its own, both together, and a range without rows. */
+    for (uint32_t r = 0; r < N; r++) d.labels[r * 3 + 2] = 0.0f;
+    for (uint32_t r = N / 2; r < N; r++) {
+        d.features[(size_t)r * FLX_PRED_IN + FLX_F_L_CPU] = 20000.0f;
+        for (int j = 0; j < 5; j++) d.bgt[r * 5 + j] = 0.005f;
+    }
+    CHECK_OK(flx_select_estimate_lengths(p, &d, &paper, 0, 15000, &e));
+    CHECK(e.n_heads == N / 2 && e.n_groups == N / 4 && e.within == 0.0f && e.within_baseline == 1.0f);
+    CHECK(fabs(e.bytes_ratio - 556.25 / v_base) < 1e-5);   /* blk 128: 2 l / 128 + 2 l (2 x 0.01) */
+    CHECK_OK(flx_select_estimate_lengths(p, &d, &paper, 15000, 20001, &e));
+    CHECK(e.n_heads == N / 2 && e.within == 1.0f && e.within_baseline == 1.0f);
+    CHECK(fabs(e.bytes_ratio - 1112.5 / 6500.0) < 1e-5);
+    CHECK_OK(flx_select_estimate(p, &d, &paper, &e));
+    CHECK(e.n_heads == N && e.within == 0.5f && fabs(e.bytes_ratio - (556.25 + 1112.5) / (v_base + 6500.0)) < 1e-5);
+    CHECK_OK(flx_select_estimate_lengths(p, &d, &paper, 30000, 40000, &e));
+    CHECK(e.n_heads == 0 && e.n_groups == 0 && e.within == 0.0f && e.bytes_ratio == 0.0f);
+    CHECK_ST(flx_select_estimate_lengths(p, &d, &paper, 20000, 20000, &e), FLX_ERR_INVALID);
+    CHECK(strstr(flx_error_msg(), "empty length range") != NULL);
 
     /* refusals */
     d.n_q_heads = 0;

@@ -101,6 +101,10 @@ int main(int argc, char **argv)
     CHECK(value_of(out, "select_stream_threshold") == 0.5 && value_of(out, "select_budget_scale") == 1.0);
     CHECK(value_of(out, "select_within") == value_of(out, "select_paper_within"));
     CHECK(isfinite(value_of(out, "select_bytes_ratio")) && value_of(out, "select_within_baseline") > 0.0);
+    /* per length: every row's l_cpu is 4096, so the 4K band is all of them and no other is printed */
+    CHECK(value_of(out, "select_len4K_heads") == 2000 && isnan(value_of(out, "select_len8K_heads")));
+    CHECK(value_of(out, "select_len4K_within") == value_of(out, "select_within"));
+    CHECK(value_of(out, "select_len4K_bytes_ratio") == value_of(out, "select_bytes_ratio"));
 
     /* --calib: the operating point is calibrated, printed, stored, and fluxion-predict reports it;
      * its within share reaches the baseline's or it is the fallback that does best */
@@ -111,6 +115,7 @@ int main(int argc, char **argv)
     CHECK(thr >= 0.5 && thr <= 1.0 && scale > 0.0 && scale <= 64.0 && minb >= 0 && isfinite(cw));
     double cwb = value_of(out, "calib_within_baseline"), cb = value_of(out, "calib_bytes_ratio");
     double pw = value_of(out, "calib_paper_within"), pb = value_of(out, "calib_paper_bytes_ratio");
+    CHECK(value_of(out, "calib_len4K_within") == cw && value_of(out, "calib_len4K_within_baseline") == cwb);
     if (cw >= cwb)   /* reaches the baseline: no dearer than the paper's rule when that reaches it too */
         CHECK(pw < cwb || cb <= pb + 1e-6);
     else             /* the fallback: none reaches it, and none within the baseline's volume does better */
