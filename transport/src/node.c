@@ -231,6 +231,13 @@ static void conn_close(struct flx_tp_node *n, conn_t *c)
     /* FORCE cancels what is in flight (PEER mode only: UCX 1.13 refuses it otherwise); a dropped
      * connection is flushed so its last reply reaches the peer. */
     int force = n->err_mode == FLX_TP_ERR_PEER && !c->flush_close;
+    if (c->peer_gone && !force) {
+        /* Without FORCE a close flushes, and a flush towards a peer that is gone can only fail (UCX
+         * 1.13 logs each failed lane as an ERROR on stdout). Nothing can reach that peer, so nothing
+         * is flushed: the endpoint goes with the connection's worker. */
+        c->closed = 1;
+        return;
+    }
     ucp_request_param_t cp = {.op_attr_mask = force ? UCP_OP_ATTR_FIELD_FLAGS : 0,
                               .flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0};
     void *req = ucp_ep_close_nbx(c->ep, &cp);

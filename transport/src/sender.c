@@ -233,10 +233,15 @@ static void *progress_main(void *arg)
         }
         tp_loop_wait(&s->loop, timeout, inflight ? 30000 : 0);
     }
-    /* Closing: FORCE cancels what is in flight (PEER mode; NONE flushes). */
+    /* Closing: FORCE cancels what is in flight (PEER mode; NONE flushes). A flush towards a node
+     * that is gone can only fail (UCX logs it as an ERROR on stdout): that endpoint goes with the
+     * worker instead. */
+    pthread_mutex_lock(&s->lock);
+    const int gone = s->peer_failed;
+    pthread_mutex_unlock(&s->lock);
     ucp_request_param_t cp = {.op_attr_mask = s->err_mode == FLX_TP_ERR_PEER ? UCP_OP_ATTR_FIELD_FLAGS : 0,
                               .flags = s->err_mode == FLX_TP_ERR_PEER ? UCP_EP_CLOSE_FLAG_FORCE : 0};
-    void *req = ucp_ep_close_nbx(s->ep, &cp);
+    void *req = gone && s->err_mode != FLX_TP_ERR_PEER ? NULL : ucp_ep_close_nbx(s->ep, &cp);
     const uint64_t until = flx_now_ns() + 2000000000ull;
     if (UCS_PTR_IS_PTR(req)) {
         while (ucp_request_check_status(req) == UCS_INPROGRESS && flx_now_ns() < until) ucp_worker_progress(s->worker);
