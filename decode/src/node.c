@@ -1603,8 +1603,11 @@ flx_status_t flx_node_metrics_text(flx_node_h n, char **text_p, size_t *len_p)
         flx_prom_metric(&b, "fluxion_transfer_connections", "gauge", "UCX connections from prefill nodes open now.",
                         ti.n_conns);
         flx_prom_metric(&b, "fluxion_transfer_connections_failed_total", "counter",
-                        "UCX connections that failed (peer gone, silent past the liveness time).",
-                        (double)ti.conns_failed);
+                        "UCX connections lost (peer gone, silent past the liveness time) with a session of theirs "
+                        "that failed.", (double)ti.conns_failed);
+        flx_prom_metric(&b, "fluxion_transfer_connections_left_total", "counter",
+                        "UCX connections whose prefill node went away with none of its sessions receiving "
+                        "(the normal end).", (double)ti.conns_left);
         flx_prom_metric(&b, "fluxion_transfer_messages_total", "counter", "UCX messages handled.", (double)ti.msgs);
         flx_prom_metric(&b, "fluxion_transfer_messages_refused_total", "counter",
                         "UCX messages refused (bad header, token, session or chunk).", (double)ti.msgs_refused);

@@ -122,7 +122,7 @@ static void test_bitwise(void)
         usleep(10000);
     }
     capture_end(saved_stdout);
-    CHECK(ni.n_conns == 0);
+    CHECK(ni.n_conns == 0 && ni.conns_left == 1 && ni.conns_failed == 0);
     proc_t node_log = {.pid = 0};
     snprintf(node_log.log, sizeof node_log.log, "%s", node_out);
     const char *ucx = proc_output(&node_log);
@@ -303,6 +303,18 @@ static void test_faults(void)
         CHECK(info.kv.state == FLX_KV_READY);
         flx_kv_session_id_t want = local_push(ref, 1500, 5);
         tp_test_same_session(store, good.sid, ref, want);
+        /* Once both peers are gone: the healthy one left (READY, the normal end); a peer that died
+         * or went silent was lost with its session, a failure */
+        flx_tp_node_info_t ni;
+        for (int i = 0; i < 1000; i++) { /* up to 10 s */
+            flx_tp_node_info(node, &ni);
+            if (ni.n_conns == 0) break;
+            usleep(10000);
+        }
+        fprintf(stderr, "fault %s: connections %u open, %llu left, %llu failed\n", ft->name, ni.n_conns,
+                (unsigned long long)ni.conns_left, (unsigned long long)ni.conns_failed);
+        if (ni.n_conns == 0) CHECK(ni.conns_left >= 1);
+        if (!strcmp(ft->name, "die") || silent) CHECK(ni.conns_failed == 1);
         flx_kv_store_info_t si;
         flx_kv_store_info(store, &si);
         CHECK(si.used_bytes == good_bytes && si.pending_free_bytes == 0);

@@ -526,7 +526,7 @@ void tp_core_recv_done(tp_core_t *c, tp_recv_t *r)
     free(r);
 }
 
-uint32_t tp_core_conn_failed(tp_core_t *c, uint64_t conn, const char *peer, const char *why)
+uint32_t tp_core_conn_failed(tp_core_t *c, uint64_t conn, const char *peer, const char *why, uint32_t *n_failed_p)
 {
     /* Collect under the lock, fail outside it. */
     uint32_t cap = 64, n = 0, failed = 0;
@@ -548,12 +548,18 @@ uint32_t tp_core_conn_failed(tp_core_t *c, uint64_t conn, const char *peer, cons
     pthread_mutex_unlock(&c->lock);
     char reason[FLX_TP_STATUS_MAX];
     snprintf(reason, sizeof reason, "peer %s %s", peer, why);
-    for (uint32_t i = 0; i < n; i++)
+    uint32_t was_failed = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        flx_kv_session_info_t ki;
         if (flx_kv_session_fail(c->store, sids[i], reason) == FLX_OK) {
             failed++;
             mark_changed(c, sids[i]);
+        } else if (flx_kv_session_info(c->store, sids[i], &ki) == FLX_OK && ki.state == FLX_KV_FAILED) {
+            was_failed++;   /* failed before this: by the peer's own receive errors, its bad data, ... */
         }
+    }
     free(sids);
+    if (n_failed_p) *n_failed_p = was_failed;
     return failed;
 }
 

@@ -72,10 +72,12 @@ typedef struct conn {
     uint64_t last_seen;       /* flx_now_ns of the last message */
     uint32_t inflight;        /* receives posted and not completed */
     int failed;               /* dead (UCX error, silence) or dropped (refused message) */
+    int lost;                 /* failed because its peer went (UCX error) or fell silent, not by the node */
     int flush_close;          /* dropped: flush the reply before closing */
     char why[128];
     int handled;              /* its sessions were failed */
     int peer_gone;            /* UCX reported the endpoint failed: the peer can send nothing more */
+    ucs_status_t gone_status; /* what UCX reported */
     int closing, closed;
     void *close_req;
 } conn_t;
@@ -108,7 +110,7 @@ struct flx_tp_node {
     struct pollfd *pfds;      /* connection accepted inside it adds to the list it walks */
 
     /* read by info from any thread */
-    atomic_uint_fast64_t conns_accepted, conns_failed, inflight, contig, iov, eager;
+    atomic_uint_fast64_t conns_accepted, conns_failed, conns_left, inflight, contig, iov, eager;
     atomic_uint n_conns;
 };
 
@@ -149,10 +151,11 @@ static void ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
     conn_t *c = arg;
     c->peer_gone = 1;
+    c->gone_status = status;
     if (c->failed) return;
     c->failed = 1;
+    c->lost = 1;
     snprintf(c->why, sizeof c->why, "failed: %s (UCX)", ucs_status_string(status));
-    atomic_fetch_add(&c->node->conns_failed, 1);
 }
 
 static ucs_status_t am_handler(void *arg, const void *header, size_t header_length, void *data, size_t length,
@@ -257,9 +260,20 @@ static void conns_tend(struct flx_tp_node *n)
         conn_t *c = *pp;
         if (c->failed && !c->handled) {
             c->handled = 1;
-            uint32_t k = tp_core_conn_failed(&n->core, c->id, c->peer, c->why);
-            flx_log_write(k ? FLX_LOG_WARN : FLX_LOG_INFO, MOD, "connection %llu from %s %s: %u session(s) failed",
-                          (unsigned long long)c->id, c->peer, c->why, k);
+            uint32_t was_failed = 0, k = tp_core_conn_failed(&n->core, c->id, c->peer, c->why, &was_failed);
+            /* A peer that goes once its sessions are READY (or closed) is a prefill node leaving, the
+             * normal end of a connection: counted apart from the connections lost with a session
+             * that failed (now, or just before by the same loss: a receive error of the dead peer),
+             * which an operator alerts on. */
+            const int left = !k && !was_failed;
+            if (c->lost) atomic_fetch_add(left ? &n->conns_left : &n->conns_failed, 1);
+            if (c->lost && left)
+                flx_log_info(MOD, "connection %llu from %s: the peer went (%s) with none of its sessions receiving",
+                             (unsigned long long)c->id, c->peer,
+                             c->peer_gone ? ucs_status_string(c->gone_status) : c->why);
+            else
+                flx_log_write(k ? FLX_LOG_WARN : FLX_LOG_INFO, MOD, "connection %llu from %s %s: %u session(s) failed",
+                              (unsigned long long)c->id, c->peer, c->why, k);
         }
         /* Without peer error handling UCX 1.13 names the receiving endpoint by its address in every
          * message (no indirect ids): closing it while its peer may still send would let the next
@@ -462,9 +476,9 @@ static int periodic(struct flx_tp_node *n, uint64_t now)
         any_conn = 1;
         if (now - c->last_seen > live_ns && tp_core_conn_active(&n->core, c->id)) {
             c->failed = 1;
+            c->lost = 1;
             snprintf(c->why, sizeof c->why, "silent for %.0f ms (no data, no heartbeat: dead or stalled)",
                      (double)(now - c->last_seen) / 1e6);
-            atomic_fetch_add(&n->conns_failed, 1);
         }
     }
     uint64_t next = due;
@@ -683,6 +697,7 @@ void flx_tp_node_info(flx_tp_node_h n, flx_tp_node_info_t *info)
     info->n_conns = atomic_load(&n->n_conns);
     info->conns_accepted = atomic_load(&n->conns_accepted);
     info->conns_failed = atomic_load(&n->conns_failed);
+    info->conns_left = atomic_load(&n->conns_left);
     info->receives_inflight = atomic_load(&n->inflight);
     info->contig_receives = atomic_load(&n->contig);
     info->iov_receives = atomic_load(&n->iov);

@@ -103,8 +103,9 @@ flx_status_t tp_core_ingest(tp_core_t *c, uint64_t conn, const char *peer, const
 void tp_core_recv_done(tp_core_t *c, tp_recv_t *r);
 
 /* Connection conn died or was found silent: fails the RESERVED/RECEIVING sessions it fed with
- * "peer <peer> <why>". Returns how many. */
-uint32_t tp_core_conn_failed(tp_core_t *c, uint64_t conn, const char *peer, const char *why);
+ * "peer <peer> <why>". Returns how many; *n_failed_p (when not NULL) is how many of the sessions it
+ * fed had FAILED already. */
+uint32_t tp_core_conn_failed(tp_core_t *c, uint64_t conn, const char *peer, const char *why, uint32_t *n_failed_p);
 /* 1 when conn feeds a RESERVED/RECEIVING session (its silence matters). */
 int tp_core_conn_active(tp_core_t *c, uint64_t conn);
 

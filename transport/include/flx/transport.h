@@ -160,7 +160,10 @@ typedef struct flx_tp_node_info {
     flx_tp_err_mode_t err_mode;
     uint32_t liveness_ms;
     uint32_t n_conns;                 /* connections open now */
-    uint64_t conns_accepted, conns_failed;
+    uint64_t conns_accepted;
+    uint64_t conns_failed;            /* lost (peer gone, or silent past liveness_ms) with a session of theirs
+                                         that failed (by the loss or before it) */
+    uint64_t conns_left;              /* peer gone with no session of it still receiving: the normal end */
     uint64_t msgs, msgs_refused;      /* messages handled / refused (bad header, token, session, chunk) */
     uint64_t kv_bytes;                /* KV payload bytes landed */
     uint64_t receives_inflight;       /* receives posted and not completed */
