@@ -497,7 +497,12 @@ static flx_status_t layer_send(push_t *p, prepared_t *pl)
         } else {
             st = send_chunk(p, pl, i, src, cc);
         }
-        if (!st && idx == o->dup_chunk) {
+        if (st) {   /* not queued: chunk_sent will not run for it */
+            layer_unref(b);
+            free(cc);
+            break;
+        }
+        if (idx == o->dup_chunk) {
             chunk_ctx_t *c2 = malloc(sizeof *c2);
             if (c2) {   /* not from *cc: its send may have completed and freed it already */
                 c2->buf = b;
@@ -506,6 +511,10 @@ static flx_status_t layer_send(push_t *p, prepared_t *pl)
                 fprintf(stderr, PROG ": --duplicate-chunk %" PRIu64 ": layer %u tokens [%u, %u) sent twice\n", idx,
                         c->layer, c->tok_begin, c->tok_end);
                 st = send_chunk(p, pl, i, payload, c2);
+                if (st) {
+                    layer_unref(b);
+                    free(c2);
+                }
             }
         }
         if (!st) p->kv_bytes += bytes;

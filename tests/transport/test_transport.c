@@ -7,6 +7,7 @@
  * commit, deadline, lease; each ends as documented and the memory goes back to the pool.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include "tp_testutil.h"
@@ -413,6 +414,74 @@ static void test_notices(void)
     flx_kv_store_destroy(store);
 }
 
+static void count_done(void *ctx, flx_status_t st)
+{
+    (void)st;
+    atomic_fetch_add((atomic_int *)ctx, 1);
+}
+
+/* The typed sends refuse at once, queuing nothing and never running done, once they cannot help
+ * their session: FLX_ERR_STATE with the node's reason once it said the session FAILED (another
+ * session on the same connection sends on), FLX_ERR_IO with the connection's error once it failed. */
+static void test_send_refused(void)
+{
+    const uint32_t D = 64, L = 400;
+    flx_kv_store_h store = kv_make_store(1, 1, 1, D, 64, 256, 16u << 20);
+    flx_tp_node_h node = tp_test_node(store, em, 10000, 500);
+    flx_tp_session_desc_t a = tp_test_open(node, store, L, 0, 20000, 20000);
+    flx_tp_session_desc_t b = tp_test_open(node, store, L, 0, 20000, 20000);
+    flx_tp_sender_h s = tp_test_sender(&a, em);
+    flx_tp_ref_t ra = tp_test_ref(&a), rb = tp_test_ref(&b);
+    flx_tp_welcome_t w;
+    CHECK_OK(flx_tp_sender_hello(s, &ra, &w));
+    CHECK_OK(flx_tp_sender_hello(s, &rb, &w));
+    CHECK_OK(flx_tp_session_fail(node, a.sid, "test: failed by its owner"));
+    flx_kv_state_t state;
+    char why[FLX_TP_STATUS_MAX + 1];
+    CHECK_OK(flx_tp_sender_status(s, a.sid, 10000, &state, why, sizeof why));
+    CHECK(state == FLX_KV_FAILED);
+    flx_kv_chunk_t c = {.layer = 0, .head_begin = 0, .head_end = 1, .tok_begin = 64, .tok_end = 128,
+                        .dtype = FLX_DT_BF16, .head_dim = D, .order = FLX_KV_ORDER_GRANULE};
+    flx_bf16_t *payload = calloc(1, flx_kv_chunk_bytes(&c));
+    flx_head_stats_t hs = {0};
+    float v[64] = {0};
+    const flx_kv_commit_t cm = {.first_token = 1};
+    atomic_int calls = 0;
+    CHECK_ST(flx_tp_send_kv(s, &ra, &c, payload, 0, count_done, &calls), FLX_ERR_STATE);
+    CHECK(strstr(flx_error_msg(), "is FAILED: test: failed by its owner"));
+    CHECK_ST(flx_tp_send_stats(s, &ra, 0, 1, D, &hs, v, v, 0), FLX_ERR_STATE);
+    CHECK_ST(flx_tp_send_commit(s, &ra, &cm), FLX_ERR_STATE);
+    CHECK_OK(flx_tp_send_kv(s, &rb, &c, payload, 0, count_done, &calls));
+    CHECK_OK(flx_tp_sender_flush(s, 10000));
+    flx_tp_session_info_t info;
+    for (int i = 0; i < 1000; i++) { /* done runs just after the flush sees the send complete; the node
+                                        counts the bytes once its completion thread has them */
+        CHECK_OK(flx_tp_session_info(node, b.sid, &info));
+        if (atomic_load(&calls) == 1 && info.kv.bytes_received == flx_kv_chunk_bytes(&c)) break;
+        usleep(10000);
+    }
+    CHECK(atomic_load(&calls) == 1);
+    CHECK(info.kv.state == FLX_KV_RECEIVING && info.kv.bytes_received == flx_kv_chunk_bytes(&c));
+    /* the node gone: its connection fails (UCX reports it over TCP, and over shared memory through the
+     * connection's TCP side) */
+    flx_tp_node_destroy(node);
+    flx_tp_sender_info_t si;
+    for (int i = 0; i < 1000; i++) { /* up to 10 s */
+        flx_tp_sender_info(s, &si);
+        if (si.peer_failed) break;
+        usleep(10000);
+    }
+    fprintf(stderr, "send refused: '%s'; after the node went: peer_failed %d '%s'\n", why, si.peer_failed, si.error);
+    CHECK(si.peer_failed);
+    CHECK_ST(flx_tp_send_kv(s, &rb, &c, payload, 0, count_done, &calls), FLX_ERR_IO);
+    CHECK(strstr(flx_error_msg(), si.error));
+    CHECK_ST(flx_tp_send_commit(s, &rb, &cm), FLX_ERR_IO);
+    flx_tp_sender_destroy(s);
+    CHECK(atomic_load(&calls) == 1);
+    free(payload);
+    flx_kv_store_destroy(store);
+}
+
 int main(int argc, char **argv)
 {
     CHECK(argc >= 2);
@@ -425,6 +494,7 @@ int main(int argc, char **argv)
     test_iov();
     test_hostile();
     test_notices();
+    test_send_refused();
     printf("test_transport %s: ok\n", argv[1]);
     return 0;
 }

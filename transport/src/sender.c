@@ -340,6 +340,24 @@ void flx_tp_sender_destroy(flx_tp_sender_h s)
     free(s);
 }
 
+/* Whether messages for session sid are still worth sending: not when the connection failed or a
+ * send on it did (the node cannot complete a session missing those bytes), nor when the node said
+ * the session ended. A prefill node that sends on computes its next layers for nothing; this is
+ * how it hears, at its next send, instead of at its commit. */
+static flx_status_t sendable(struct flx_tp_sender *s, flx_kv_session_id_t sid)
+{
+    flx_status_t st = FLX_OK;
+    pthread_mutex_lock(&s->lock);
+    const sess_ent_t *e = sess_get_locked(s, sid, 0);
+    if (s->peer_failed || s->error[0])
+        st = flx_error_set(FLX_ERR_IO, "send: %s", s->error[0] ? s->error : "the connection to the node failed");
+    else if (e && (e->state == FLX_KV_FAILED || e->state == FLX_KV_CLOSED))
+        st = flx_error_set(FLX_ERR_STATE, "send: the node says session %#llx is %s: %s", (unsigned long long)sid,
+                           flx_kv_state_name(e->state), e->reason);
+    pthread_mutex_unlock(&s->lock);
+    return st;
+}
+
 static flx_status_t enqueue(struct flx_tp_sender *s, send_cmd_t *c)
 {
     c->s = s;
@@ -425,6 +443,8 @@ static flx_status_t send_kv(flx_tp_sender_h s, const flx_tp_ref_t *ref, const fl
                             const uint64_t *hash, uint32_t flags, flx_tp_sent_fn done, void *ctx)
 {
     if (!s || !ref || !ch || !payload) return flx_error_set(FLX_ERR_INVALID, "send kv: NULL argument");
+    flx_status_t st = sendable(s, ref->sid);
+    if (st) return st;
     flx_tp_hdr_t h = {.kind = FLX_TP_KV, .sid = ref->sid, .layer = ch->layer, .head_begin = ch->head_begin,
                       .head_end = ch->head_end, .tok_begin = ch->tok_begin, .tok_end = ch->tok_end,
                       .arg0 = ch->head_dim};
@@ -463,6 +483,8 @@ flx_status_t flx_tp_send_stats(flx_tp_sender_h s, const flx_tp_ref_t *ref, uint3
                                uint32_t flags)
 {
     if (!s || !ref || !stats || !mean_k || !q_anchor) return flx_error_set(FLX_ERR_INVALID, "send stats: NULL argument");
+    flx_status_t st = sendable(s, ref->sid);
+    if (st) return st;
     if (hq == 0 || hq > FLX_TP_MAX_Q_HEADS || d == 0 || d > 256)
         return flx_error_set(FLX_ERR_INVALID, "send stats: %u heads of %u", hq, d);
     const uint64_t len = flx_tp_stats_bytes(hq, d);
@@ -485,6 +507,8 @@ flx_status_t flx_tp_send_commit(flx_tp_sender_h s, const flx_tp_ref_t *ref, cons
 {
     if (!s || !ref || !cm) return flx_error_set(FLX_ERR_INVALID, "send commit: NULL argument");
     if (cm->first_token < 0) return flx_error_set(FLX_ERR_INVALID, "send commit: first token %d", cm->first_token);
+    flx_status_t st = sendable(s, ref->sid);
+    if (st) return st;
     flx_tp_hdr_t h = {.kind = FLX_TP_COMMIT, .sid = ref->sid, .arg0 = (uint32_t)cm->first_token,
                       .arg1 = cm->n_stats_layers, .value = cm->kv_bytes};
     memcpy(h.token, ref->token, FLX_TP_TOKEN_BYTES);

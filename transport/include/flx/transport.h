@@ -282,6 +282,13 @@ flx_status_t flx_tp_sender_hello(flx_tp_sender_h sender, const flx_tp_ref_t *ref
  * or the error (peer gone, cancelled). */
 typedef void (*flx_tp_sent_fn)(void *ctx, flx_status_t st);
 
+/* The typed sends below (KV, statistics, commit) queue their message and return; done, where given,
+ * runs once it completes. They refuse at once, queuing nothing and never running done, when the
+ * message cannot help its session any more: FLX_ERR_IO once the connection failed or any send on it
+ * did (the error is the first one), FLX_ERR_STATE with the node's reason once it said the session is
+ * FAILED or CLOSED. A prefill node then stops computing that session at its next layer instead of
+ * at its commit. flx_tp_send_raw refuses nothing (a test must be able to send what a broken peer
+ * sends). */
 enum {
     FLX_TP_SEND_RNDV = 1u << 0,    /* force rendezvous (zero-copy for a contiguous destination) */
     FLX_TP_SEND_EAGER = 1u << 1,   /* force eager (the data travels with the message) */
