@@ -85,8 +85,12 @@ def cmd_generate(node, a):
     info = node.unary("WaitReady", pb.WaitReadyRequest(session_id=a.session, timeout_ms=a.wait_ms), pb.SessionInfo,
                       timeout=a.wait_ms / 1000 + 10)
     if info.state != pb.SESSION_STATE_READY:
-        print("fluxion_client.py: session %d is %s: %s" % (a.session, pb.SessionState.Name(info.state),
-                                                           info.fail_reason), file=sys.stderr)
+        why = info.fail_reason or {
+            pb.SESSION_STATE_DECODING: "another Generate has claimed it",
+            pb.SESSION_STATE_CLOSED: "it was closed",
+        }.get(info.state, "not READY after --wait-ms %d" % a.wait_ms)
+        print("fluxion_client.py: session %d is %s: %s" % (a.session, pb.SessionState.Name(info.state), why),
+              file=sys.stderr)
         return 1
     req = pb.GenerateRequest(session_id=a.session, stop=pb.StopConditions(max_new_tokens=a.max_new))
     ids, intervals, steps, host, heads, streaming, groups, skipped = [], [], [], [], 0, 0, 0, 0
