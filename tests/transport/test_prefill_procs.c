@@ -3,7 +3,9 @@
  * processes pushing the synthetic workload over real UCX on loopback: argv[1] is the flx-prefill
  * binary, argv[2] a scratch directory, argv[3] shm or tcp.
  *   - a pushed session is READY and bit for bit what a local push of the same workload gives (KV,
- *     statistics, pyramid), with zero-copy receives for the host-resident parts;
+ *     statistics, pyramid), with zero-copy receives for the host-resident parts; its prefill node
+ *     leaving after READY counts as a connection that left, not one that failed, and UCX logs no
+ *     error on either side;
  *   - three stubs pushing at once into one node all land right;
  *   - each fault ends as documented within its deadline, with a healthy session receiving at the
  *     same time unaffected, and the failed session's memory back in the pool: the stub dies
@@ -12,8 +14,8 @@
  *     chunk outside the session, a chunk twice, a refused message and then freezing with chunks in
  *     flight, or stops in the middle of writing a message into the transport (the healthy session
  *     then starts: over shared memory it writes into a FIFO of its own, not behind the element the
- *     frozen peer claimed and never finished); a READY session nobody claims is reclaimed at its
- *     lease;
+ *     frozen peer claimed and never finished); a peer that died or fell silent counts as a failed
+ *     connection; a READY session nobody claims is reclaimed at its lease;
  *   - flx-prefill's usage errors exit 2 and name the flag.
  */
 #include <stdio.h>
