@@ -497,9 +497,8 @@ static flx_status_t layer_send(push_t *p, prepared_t *pl)
         } else {
             st = send_chunk(p, pl, i, src, cc);
         }
-        if (st) {   /* not queued: chunk_sent will not run for it */
-            layer_unref(b);
-            free(cc);
+        if (st) {   /* not queued: it ends here, with the error, as a failed send would */
+            chunk_sent(cc, st);
             break;
         }
         if (idx == o->dup_chunk) {
@@ -511,10 +510,7 @@ static flx_status_t layer_send(push_t *p, prepared_t *pl)
                 fprintf(stderr, PROG ": --duplicate-chunk %" PRIu64 ": layer %u tokens [%u, %u) sent twice\n", idx,
                         c->layer, c->tok_begin, c->tok_end);
                 st = send_chunk(p, pl, i, payload, c2);
-                if (st) {
-                    layer_unref(b);
-                    free(c2);
-                }
+                if (st) chunk_sent(c2, st);
             }
         }
         if (!st) p->kv_bytes += bytes;

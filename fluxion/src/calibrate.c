@@ -110,16 +110,17 @@ static flx_status_t predict_all(flx_predictor_h p, const flx_dataset_t *d, flx_h
 }
 
 flx_status_t flx_select_estimate_lengths(flx_predictor_h p, const flx_dataset_t *d, const flx_select_params_t *sp,
-                                         uint32_t l_lo, uint32_t l_hi, flx_select_estimate_t *est)
+                                         const uint32_t *edges, uint32_t n_bands, flx_select_estimate_t *est)
 {
-    if (!p || !d || !sp || !est) return flx_error_set(FLX_ERR_INVALID, "select estimate: NULL argument");
-    if (l_lo >= l_hi)
-        return flx_error_set(FLX_ERR_INVALID, "select estimate: empty length range [%u, %u)", l_lo, l_hi);
+    if (!p || !d || !sp || !edges || !est) return flx_error_set(FLX_ERR_INVALID, "select estimate: NULL argument");
+    for (uint32_t b = 0; b < n_bands; b++)
+        if (edges[b] >= edges[b + 1])
+            return flx_error_set(FLX_ERR_INVALID, "select estimate: empty length range [%u, %u)", edges[b], edges[b + 1]);
     flx_status_t st = flx_select_params_check(sp);
     if (st || (st = check_rows(d))) return st;
     flx_head_pred_t *pred;
     if ((st = predict_all(p, d, &pred))) return st;
-    estimate(d, pred, sp, l_lo, l_hi, est);
+    for (uint32_t b = 0; b < n_bands; b++) estimate(d, pred, sp, edges[b], edges[b + 1], &est[b]);
     free(pred);
     return FLX_OK;
 }
@@ -127,7 +128,8 @@ flx_status_t flx_select_estimate_lengths(flx_predictor_h p, const flx_dataset_t 
 flx_status_t flx_select_estimate(flx_predictor_h p, const flx_dataset_t *d, const flx_select_params_t *sp,
                                  flx_select_estimate_t *est)
 {
-    return flx_select_estimate_lengths(p, d, sp, 0, UINT32_MAX, est);
+    const uint32_t all[2] = {0, UINT32_MAX};
+    return flx_select_estimate_lengths(p, d, sp, all, 1, est);
 }
 
 flx_status_t flx_select_calibrate(flx_predictor_h p, const flx_dataset_t *d, flx_select_params_t *out,

@@ -37,23 +37,20 @@
 static flx_status_t print_lengths(const char *prefix, flx_predictor_h p, const flx_dataset_t *d,
                                   const flx_select_params_t *sp)
 {
-    for (int k = 0; k <= 21; k++) {
-        const uint32_t lo = k ? (uint32_t)ceil(ldexp(M_SQRT1_2, k)) : 0, hi = (uint32_t)ceil(ldexp(M_SQRT2, k));
-        uint32_t r = 0;
-        while (r < d->n && !(d->features[(size_t)r * FLX_FEAT_COUNT + FLX_F_L_CPU] >= lo &&
-                             d->features[(size_t)r * FLX_FEAT_COUNT + FLX_F_L_CPU] < hi))
-            r++;
-        if (r == d->n) continue;
-        flx_select_estimate_t e;
-        flx_status_t st = flx_select_estimate_lengths(p, d, sp, lo, hi, &e);
-        if (st) return st;
+    enum { BANDS = 22 };   /* 1 .. 2M tokens */
+    uint32_t edges[BANDS + 1];
+    for (int k = 0; k <= BANDS; k++) edges[k] = k ? (uint32_t)ceil(ldexp(M_SQRT1_2, k)) : 0;
+    flx_select_estimate_t e[BANDS];
+    flx_status_t st = flx_select_estimate_lengths(p, d, sp, edges, BANDS, e);
+    for (int k = 0; !st && k < BANDS; k++) {
+        if (!e[k].n_heads) continue;
         char band[24];
         snprintf(band, sizeof band, k < 10 ? "%u" : "%uK", k < 10 ? 1u << k : 1u << (k - 10));
         printf("%s_len%s_heads %u\n%s_len%s_within %.6g\n%s_len%s_within_baseline %.6g\n%s_len%s_bytes_ratio %.6g\n",
-               prefix, band, e.n_heads, prefix, band, (double)e.within, prefix, band, (double)e.within_baseline, prefix,
-               band, (double)e.bytes_ratio);
+               prefix, band, e[k].n_heads, prefix, band, (double)e[k].within, prefix, band, (double)e[k].within_baseline,
+               prefix, band, (double)e[k].bytes_ratio);
     }
-    return FLX_OK;
+    return st;
 }
 
 #ifndef FLX_PREDICT_TOOL

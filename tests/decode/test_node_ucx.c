@@ -402,7 +402,7 @@ static void test_random(void)
         char *m = http_get(d.metrics_port, "/metrics", &hc);
         CHECK(hc == 200 && strstr(m, "fluxion_build_info{model_id=\"test-model\",prefill=\"ucx\"} 1"));
         CHECK(metric(m, "fluxion_transfer_bytes_total") > 0 && metric(m, "fluxion_sessions_failed_total") >= 3);
-        /* the killed stub's connection failed its session; every stub that left after READY left */
+        /* the killed flx-prefill's connection failed its session; each one that left after READY left */
         CHECK(metric(m, "fluxion_transfer_connections_failed_total") >= 1);
         CHECK(metric(m, "fluxion_transfer_connections_left_total") >= 3);
         /* the deadline ends the call at the node (deadline_exceeded) or at gRPC first (cancelled) */

@@ -125,17 +125,21 @@ int main(void)
         d.features[(size_t)r * FLX_PRED_IN + FLX_F_L_CPU] = 20000.0f;
         for (int j = 0; j < 5; j++) d.bgt[r * 5 + j] = 0.005f;
     }
-    CHECK_OK(flx_select_estimate_lengths(p, &d, &paper, 0, 15000, &e));
+    const uint32_t edges[4] = {0, 15000, 20001, 30000};
+    flx_select_estimate_t band[3];
+    CHECK_OK(flx_select_estimate_lengths(p, &d, &paper, edges, 3, band));
+    e = band[0];
     CHECK(e.n_heads == N / 2 && e.n_groups == N / 4 && e.within == 0.0f && e.within_baseline == 1.0f);
     CHECK(fabs(e.bytes_ratio - 556.25 / v_base) < 1e-5);   /* blk 128: 2 l / 128 + 2 l (2 x 0.01) */
-    CHECK_OK(flx_select_estimate_lengths(p, &d, &paper, 15000, 20001, &e));
+    e = band[1];
     CHECK(e.n_heads == N / 2 && e.within == 1.0f && e.within_baseline == 1.0f);
     CHECK(fabs(e.bytes_ratio - 1112.5 / 6500.0) < 1e-5);
     CHECK_OK(flx_select_estimate(p, &d, &paper, &e));
     CHECK(e.n_heads == N && e.within == 0.5f && fabs(e.bytes_ratio - (556.25 + 1112.5) / (v_base + 6500.0)) < 1e-5);
-    CHECK_OK(flx_select_estimate_lengths(p, &d, &paper, 30000, 40000, &e));
+    e = band[2];
     CHECK(e.n_heads == 0 && e.n_groups == 0 && e.within == 0.0f && e.bytes_ratio == 0.0f);
-    CHECK_ST(flx_select_estimate_lengths(p, &d, &paper, 20000, 20000, &e), FLX_ERR_INVALID);
+    const uint32_t empty[2] = {20000, 20000};
+    CHECK_ST(flx_select_estimate_lengths(p, &d, &paper, empty, 1, band), FLX_ERR_INVALID);
     CHECK(strstr(flx_error_msg(), "empty length range") != NULL);
 
     /* refusals */

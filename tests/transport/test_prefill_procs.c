@@ -100,6 +100,16 @@ static void capture_end(int saved)
     close(saved);
 }
 
+/* Waits up to 10 s for the node's connections to be gone (their peers have exited); *ni as it was last. */
+static void wait_conns_gone(flx_tp_node_h node, flx_tp_node_info_t *ni)
+{
+    for (int i = 0; i < 1000; i++) {
+        flx_tp_node_info(node, ni);
+        if (ni->n_conns == 0) return;
+        usleep(10000);
+    }
+}
+
 static void test_bitwise(void)
 {
     flx_kv_store_h store = new_store(), ref = new_store();
@@ -118,11 +128,7 @@ static void test_bitwise(void)
      * each failed flush was logged on the closing side's stdout, in NONE mode on every session). */
     CHECK(!strstr(proc_output(&p), "UCX  ERROR"));
     flx_tp_node_info_t ni;
-    for (int i = 0; i < 1000; i++) { /* up to 10 s */
-        flx_tp_node_info(node, &ni);
-        if (ni.n_conns == 0) break;
-        usleep(10000);
-    }
+    wait_conns_gone(node, &ni);
     capture_end(saved_stdout);
     CHECK(ni.n_conns == 0 && ni.conns_left == 1 && ni.conns_failed == 0);
     proc_t node_log = {.pid = 0};
@@ -308,11 +314,7 @@ static void test_faults(void)
         /* Once both peers are gone: the healthy one left (READY, the normal end); a peer that died
          * or went silent was lost with its session, a failure */
         flx_tp_node_info_t ni;
-        for (int i = 0; i < 1000; i++) { /* up to 10 s */
-            flx_tp_node_info(node, &ni);
-            if (ni.n_conns == 0) break;
-            usleep(10000);
-        }
+        wait_conns_gone(node, &ni);
         fprintf(stderr, "fault %s: connections %u open, %llu left, %llu failed\n", ft->name, ni.n_conns,
                 (unsigned long long)ni.conns_left, (unsigned long long)ni.conns_failed);
         if (ni.n_conns == 0) CHECK(ni.conns_left >= 1);

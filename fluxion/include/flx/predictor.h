@@ -224,11 +224,13 @@ typedef struct flx_select_estimate {
 
 flx_status_t flx_select_estimate(flx_predictor_h p, const flx_dataset_t *d, const flx_select_params_t *sp,
                                  flx_select_estimate_t *est);
-/* The same estimate over the groups whose host length l_cpu lies in [l_lo, l_hi) only: how a point
- * chosen over every length holds at the lengths a node serves (n_heads = 0 and shares 0 when no
- * group is in range). flx_select_estimate is [0, UINT32_MAX). FLX_ERR_INVALID when l_lo >= l_hi. */
+/* The same estimate per band of host length, the predictions made once for all bands: est[b] over
+ * the groups whose l_cpu lies in [edges[b], edges[b + 1]) (n_bands + 1 edges): how a point chosen
+ * over every length holds at the lengths a node serves (n_heads = 0 and shares 0 for a band without
+ * groups). flx_select_estimate is the one band [0, UINT32_MAX). FLX_ERR_INVALID when an edge does
+ * not exceed the one before. */
 flx_status_t flx_select_estimate_lengths(flx_predictor_h p, const flx_dataset_t *d, const flx_select_params_t *sp,
-                                         uint32_t l_lo, uint32_t l_hi, flx_select_estimate_t *est);
+                                         const uint32_t *edges, uint32_t n_bands, flx_select_estimate_t *est);
 
 /*
  * Calibration of the operating point on validation rows: over a grid of stream_threshold
