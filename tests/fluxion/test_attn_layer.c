@@ -336,7 +336,8 @@ static void test_refused_run_drops_spans(const batch_t *bt)
     memset(&p, 0, sizeof p);
     p.n_q_heads = HQ, p.n_kv_heads = HKV, p.head_dim = D, p.max_batch = B, p.max_l_cpu = bt->max_l_cpu;
     p.mode = FLX_LAYER_FIXED, p.blk = 32, p.bgt = 0.07f;
-    p.sched.field_mask = FLX_SCHED_FIELD_GPU, p.sched.use_gpu = 1, p.sched.pool = g_pools[2];
+    p.sched.field_mask = FLX_SCHED_FIELD_GPU, p.sched.use_gpu = 1, p.sched.gpu_streams = 2;
+    p.sched.pool = g_pools[2];
     flx_attn_layer_h L;
     CHECK_OK(flx_attn_layer_create(&p, &L));
     flx_sched_h s = flx_attn_layer_sched(L);
