@@ -16,6 +16,11 @@ FLAGS = ['-std=c++20', '-g', '-O1', '-fsanitize=address,undefined', '-fno-omit-f
 CUDA_LIBS = ('libcublas.so', 'libcublasLt.so', 'libculibos.a', 'libcudart_static.a', 'libcudart.so')
 
 
+def test_args(src):
+    """The arguments a test takes in its ctest entry (tests/*/CMakeLists.txt)."""
+    return {'test_attn_layer': [os.path.join(src, 'fluxion', 'weights', 'predictor-synthetic-llama8b.safetensors')]}
+
+
 def run(cmd, **kw):
     print('+ ' + ' '.join(cmd[:6]) + (' ...' if len(cmd) > 6 else ''), flush=True)
     subprocess.run(cmd, check=True, **kw)
@@ -23,6 +28,7 @@ def run(cmd, **kw):
 
 def main():
     src, build, tests = sys.argv[1], os.path.abspath(sys.argv[2]), sys.argv[3:]
+    args = test_args(os.path.abspath(src))
     here = os.path.dirname(os.path.abspath(__file__))
     out = os.path.join(build, 'gpusim')
     os.makedirs(out, exist_ok=True)
@@ -78,7 +84,7 @@ def main():
         run(cmd, cwd=wd)
         env = dict(os.environ, ASAN_OPTIONS='detect_leaks=0', FLX_LOG=os.environ.get('FLX_LOG', 'error'))
         print('== %s (simulated device)' % t, flush=True)
-        r = subprocess.run(['nice', '-n', '19', os.path.join(out, t)], cwd=wd, env=env)
+        r = subprocess.run(['nice', '-n', '19', os.path.join(out, t)] + args.get(t, []), cwd=wd, env=env)
         print('== %s: exit %d' % (t, r.returncode), flush=True)
         if r.returncode != 0:
             failed.append(t)

@@ -6,7 +6,8 @@
 # instead of the real runtime and cuBLAS, and runs them at low priority. Slow: every CUDA thread is
 # a host thread and every warp shuffle a barrier (tens of minutes for the whole set).
 #
-#   scripts/gpusim/run.sh [BUILD_DIR] [TEST...]   default: build-gpusim, every gpu test
+#   scripts/gpusim/run.sh [BUILD_DIR] [TEST...]   default: build-gpusim, every gpu test and
+#                                                 test_attn_layer (its case with a GPU worker)
 #
 # A development aid, not a substitute for a device: it checks indexing, shared-memory bounds, the
 # structure of barriers and shuffles, host/device pointer use (device and mapped memory are not
@@ -19,7 +20,7 @@ root=$(cd "$here/../.." && pwd)
 build=${1:-build-gpusim}
 shift || true
 tests=("$@")
-if [ ${#tests[@]} -eq 0 ]; then tests=(test_kvstore_gpu test_attn_gpu test_attn_gpu_host test_sched_gpu test_forward_gpu test_engine_gpu); fi
+if [ ${#tests[@]} -eq 0 ]; then tests=(test_kvstore_gpu test_attn_gpu test_attn_gpu_host test_sched_gpu test_attn_layer test_forward_gpu test_engine_gpu); fi
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLX_SANITIZE=address,undefined -DFLX_BENCH=OFF \
   > "$build.configure.log" 2>&1 || { cat "$build.configure.log"; exit 1; }
 grep -q "fluxion: CUDA ON" "$build.configure.log" || { echo "gpusim: needs a CUDA toolkit (nvcc)"; exit 1; }
