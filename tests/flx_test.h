@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -133,6 +134,24 @@ static inline int flx_test_sh(const char *cmd)
     int r = system(cmd);
     CHECK(r != -1 && WIFEXITED(r));
     return WEXITSTATUS(r);
+}
+
+/* Sends what this process writes to fd (1 or 2: its own output, a library's log lines) into path,
+ * truncated, until flx_test_capture_end; flx_test_slurp reads it back. Returns the saved fd. */
+static inline int flx_test_capture_begin(int fd, const char *path)
+{
+    fflush(NULL);
+    int saved = dup(fd), f = open(path, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+    CHECK(saved >= 0 && f >= 0 && dup2(f, fd) == fd);
+    close(f);
+    return saved;
+}
+
+static inline void flx_test_capture_end(int fd, int saved)
+{
+    fflush(NULL);
+    CHECK(dup2(saved, fd) == fd);
+    close(saved);
 }
 
 /* The first 64 KiB of path as a string (a tool's captured stdout or stderr), in one of two static

@@ -5,7 +5,6 @@
  * checks between options, the environment check (FLX_ISA, FLX_LOG) and the progress meter.
  */
 #define _GNU_SOURCE
-#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -369,23 +368,13 @@ static void test_progress(const char *dir)
     /* the meter into a file (not a terminal): the first step and the final line, on stderr only */
     char path[1024];
     snprintf(path, sizeof path, "%s/test_cli_progress.txt", dir);
-    fflush(stderr);
-    int saved = dup(2), fd = open(path, O_CREAT | O_TRUNC | O_WRONLY, 0644);
-    CHECK(saved >= 0 && fd >= 0 && dup2(fd, 2) == 2);
-    close(fd);
+    const int saved = flx_test_capture_begin(2, path);
     flx_progress_meter_install("prog", 0);
     for (uint64_t i = 1; i <= 30; i++) flx_progress_report("prefill", i, 30, "layers");
     flx_progress_report("loading", 1, 1, "tensors");
     flx_progress_observe(NULL, NULL);
-    fflush(stderr);
-    CHECK(dup2(saved, 2) == 2);
-    close(saved);
-    FILE *f = fopen(path, "r");
-    CHECK(f);
-    char text[4096];
-    size_t n = fread(text, 1, sizeof text - 1, f);
-    fclose(f);
-    text[n] = 0;
+    flx_test_capture_end(2, saved);
+    const char *text = flx_test_slurp(path);
     fprintf(stderr, "meter wrote:\n%s", text);
     CHECK(!strncmp(text, "prog: prefill: 1/30 layers (3%), ", 33));
     CHECK(strstr(text, "\nprog: prefill: 30/30 layers in ") && strstr(text, "\nprog: loading: 1/1 tensors in "));

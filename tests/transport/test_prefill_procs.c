@@ -83,23 +83,6 @@ static proc_t push(const flx_tp_session_desc_t *d, const char *name, uint32_t L,
                          "--progress-ms", "100000", f1, f2, (const char *)NULL);
 }
 
-/* UCX logs on stdout. While a capture is on, this process's stdout (the node's UCX) goes to a file. */
-static int capture_begin(const char *path)
-{
-    fflush(stdout);
-    int saved = dup(1), fd = open(path, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
-    CHECK(saved >= 0 && fd >= 0 && dup2(fd, 1) == 1);
-    close(fd);
-    return saved;
-}
-
-static void capture_end(int saved)
-{
-    fflush(stdout);
-    CHECK(dup2(saved, 1) == 1);
-    close(saved);
-}
-
 /* Waits up to 10 s for the node's connections to be gone (their peers have exited); *ni as it was last. */
 static void wait_conns_gone(flx_tp_node_h node, flx_tp_node_info_t *ni)
 {
@@ -115,7 +98,7 @@ static void test_bitwise(void)
     flx_kv_store_h store = new_store(), ref = new_store();
     char node_out[600];
     snprintf(node_out, sizeof node_out, "%s/bitwise-%s-node-stdout.log", dir, tls);
-    const int saved_stdout = capture_begin(node_out);
+    const int saved_stdout = flx_test_capture_begin(1, node_out);   /* UCX logs on stdout */
     flx_tp_node_h node = tp_test_node(store, em, 20000, 500);
     const uint32_t L = 64 + 16 * 50 + 256 + 7;
     flx_tp_session_desc_t d = tp_test_open(node, store, L, 1, 30000, 30000);
@@ -129,11 +112,9 @@ static void test_bitwise(void)
     CHECK(!strstr(proc_output(&p), "UCX  ERROR"));
     flx_tp_node_info_t ni;
     wait_conns_gone(node, &ni);
-    capture_end(saved_stdout);
+    flx_test_capture_end(1, saved_stdout);
     CHECK(ni.n_conns == 0 && ni.conns_left == 1 && ni.conns_failed == 0);
-    proc_t node_log = {.pid = 0};
-    snprintf(node_log.log, sizeof node_log.log, "%s", node_out);
-    const char *ucx = proc_output(&node_log);
+    const char *ucx = flx_test_slurp(node_out);
     if (strstr(ucx, "UCX  ERROR")) fprintf(stderr, "bitwise: the node's UCX said:\n%s", ucx);
     CHECK(!strstr(ucx, "UCX  ERROR"));
     flx_tp_session_info_t info;
