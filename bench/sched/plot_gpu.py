@@ -4,8 +4,13 @@ Left: attention time per layer of the four GPU-point configurations (fixed (16, 
 workers, Fluxion with the GPU worker, the hybrid (16, 0.05) baseline whose GPU takes no task, and
 (16, 0.05) GPU-only over UVA), log y; each Fluxion bar carries its speedup over the hybrid baseline
 and its GPU idle ratio. Right, when a trace is given (sched_bench --trace): one layer of Fluxion
-with the GPU worker at the largest point, each task a bar from the time its worker took it to the
-time its result was in place, one row per worker (the GPU's tasks on its streams in the top row).
+with the GPU worker at the largest point, each task a bar from the time a worker took it to the
+time its result was in place (the GPU's tasks on its streams in the top row). A CPU task's row is the
+worker that began it (its scoring, top-k and chunk plan); its chunks then run on whichever CPU
+workers are free, which help with begun tasks before they take a new one. So a gap in a row is that
+worker running other tasks' chunks (or briefly waiting for a task another worker is beginning), which
+the trace does not draw; how busy the CPU workers were is the CSV's cpu_busy (the share of the
+scheduler's run they spent in tasks), in the title when the CSV has it.
 
 usage: plot_gpu.py SCHED_CSV OUT_PNG [TRACE_CSV]
 """
@@ -75,8 +80,11 @@ if trace:
     ax.set_yticks(list(range(len(cpus))) + [gpu_row])
     ax.set_yticklabels(["cpu %d" % c for c in cpus] + ["GPU"], fontsize=6)
     ax.set_xlabel("time in the layer (ms)")
-    ax.set_title("one layer, Fluxion + GPU worker, %s (%d tasks, %d on the GPU)" %
-                 (point.replace("gpu", ""), len(tasks), sum(int(t["worker"]) < 0 for t in tasks)), fontsize=9)
+    busy = [r.get("cpu_busy") for r in rows if r["point"] == point and r["config"] == "fluxion_gpu"]
+    busy = " CPU workers busy %.2f of the run;" % float(busy[0]) if busy and busy[0] else ""
+    ax.set_title("one layer, Fluxion + GPU worker, %s (%d tasks, %d on the GPU)\n%s CPU rows: the worker that "
+                 "began the task, its chunks ran on any free worker" %
+                 (point.replace("gpu", ""), len(tasks), sum(int(t["worker"]) < 0 for t in tasks), busy), fontsize=9)
     ax.grid(alpha=0.3, axis="x")
 fig.tight_layout()
 fig.savefig(sys.argv[2], dpi=130)

@@ -192,6 +192,7 @@ typedef struct result {
     double tasks, groups;
     double gpu_idle;                      /* mean GPU idle ratio of its layers (NAN without a GPU worker) */
     double gpu_tasks, gpu_busy_ms;        /* per layer: tasks the device ran, its busy time (NAN without) */
+    double cpu_busy;                      /* mean share of the scheduler's run its CPU workers spent in tasks */
 } result_t;
 
 typedef struct ctx {
@@ -221,7 +222,7 @@ typedef struct point {
     uint32_t max_l, r;
     flx_attn_layer_h L[MAX_CFGS];
     float *q, *o[MAX_CFGS];
-    double *ms, *pred_ns, *within, *bytes, *tasks, *idle, *gtasks, *within_l, *gbusy, *dec, heads;
+    double *ms, *pred_ns, *within, *bytes, *tasks, *idle, *gtasks, *within_l, *gbusy, *cbusy, *dec, heads;
 } point_t;
 
 static void point_init(point_t *pt, const char *name, const uint32_t *row_of, uint32_t B, const cfg_t *cf,
@@ -258,10 +259,11 @@ static void point_begin(const ctx_t *cx, const sess_set_t *set, point_t *pt)
     pt->within = calloc(nc, sizeof(double)), pt->bytes = calloc(nc, sizeof(double));
     pt->tasks = calloc(nc, sizeof(double)), pt->idle = calloc(nc, sizeof(double));
     pt->gtasks = calloc(nc, sizeof(double)), pt->gbusy = calloc(nc, sizeof(double));
+    pt->cbusy = calloc(nc, sizeof(double));
     pt->within_l = calloc((size_t)nc * cx->n_layers, sizeof(double));   /* within-tau heads per layer */
     pt->dec = calloc((size_t)nc * 4 * R, sizeof(double));             /* the decision run: 4 series per config */
     int ok = pt->q && pt->ms && pt->pred_ns && pt->within && pt->bytes && pt->tasks && pt->idle && pt->gtasks &&
-             pt->gbusy && pt->within_l && pt->dec;
+             pt->gbusy && pt->cbusy && pt->within_l && pt->dec;
     for (uint32_t c = 0; c < nc; c++) ok = ok && pt->o[c];
     if (!ok) {
         fprintf(stderr, "sched_bench: out of memory for point %s\n", pt->name);
@@ -306,6 +308,10 @@ static void point_layer(const ctx_t *cx, const sess_set_t *set, point_t *pt, uin
             pt->idle[c] += st.sched.has_gpu ? st.sched.gpu_idle_ratio / R : NAN;
             pt->gtasks[c] += st.sched.has_gpu ? (double)st.sched.n_gpu_tasks / R : NAN;
             pt->gbusy[c] += st.sched.has_gpu ? (double)st.sched.gpu_busy_ns * 1e-6 / R : NAN;
+            /* the share of the scheduler's run its CPU workers spent in tasks (begins, chunks of any
+             * begun task, merges): what the per-task trace cannot show */
+            const double cw = (double)st.sched.n_cpu_workers * (double)st.sched.wall_ns;
+            pt->cbusy[c] += cw > 0 ? (double)st.sched.cpu_busy_ns / cw / R : 0;
             if (cx->trace && cf[c].gpu && rep + 1 == cx->reps) {
                 uint32_t nt;
                 const flx_sched_task_t *tk = flx_attn_layer_tasks(pt->L[c], &nt);
@@ -355,6 +361,7 @@ static void point_end(const ctx_t *cx, point_t *pt)
     const char *point = pt->name;
     double *ms = pt->ms, *dec = pt->dec, *pred_ns = pt->pred_ns, *within = pt->within, *within_l = pt->within_l;
     double *bytes = pt->bytes, *tasks = pt->tasks, *idle = pt->idle, *gtasks = pt->gtasks, *gbusy = pt->gbusy;
+    double *cbusy = pt->cbusy;
     const double heads = pt->heads;
     result_t *res = pt->res;
     /* A repetition is one decode step over the measured layers: its time is the sum of their layer
@@ -393,7 +400,7 @@ static void point_end(const ctx_t *cx, point_t *pt)
         x->tasks = tasks[c] / cx->n_layers;
         x->groups = (double)B * HKV;
         x->predict_share = sum_ms > 0 ? pred_ns[c] * 1e-6 / sum_ms : 0;
-        x->gpu_idle = idle[c], x->gpu_tasks = gtasks[c], x->gpu_busy_ms = gbusy[c];
+        x->gpu_idle = idle[c], x->gpu_tasks = gtasks[c], x->gpu_busy_ms = gbusy[c], x->cpu_busy = cbusy[c];
         double *dm = dec + (size_t)c * 4 * R;   /* the medians sort each series in place */
         x->decide_ms = flx_bench_median(dm, (int)R), x->select_ms = flx_bench_median(dm + R, (int)R);
         x->feat_cpu_ms = flx_bench_median(dm + 2 * R, (int)R), x->mlp_cpu_ms = flx_bench_median(dm + 3 * R, (int)R);
@@ -401,9 +408,9 @@ static void point_end(const ctx_t *cx, point_t *pt)
         if (cf[c].gpu)
             snprintf(gcol, sizeof gcol, "  gpu %5.1f tasks, busy %7.3f ms, idle %.3f", x->gpu_tasks, x->gpu_busy_ms,
                      x->gpu_idle);
-        printf("%-22s %-20s %9.3f [%8.3f, %8.3f] %8.3f %10.1f %8.3f [%6.3f, %6.3f] %8.3f %7.1f/%-4.0f %6.3f%s\n", point,
-               cf[c].name, x->ms_med, x->ms_min, x->ms_max, x->within, x->bytes / 1048576.0, x->sp16_med,
-               x->sp16_min, x->sp16_max, x->spfull_med, x->tasks, x->groups, x->predict_share, gcol);
+        printf("%-22s %-20s %9.3f [%8.3f, %8.3f] %8.3f %10.1f %8.3f [%6.3f, %6.3f] %8.3f %7.1f/%-4.0f %6.3f %5.3f%s\n",
+               point, cf[c].name, x->ms_med, x->ms_min, x->ms_max, x->within, x->bytes / 1048576.0, x->sp16_med,
+               x->sp16_min, x->sp16_max, x->spfull_med, x->tasks, x->groups, x->predict_share, x->cpu_busy, gcol);
         if (x->predict_share > 0)
             printf("%-22s %-20s   decisions per layer: features + predictor run %.3f ms (thread ms: features %.3f, "
                    "MLP %.3f), selector %.3f ms\n", "", "", x->decide_ms, x->feat_cpu_ms, x->mlp_cpu_ms, x->select_ms);
@@ -418,11 +425,11 @@ static void point_end(const ctx_t *cx, point_t *pt)
         }
         if (cx->csv)
             fprintf(cx->csv, "%s,%s,%u,%u,%.4f,%.4f,%.4f,%.5f,%.0f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.2f,%.0f,%.5f,%d,%s,"
-                    "%.4f,%.2f,%.4f,%.4f,%.4f,%.4f,%.4f\n", point, cf[c].name, B, max_l, x->ms_med, x->ms_min,
+                    "%.4f,%.2f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f\n", point, cf[c].name, B, max_l, x->ms_med, x->ms_min,
                     x->ms_max, x->within, x->bytes, x->sp16_med, x->sp16_min, x->sp16_max, x->spfull_med, x->spfull_min,
                     x->spfull_max, x->tasks, x->groups, x->predict_share, flx_pool_size(cx->pool),
                     base_ix >= 0 ? cf[base_ix].name : "", x->gpu_idle, x->gpu_tasks, x->gpu_busy_ms, x->decide_ms,
-                    x->select_ms, x->feat_cpu_ms, x->mlp_cpu_ms);
+                    x->select_ms, x->feat_cpu_ms, x->mlp_cpu_ms, x->cpu_busy);
         free(v), free(rat), free(ratf);
     }
     fflush(stdout);
@@ -431,7 +438,7 @@ static void point_end(const ctx_t *cx, point_t *pt)
         free(pt->o[c]);
     }
     free(pt->q), free(ms), free(step), free(pred_ns), free(within), free(within_l), free(bytes), free(tasks);
-    free(idle), free(gtasks), free(gbusy);
+    free(idle), free(gtasks), free(gbusy), free(cbusy);
     free(dec);
 }
 
@@ -482,7 +489,8 @@ int main(int argc, char **argv)
         FLX_CLI_UINT(0, "gpu-streams", "N", &gpu_streams, 1, 8, 0, "the GPU worker's streams (tasks in flight on the "
                      "device; default 2)"),
         FLX_CLI_PATH(0, "trace", "FILE", &trace_path, 0, "CSV of every task of the GPU configurations' last rep: "
-                     "worker, start and end (us), host bytes, priority (default: none)"),
+                     "the worker that began it (its chunks run on any), begin and end (us), host bytes, priority "
+                     "(default: none)"),
     };
     flx_cli_t cli = FLX_CLI_INIT("sched_bench", "Attention time per decode layer through the heterogeneous scheduler: "
                                  "Fluxion vs fixed (16, 0.05), (32, 0.02) and full, with within-tau shares; the "
@@ -520,7 +528,7 @@ int main(int argc, char **argv)
         fprintf(cx.csv, "point,config,batch,max_len,ms_med,ms_min,ms_max,within_tau,host_bytes,base_over_this,"
                         "base_over_this_min,base_over_this_max,full_over_this,full_over_this_min,"
                         "full_over_this_max,tasks,groups,predict_share,workers,base,gpu_idle_ratio,gpu_tasks,"
-                        "gpu_busy_ms,decide_ms,select_ms,feat_cpu_ms,mlp_cpu_ms\n");
+                        "gpu_busy_ms,decide_ms,select_ms,feat_cpu_ms,mlp_cpu_ms,cpu_busy\n");
     /* memory: a session of L tokens takes 2 x (store + replay source) x L x 8 heads x 128 x 2 bytes */
     const long avail = flx_bench_mem_available_kb() / 1024;
     const uint64_t budget_tokens =
@@ -531,9 +539,10 @@ int main(int argc, char **argv)
     printf("columns: a rep runs every measured layer once (a step); ms/layer: a rep's time / layers,\n"
            "  median [min, max] over reps; in-tau share vs full; host MiB read per layer; base/this: per-rep\n"
            "  ratio of the summed times, base fixed_16_005 (mix/size points) or fluxion (abl points), median\n"
-           "  [min, max]; full/this likewise; tasks per layer / groups; pred: features+predictor+selector share\n");
-    printf("%-22s %-20s %9s %21s %8s %10s %8s %17s %8s %12s %6s\n", "point", "config", "ms/layer", "[min, max]", "in-tau",
-           "MiB/layer", "base/this", "[min, max]", "full/this", "tasks/groups", "pred");
+           "  [min, max]; full/this likewise; tasks per layer / groups; pred: features+predictor+selector share;\n"
+           "  cpu: the share of the scheduler's run its CPU workers spent in tasks (begins, chunks, merges)\n");
+    printf("%-22s %-20s %9s %21s %8s %10s %8s %17s %8s %12s %6s %5s\n", "point", "config", "ms/layer", "[min, max]",
+           "in-tau", "MiB/layer", "base/this", "[min, max]", "full/this", "tasks/groups", "pred", "cpu");
     double sp16_32k_b4 = NAN, sp16_128k_b8 = NAN, spfull_32k_b4 = NAN, wt_fl_32k = NAN, wt_16_32k = NAN;
     double g_sp = NAN, g_idle_fl = NAN, g_idle_hy = NAN, g_sp128 = NAN, g_idle_fl128 = NAN, g_idle_hy128 = NAN;
     const int gpu = flx_cuda_device_count() > 0;

@@ -1078,6 +1078,7 @@ flx_status_t flx_sched_run(flx_sched_h s, flx_sched_layer_t *L, flx_sched_layer_
         memset(&x, 0, sizeof x);
         x.wall_ns = t_end - t_first;
         x.n_tasks = L->n_tasks;
+        x.n_cpu_workers = s->n_cpu;
         for (uint32_t w = 0; w < W; w++) {
             const slot_t *sl = &s->slots[w];
             timing_add(&x.attn, &sl->tim);

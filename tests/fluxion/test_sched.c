@@ -94,6 +94,7 @@ static void test_schedules(uint32_t G, uint32_t D, const uint32_t *lens, uint32_
                 CHECK_SAME(lab, lse, lse_want, rows);
                 CHECK(stx.n_tasks == bt.n_tasks && stx.n_cpu_tasks == bt.n_tasks && stx.n_gpu_tasks == 0);
                 CHECK(!stx.has_gpu && stx.gpu_idle_ratio == 0.0);
+                CHECK(stx.n_cpu_workers == workers[k]);
                 CHECK(stx.wall_ns <= wall && stx.cpu_busy_ns <= (uint64_t)workers[k] * stx.wall_ns);
                 CHECK(stx.cpu_busy_max_ns <= stx.cpu_busy_ns && stx.cpu_busy_max_ns > 0 && stx.n_chunks > 0);
                 CHECK(stx.attn.attn_bytes > 0);

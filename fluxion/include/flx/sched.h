@@ -179,6 +179,8 @@ typedef struct flx_sched_layer_stats {
     uint64_t cpu_busy_ns;           /* sum over CPU workers of their time inside tasks (begins, chunks,
                                        ends) */
     uint64_t cpu_busy_max_ns;       /* the busiest CPU worker's */
+    uint32_t n_cpu_workers;         /* the CPU workers of the run: cpu_busy_ns / (n_cpu_workers wall_ns)
+                                       is the share of the run they spent in tasks */
     int has_gpu;                    /* a GPU worker ran (use_gpu) */
     uint64_t gpu_busy_ns;           /* union of the device intervals (CUDA events) */
     uint64_t gpu_span_ns;           /* device time of the caller's spans (flx_sched_gpu_span), summed */
