@@ -193,6 +193,7 @@ typedef struct result {
     double gpu_idle;                      /* mean GPU idle ratio of its layers (NAN without a GPU worker) */
     double gpu_tasks, gpu_busy_ms;        /* per layer: tasks the device ran, its busy time (NAN without) */
     double cpu_busy;                      /* mean share of the scheduler's run its CPU workers spent in tasks */
+    flx_attn_timing_t tim;                /* per layer (mean): the tasks' kernel thread times and bytes */
 } result_t;
 
 typedef struct ctx {
@@ -223,6 +224,7 @@ typedef struct point {
     flx_attn_layer_h L[MAX_CFGS];
     float *q, *o[MAX_CFGS];
     double *ms, *pred_ns, *within, *bytes, *tasks, *idle, *gtasks, *within_l, *gbusy, *cbusy, *dec, heads;
+    flx_attn_timing_t tim[MAX_CFGS];                     /* sums over every run */
 } point_t;
 
 static void point_init(point_t *pt, const char *name, const uint32_t *row_of, uint32_t B, const cfg_t *cf,
@@ -312,6 +314,11 @@ static void point_layer(const ctx_t *cx, const sess_set_t *set, point_t *pt, uin
              * begun task, merges): what the per-task trace cannot show */
             const double cw = (double)st.sched.n_cpu_workers * (double)st.sched.wall_ns;
             pt->cbusy[c] += cw > 0 ? (double)st.sched.cpu_busy_ns / cw / R : 0;
+            flx_attn_timing_t *tm = &pt->tim[c];
+            tm->window_ns += st.sched.attn.window_ns, tm->score_ns += st.sched.attn.score_ns;
+            tm->topk_ns += st.sched.attn.topk_ns, tm->attn_ns += st.sched.attn.attn_ns;
+            tm->merge_ns += st.sched.attn.merge_ns, tm->score_bytes += st.sched.attn.score_bytes;
+            tm->attn_bytes += st.sched.attn.attn_bytes;
             if (cx->trace && cf[c].gpu && rep + 1 == cx->reps) {
                 uint32_t nt;
                 const flx_sched_task_t *tk = flx_attn_layer_tasks(pt->L[c], &nt);
@@ -411,6 +418,14 @@ static void point_end(const ctx_t *cx, point_t *pt)
         printf("%-22s %-20s %9.3f [%8.3f, %8.3f] %8.3f %10.1f %8.3f [%6.3f, %6.3f] %8.3f %7.1f/%-4.0f %6.3f %5.3f%s\n",
                point, cf[c].name, x->ms_med, x->ms_min, x->ms_max, x->within, x->bytes / 1048576.0, x->sp16_med,
                x->sp16_min, x->sp16_max, x->spfull_med, x->tasks, x->groups, x->predict_share, x->cpu_busy, gcol);
+        {   /* where the tasks' thread time goes, per layer: the CPU kernels (GPU tasks add bytes only) */
+            const flx_attn_timing_t *tm = &pt->tim[c];
+            const double k = 1e-6 / R, sb = (double)tm->score_bytes / R / 1048576.0;
+            const double ab = (double)tm->attn_bytes / R / 1048576.0;
+            printf("%-22s %-20s   task thread ms per layer: window %.3f, scoring %.3f (%.1f MiB), top-k %.3f, "
+                   "attention %.3f (%.1f MiB), merge %.3f\n", "", "", tm->window_ns * k, tm->score_ns * k, sb,
+                   tm->topk_ns * k, tm->attn_ns * k, ab, tm->merge_ns * k);
+        }
         if (x->predict_share > 0)
             printf("%-22s %-20s   decisions per layer: features + predictor run %.3f ms (thread ms: features %.3f, "
                    "MLP %.3f), selector %.3f ms\n", "", "", x->decide_ms, x->feat_cpu_ms, x->mlp_cpu_ms, x->select_ms);
