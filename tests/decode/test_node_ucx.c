@@ -467,8 +467,8 @@ static int test_model(const char *gen_tool, const char *pred)
         fputs("\n\nQuestion: what does this license let me do with the program? Answer briefly.", f);
         fclose(f);
     }
-    /* the stub prefills the text while it pushes: under TSan (label concurrency) that takes longer
-     * than the node's default transfer deadline of 30 s */
+    /* the stub prefills the text while it pushes: under TSan that takes longer than the node's
+     * default transfer deadline of 30 s */
     const char *args[] = {"--model", model, "--model-id", "smollm2", "--predictor", pred, "--grpc-listen",
                           "127.0.0.1:0", "--metrics-listen", "off", "--kv-capacity", "512M", "--threads", "2",
                           "--transfer-timeout-ms", "300000", NULL};
