@@ -314,11 +314,7 @@ static void point_layer(const ctx_t *cx, const sess_set_t *set, point_t *pt, uin
              * begun task, merges): what the per-task trace cannot show */
             const double cw = (double)st.sched.n_cpu_workers * (double)st.sched.wall_ns;
             pt->cbusy[c] += cw > 0 ? (double)st.sched.cpu_busy_ns / cw / R : 0;
-            flx_attn_timing_t *tm = &pt->tim[c];
-            tm->window_ns += st.sched.attn.window_ns, tm->score_ns += st.sched.attn.score_ns;
-            tm->topk_ns += st.sched.attn.topk_ns, tm->attn_ns += st.sched.attn.attn_ns;
-            tm->merge_ns += st.sched.attn.merge_ns, tm->score_bytes += st.sched.attn.score_bytes;
-            tm->attn_bytes += st.sched.attn.attn_bytes;
+            flx_attn_timing_add(&pt->tim[c], &st.sched.attn);
             if (cx->trace && cf[c].gpu && rep + 1 == cx->reps) {
                 uint32_t nt;
                 const flx_sched_task_t *tk = flx_attn_layer_tasks(pt->L[c], &nt);

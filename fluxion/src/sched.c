@@ -490,17 +490,6 @@ static void fail(struct flx_sched *s, uint32_t w, uint32_t i, uint32_t pos, flx_
     atomic_store(&s->stop, 1);
 }
 
-static void timing_add(flx_attn_timing_t *a, const flx_attn_timing_t *b)
-{
-    a->window_ns += b->window_ns;
-    a->score_ns += b->score_ns;
-    a->topk_ns += b->topk_ns;
-    a->attn_ns += b->attn_ns;
-    a->merge_ns += b->merge_ns;
-    a->score_bytes += b->score_bytes;
-    a->attn_bytes += b->attn_bytes;
-}
-
 /* The rows of task i: o, and lse (the layer's, or the task's scratch row). */
 static void task_rows(const struct flx_sched *s, uint32_t i, float **o_p, float **lse_p, size_t *r0_p)
 {
@@ -593,7 +582,7 @@ static void cpu_end(struct flx_sched *s, uint32_t w, uint32_t i)
     slot_t *sl = &s->slots[w];
     sl->busy_ns += b - a;
     sl->n_tasks++;
-    timing_add(&sl->tim, &tim);
+    flx_attn_timing_add(&sl->tim, &tim);
 }
 
 /* Chunk c of task i on worker w; the worker that completes the task ends it. */
@@ -813,7 +802,7 @@ static void gpu_finish(struct flx_sched *s, uint32_t k)
     t->worker = FLX_SCHED_GPU;
     t->host_bytes = tim.score_bytes + tim.attn_bytes;
     tim.attn_ns = dev_ns;
-    timing_add(&s->slots[w].tim, &tim);
+    flx_attn_timing_add(&s->slots[w].tim, &tim);
     s->slots[w].n_tasks++;
 }
 
@@ -1081,7 +1070,7 @@ flx_status_t flx_sched_run(flx_sched_h s, flx_sched_layer_t *L, flx_sched_layer_
         x.n_cpu_workers = s->n_cpu;
         for (uint32_t w = 0; w < W; w++) {
             const slot_t *sl = &s->slots[w];
-            timing_add(&x.attn, &sl->tim);
+            flx_attn_timing_add(&x.attn, &sl->tim);
             x.n_chunks += sl->n_chunks;
             if (w < s->n_cpu) {
                 x.cpu_busy_ns += sl->busy_ns;

@@ -198,8 +198,7 @@ int main(int argc, char **argv)
             if (flx_attn_group_run(&ws, &view, q + (size_t)h * GROUP * D, &modes[m].cfg, o + (size_t)h * GROUP * D, lse,
                                    &t) != FLX_OK)
                 die(modes[m].name);
-            tsum.score_ns += t.score_ns, tsum.topk_ns += t.topk_ns, tsum.attn_ns += t.attn_ns;
-            tsum.score_bytes += t.score_bytes, tsum.attn_bytes += t.attn_bytes;
+            flx_attn_timing_add(&tsum, &t);
         }
         double ms = (flx_now_ns() - a) * 1e-6;
         if (m == 0) memcpy(o_full, o, (size_t)H * D * sizeof(float));

@@ -220,6 +220,18 @@ typedef struct flx_attn_timing {
     uint64_t attn_bytes;      /* K+V bytes of the distinct blocks read (union over heads) */
 } flx_attn_timing_t;
 
+/* a += b, every field. */
+static inline void flx_attn_timing_add(flx_attn_timing_t *a, const flx_attn_timing_t *b)
+{
+    a->window_ns += b->window_ns;
+    a->score_ns += b->score_ns;
+    a->topk_ns += b->topk_ns;
+    a->attn_ns += b->attn_ns;
+    a->merge_ns += b->merge_ns;
+    a->score_bytes += b->score_bytes;
+    a->attn_bytes += b->attn_bytes;
+}
+
 /* Host part only: scoring + top-k + sparse attention (or all blocks for FULL) -> (o, lse) per head.
  * lse = -inf and o = 0 for heads that read nothing. */
 flx_status_t flx_attn_host_run(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, const float *q,
