@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine_testutil.h"
 #include "flx/engine.h"
 #include "flx/forward.h"
 #include "flx/model.h"
@@ -310,17 +311,13 @@ static void test_batching(const flx_model_config_t *c, const char *name)
     fx_free(&f);
 }
 
-/* (f) one run of 3 sequences (seeded sampling) on a pool: tokens (3, NGEN) and logits (3, NGEN - 1, V). */
-static void run_on_pool(fx_t *f, flx_pool_h pool, flx_engine_attn_mode_t mode, uint32_t blk, float bgt,
-                        int32_t *const *prompts, const uint32_t *lens, int32_t *tok, float *logits)
+/* (f) one run of 3 sequences (seeded sampling) on a pool, prefilled with ws (planned for that pool)
+ * or, where pre is not NULL, landed from pre[3]: tokens (3, NGEN) and logits (3, NGEN - 1, V). */
+static void run_on_pool(fx_t *f, flx_pool_h pool, flx_fwd_ws_t *ws, const flx_test_prefilled_t *pre,
+                        flx_engine_attn_mode_t mode, uint32_t blk, float bgt, int32_t *const *prompts,
+                        const uint32_t *lens, int32_t *tok, float *logits)
 {
     const uint32_t V = f->m->cfg.vocab;
-    flx_fwd_shape_t fs = {.max_prompt = MAXP, .max_batch = 1, .pool = pool};
-    size_t b;
-    CHECK_OK(flx_fwd_plan(f->m, &fs, &b));
-    void *mem = flx_aligned_alloc(64, b);
-    flx_fwd_ws_t *ws;
-    CHECK_OK(flx_fwd_ws_init(f->m, &fs, mem, b, &ws));
     flx_engine_params_t p = flx_engine_params_default();
     p.mode = mode, p.blk = blk, p.bgt = bgt, p.max_batch = 3, p.pool = pool;
     flx_engine_h e;
@@ -330,7 +327,8 @@ static void run_on_pool(fx_t *f, flx_pool_h pool, flx_engine_attn_mode_t mode, u
     float *lg = malloc(V * sizeof *lg);
     for (int i = 0; i < 3; i++) {
         flx_kv_session_id_t sid;
-        CHECK_OK(flx_engine_prefill_into_store(f->m, ws, f->store, prompts[i], lens[i], 64, &sid, lg));
+        if (pre) sid = flx_test_prefilled_land(f->store, &pre[i], 64, lg);
+        else CHECK_OK(flx_engine_prefill_into_store(f->m, ws, f->store, prompts[i], lens[i], 64, &sid, lg));
         flx_sampling_params_t sp = {.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .seed = 7 + (uint64_t)i};
         flx_gen_params_t gp = {.max_new_tokens = NGEN, .eos_id = -1, .sampling = sp, .on_token = on_token,
                                .on_logits = on_logits, .ctx = &r[i]};
@@ -346,9 +344,13 @@ static void run_on_pool(fx_t *f, flx_pool_h pool, flx_engine_attn_mode_t mode, u
     }
     flx_engine_destroy(e);
     free(lg);
-    flx_aligned_free(mem);
 }
 
+/* On pools of 1, 2, 3 and 7 workers: each prompt's prefill (the forward pass on the pool) gives the
+ * same bits, and every mode's decode the same tokens and logits. A prompt is prefilled once per pool
+ * and landed into each mode's run (engine_testutil.h; under TSan the prefills were nearly all of
+ * this test's time); the first run prefills into the store itself, so the landed copies are held
+ * to that path too. */
 static void test_workers(const flx_model_config_t *c, const char *name)
 {
     fx_t f;
@@ -357,27 +359,47 @@ static void test_workers(const flx_model_config_t *c, const char *name)
     const uint32_t V = c->vocab, lens[3] = {600 + (uint32_t)flx_rng_below(&rng, 300), 400, 1300};
     int32_t *prompts[3];
     for (int i = 0; i < 3; i++) prompts[i] = make_prompt(lens[i], V);
-    const size_t nl = (size_t)3 * (NGEN - 1) * V;
-    float *lg_ref = malloc(nl * sizeof(float)), *lg = malloc(nl * sizeof(float));
-    int32_t tok_ref[3 * NGEN], tok[3 * NGEN];
     struct { flx_engine_attn_mode_t mode; uint32_t blk; float bgt; } modes[] = {
         {FLX_ENGINE_ATTN_FULL, 16, 1.0f}, {FLX_ENGINE_ATTN_FIXED, 16, 0.05f}, {FLX_ENGINE_ATTN_FIXED, 64, 0.3f}};
-    for (size_t mi = 0; mi < FLX_ARRAY_SIZE(modes); mi++)
-        for (int wi = 0; wi < 4; wi++) {
-            flx_pool_h pool = flx_test_pool(FLX_TEST_WORKERS[wi]);
-            run_on_pool(&f, pool, modes[mi].mode, modes[mi].blk, modes[mi].bgt, prompts, lens, wi ? tok : tok_ref,
-                        wi ? lg : lg_ref);
-            flx_pool_destroy(pool);
+    enum { NM = FLX_ARRAY_SIZE(modes) };
+    const size_t nl = (size_t)3 * (NGEN - 1) * V;
+    float *lg_ref = malloc(NM * nl * sizeof(float)), *lg = malloc(nl * sizeof(float));
+    int32_t tok_ref[NM][3 * NGEN], tok[3 * NGEN];
+    flx_test_prefilled_t pre[4][3];
+    for (int wi = 0; wi < 4; wi++) {
+        flx_pool_h pool = flx_test_pool(FLX_TEST_WORKERS[wi]);
+        flx_fwd_shape_t fs = {.max_prompt = MAXP, .max_batch = 1, .pool = pool};
+        size_t b;
+        CHECK_OK(flx_fwd_plan(f.m, &fs, &b));
+        void *mem = flx_aligned_alloc(64, b);
+        flx_fwd_ws_t *ws;
+        CHECK_OK(flx_fwd_ws_init(f.m, &fs, mem, b, &ws));
+        for (int i = 0; i < 3; i++) {
+            flx_test_prefill_keep(f.m, ws, prompts[i], lens[i], -1.0f, 0, 0, &pre[wi][i]);
+            if (wi && !flx_test_prefilled_same(&pre[wi][i], &pre[0][i])) {
+                fprintf(stderr, "%s: prefill of prompt %d (%u tokens) on %u workers differs from 1\n", name, i,
+                        lens[i], FLX_TEST_WORKERS[wi]);
+                CHECK(0);
+            }
+        }
+        for (int mi = 0; mi < NM; mi++) {
+            run_on_pool(&f, pool, ws, wi || mi ? pre[wi] : NULL, modes[mi].mode, modes[mi].blk, modes[mi].bgt,
+                        prompts, lens, wi ? tok : tok_ref[mi], wi ? lg : lg_ref + mi * nl);
             if (!wi) continue;
             char label[128];
             snprintf(label, sizeof label, "%s %s(%u, %g) on %u workers vs 1", name,
                      flx_engine_attn_mode_name(modes[mi].mode), modes[mi].blk, (double)modes[mi].bgt,
                      FLX_TEST_WORKERS[wi]);
-            CHECK(memcmp(tok, tok_ref, sizeof tok) == 0);
-            CHECK_SAME(label, lg, lg_ref, nl);
+            CHECK(memcmp(tok, tok_ref[mi], sizeof tok) == 0);
+            CHECK_SAME(label, lg, lg_ref + mi * nl, nl);
         }
-    fprintf(stderr, "%s: FULL and FIXED, batch 3, sampled: the same tokens and logits at 1, 2, 3 and 7 workers\n",
-            name);
+        flx_aligned_free(mem);
+        flx_pool_destroy(pool);
+    }
+    fprintf(stderr, "%s: prefill, FULL and FIXED, batch 3, sampled: the same bits, tokens and logits at 1, 2, 3 "
+                    "and 7 workers\n", name);
+    for (int wi = 0; wi < 4; wi++)
+        for (int i = 0; i < 3; i++) flx_test_prefilled_free(&pre[wi][i]);
     for (int i = 0; i < 3; i++) free(prompts[i]);
     free(lg_ref), free(lg);
     fx_free(&f);

@@ -10,6 +10,10 @@
  *    the host reads grow; a fixed blk; the per-layer statistics (flx_engine_layer_stats) add up to
  *    the step's;
  *  - refusals of the scheduler's parameters, naming the field.
+ * Every run decodes the same four prompts, so each prompt is prefilled once (with statistics) and
+ * landed into each run's store (engine_testutil.h); the serial prefill had been nine tenths of
+ * this test's time under TSan. The reference runs (priority on 1 worker) still prefill through
+ * flx_engine_prefill_with_stats, so every landed copy is held to the real path's tokens and bits.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -20,13 +24,15 @@
 #include "flx/model.h"
 #include "flx_test.h"
 
-enum { NGEN = 6, NSEQ = 4, PMAX = 1400 };
+enum { NGEN = 6, NSEQ = 4, PMAX = 1400, MAX_NEW = 32 };
+#define TAU 0.1f
 
 static flx_model_t *g_m;
 static uint32_t V;
 static flx_fwd_ws_t *g_pws;
 static const uint32_t LENS[NSEQ] = {1400, 96, 610, 230};
 
+static flx_test_prefilled_t g_pre[NSEQ];   /* each prompt prefilled once (prefill_all) */
 
 static flx_kv_store_h make_store(void)
 {
@@ -40,12 +46,37 @@ static flx_kv_store_h make_store(void)
     return s;
 }
 
+/* Each prompt's prefill, once, for a store of make_store()'s window. */
+static void prefill_all(const int32_t *prompt)
+{
+    flx_kv_store_h store = make_store();
+    flx_kv_store_info_t si;
+    flx_kv_store_info(store, &si);
+    flx_kv_store_destroy(store);
+    for (int i = 0; i < NSEQ; i++)
+        flx_test_prefill_keep(g_m, g_pws, prompt + (PMAX - LENS[i]), LENS[i], TAU, si.sink, si.local, &g_pre[i]);
+}
+
+/* Prompt i into a new session of store, READY: prefilled (landed from g_pre) or by the engine's
+ * prefill with statistics; its last position's logits into lg. */
+static flx_kv_session_id_t prefill_into(flx_kv_store_h store, const int32_t *prompt, int i, int real, float *lg)
+{
+    flx_kv_session_id_t sid;
+    if (real) {
+        CHECK_OK(flx_engine_prefill_with_stats(g_m, g_pws, store, prompt + (PMAX - LENS[i]), LENS[i], MAX_NEW, TAU,
+                                               &sid, lg));
+        return sid;
+    }
+    return flx_test_prefilled_land(store, &g_pre[i], MAX_NEW, lg);
+}
+
 /* The batch under ep on pool: tokens (NSEQ, NGEN), logits (NSEQ, NGEN - 1, V), total stats, the
  * first step's stats in *first_p when not NULL (the one step whose inputs do not depend on the
  * tokens sampled so far) and that step's layer 0 in *first_l0_p when not NULL (the one layer whose
  * inputs do not depend on what the attention of the layers before it read). */
-static void run(const int32_t *prompt, flx_engine_params_t ep, flx_pool_h pool, int32_t *tok, float *logits,
-                flx_engine_stats_t *st_p, flx_engine_stats_t *first_p, flx_attn_layer_stats_t *first_l0_p)
+static void run(const int32_t *prompt, int real_prefill, flx_engine_params_t ep, flx_pool_h pool, int32_t *tok,
+                float *logits, flx_engine_stats_t *st_p, flx_engine_stats_t *first_p,
+                flx_attn_layer_stats_t *first_l0_p)
 {
     flx_kv_store_h store = make_store();
     ep.max_batch = NSEQ, ep.pool = pool, ep.n_threads = 0;
@@ -54,9 +85,7 @@ static void run(const int32_t *prompt, flx_engine_params_t ep, flx_pool_h pool, 
     float *lg = malloc(V * sizeof *lg);
     flx_test_rec_t r[NSEQ];
     for (int i = 0; i < NSEQ; i++) {
-        flx_kv_session_id_t sid;
-        CHECK_OK(flx_engine_prefill_with_stats(g_m, g_pws, store, prompt + (PMAX - LENS[i]), LENS[i], 32, 0.1f, &sid,
-                                               lg));
+        const flx_kv_session_id_t sid = prefill_into(store, prompt, i, real_prefill, lg);
         flx_sampling_params_t sp = {.temperature = 0.9f, .top_k = 0, .top_p = 0.95f, .seed = 5 + (uint64_t)i};
         flx_test_add_rec(e, sid, lg, V, sp, NGEN, &r[i], logits + (size_t)i * (NGEN - 1) * V);
     }
@@ -104,7 +133,7 @@ static void test_schedules(const int32_t *prompt, flx_predictor_h pred)
         ep.mode = mode ? FLX_ENGINE_ATTN_FLUXION : FLX_ENGINE_ATTN_FIXED, ep.blk = 32, ep.bgt = 0.1f;
         ep.predictor = mode ? pred : NULL;
         flx_engine_stats_t st_ref, st;
-        run(prompt, ep, NULL, tok_ref, ref, &st_ref, NULL, NULL);
+        run(prompt, 1, ep, NULL, tok_ref, ref, &st_ref, NULL, NULL);
         if (mode) CHECK(st_ref.n_tasks > 0 && st_ref.n_skipped > 0);
         const uint32_t workers[3] = {1, 3, 7};
         for (int pol = 0; pol < 4; pol++)
@@ -112,7 +141,7 @@ static void test_schedules(const int32_t *prompt, flx_predictor_h pred)
                 if (pol == 0 && wi == 0) continue;
                 flx_pool_h pool = workers[wi] > 1 ? flx_test_pool(workers[wi]) : NULL;
                 ep.sched_policy = (flx_sched_policy_t)pol;
-                run(prompt, ep, pool, tok, got, &st, NULL, NULL);
+                run(prompt, 0, ep, pool, tok, got, &st, NULL, NULL);
                 flx_pool_destroy(pool);
                 char label[96];
                 snprintf(label, sizeof label, "%s, %s on %u workers vs priority on 1", mode ? "fluxion" : "fixed",
@@ -132,16 +161,16 @@ static void test_schedules(const int32_t *prompt, flx_predictor_h pred)
     ep.mode = FLX_ENGINE_ATTN_FLUXION, ep.predictor = pred;
     flx_engine_stats_t st_skip, st_keep, st_fix, tot;
     flx_attn_layer_stats_t l0_skip, l0_fix;
-    run(prompt, ep, NULL, tok_ref, ref, &tot, &st_skip, &l0_skip);
+    run(prompt, 0, ep, NULL, tok_ref, ref, &tot, &st_skip, &l0_skip);
     ep.keep_streaming = 1;
-    run(prompt, ep, NULL, tok, got, &tot, &st_keep, NULL);
+    run(prompt, 0, ep, NULL, tok, got, &tot, &st_keep, NULL);
     CHECK(tot.n_skipped == 0);
     /* every skipped group becomes a task. The bytes are not compared: keeping a group's streaming
      * heads never lowers its Eq. 3 cost at any blk, but its cheapest blk can become a coarser one that
      * reads fewer bytes (FLX_SEED=66939651994538: 94,208 kept against 98,048 skipped on this step) */
     CHECK(st_skip.n_skipped > 0 && st_keep.n_skipped == 0 && st_keep.n_tasks == st_skip.n_tasks + st_skip.n_skipped);
     ep.keep_streaming = 0, ep.fixed_blk = 128;
-    run(prompt, ep, NULL, tok, got, &tot, &st_fix, &l0_fix);
+    run(prompt, 0, ep, NULL, tok, got, &tot, &st_fix, &l0_fix);
     /* a fixed blk leaves the streaming decisions as they were where the inputs are the same: in
      * layer 0 (later layers see what the other blocks gave, and a group may turn streaming there) */
     CHECK(l0_fix.n_groups == l0_skip.n_groups && l0_fix.n_tasks == l0_skip.n_tasks);
@@ -195,6 +224,7 @@ int main(void)
     CHECK_OK(flx_fwd_ws_init(g_m, &s, pmem, b, &g_pws));
     int32_t prompt[PMAX];
     for (uint32_t i = 0; i < PMAX; i++) prompt[i] = (int32_t)flx_rng_below(&rng, V);
+    prefill_all(prompt);
     /* a random predictor whose streaming shift leaves both kinds of group */
     static const float shifts[] = {0.0f, -1.0f, 1.0f, -2.0f, 2.0f, -4.0f, 4.0f, -8.0f, 8.0f};
     flx_predictor_h pred = NULL;
@@ -210,7 +240,7 @@ int main(void)
             flx_engine_params_t ep = flx_engine_params_default();
             ep.mode = FLX_ENGINE_ATTN_FLUXION, ep.predictor = pred;
             flx_engine_stats_t st, first;
-            run(prompt, ep, NULL, tok, lg, &st, &first, NULL);
+            run(prompt, 0, ep, NULL, tok, lg, &st, &first, NULL);
             found = first.n_tasks > 0 && first.n_skipped > 0;   /* both kinds of group from the first step */
         }
     free(lg);
@@ -218,6 +248,7 @@ int main(void)
     test_refusals(pred);
     test_schedules(prompt, pred);
     flx_predictor_destroy(pred);
+    for (int i = 0; i < NSEQ; i++) flx_test_prefilled_free(&g_pre[i]);
     flx_aligned_free(pmem);
     flx_model_destroy(g_m);
     fprintf(stderr, "test_engine_sched: ok\n");
