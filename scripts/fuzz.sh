@@ -3,8 +3,9 @@
 # sanitizer report, timeout or out-of-memory. The bounded mode of the test command (scripts/test.sh);
 # tests/fuzz/README.md has the long manual mode.
 #
-#   scripts/fuzz.sh [--seconds N] [--rss-mb M] [--timeout S] [TARGET...]
+#   scripts/fuzz.sh [--seconds N] [--jobs J] [--rss-mb M] [--timeout S] [TARGET...]
 #     --seconds N   fuzzing time per target (default 20)
+#     --jobs J      targets fuzzed at once, each a single-threaded process (default: the CPU count)
 #     --rss-mb M    -rss_limit_mb and -malloc_limit_mb: a larger RSS or one larger malloc is an OOM
 #                   (default 2048)
 #     --timeout S   one input running longer is a timeout (default 20)
@@ -19,11 +20,12 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
-secs=20 rss=2048 timeout=20
+secs=20 rss=2048 timeout=20 jobs=$(nproc)
 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) secs=$2; shift 2 ;;
+    --jobs) jobs=$2; shift 2 ;;
     --rss-mb) rss=$2; shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
     -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
@@ -31,7 +33,7 @@ while [ $# -gt 0 ]; do
     *) targets+=("$1"); shift ;;
   esac
 done
-for v in "$secs" "$rss" "$timeout"; do
+for v in "$secs" "$jobs" "$rss" "$timeout"; do
   [[ "$v" =~ ^[0-9]+$ ]] && [ "$v" -gt 0 ] || { echo "fuzz.sh: '$v' is not a positive integer" >&2; exit 2; }
 done
 
@@ -54,16 +56,14 @@ mkdir -p "$logs" "$artifacts"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:symbolize=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}"
 read -r -a nice_cmd <<< "${FLX_FUZZ_NICE:-}"
-fail=0
-for t in "${targets[@]}"; do
-  bin=$build/tests/fuzz/fuzz_$t
-  seeds=$here/tests/fuzz/corpus/$t
+# One target: its report (one line, then the failure's details) into $logs/$t.report.
+fuzz_one() {
+  local t=$1 bin=$build/tests/fuzz/fuzz_$1 seeds=$here/tests/fuzz/corpus/$1 log=$logs/$1.log
+  local rc=0 work runs last cov ft found
   if [ ! -x "$bin" ] || [ ! -d "$seeds" ]; then
-    echo "fuzz: $t: no such target or no corpus ($bin, $seeds)"; fail=1; continue
+    echo "fuzz: $t: FAILED: no such target or no corpus ($bin, $seeds)"; return
   fi
   work=$(mktemp -d "${TMPDIR:-/tmp}/flx-fuzz-$t.XXXXXX")
-  log=$logs/$t.log
-  rc=0
   "${nice_cmd[@]}" "$bin" -max_total_time="$secs" -rss_limit_mb="$rss" -malloc_limit_mb="$rss" \
     -timeout="$timeout" -print_final_stats=1 -artifact_prefix="$artifacts/$t-" "$work" "$seeds" \
     > "$log" 2>&1 || rc=$?
@@ -76,11 +76,22 @@ for t in "${targets[@]}"; do
   if [ "$rc" -eq 0 ] && ! grep -qE 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:' "$log"; then
     echo "fuzz: $t: ok: ${runs:-?} runs in ${secs} s, cov ${cov:-?} ft ${ft:-?}, ${found} new inputs"
   else
-    fail=1
     echo "fuzz: $t: FAILED (exit $rc) after ${runs:-?} runs; log $log"
-    grep -E 'ERROR:|runtime error:|SUMMARY:|Test unit written to' "$log" | head -n 12 | sed 's/^/  /'
+    grep -E 'ERROR:|runtime error:|SUMMARY:|Test unit written to' "$log" | head -n 12 | sed 's/^/  /' || true
     echo "  reproduce: $bin <input>; once fixed, commit the input into tests/fuzz/corpus/$t/"
   fi
+}
+
+# J targets at a time (each is one single-threaded process), reported in the given order
+for t in "${targets[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+  fuzz_one "$t" > "$logs/$t.report" 2>&1 &
+done
+wait
+fail=0
+for t in "${targets[@]}"; do
+  cat "$logs/$t.report"
+  head -n 1 "$logs/$t.report" | grep -q "^fuzz: $t: ok:" || fail=1
 done
 if [ "$fail" -ne 0 ]; then echo "fuzz.sh: FAILED"; exit 1; fi
 echo "fuzz.sh: ${#targets[@]} targets clean"

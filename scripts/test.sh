@@ -3,7 +3,7 @@
 # an ASan+UBSan build (all but slow/model tests), a TSan build (concurrency tests: the worker pool,
 # and the kernels, forward pass and engine on pools of 1, 2, 3 and 7 workers; every parallel path is
 # plain pthreads and C11 atomics, so TSan sees all of it), then every libFuzzer target for a bounded
-# time (scripts/fuzz.sh: clang build tree build-fuzz, ~20 s each).
+# time (scripts/fuzz.sh: clang build tree build-fuzz, 20 s each, as many at once as there are CPUs).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
