@@ -49,6 +49,10 @@ cmake --build "$build" --target flx_fuzz_targets -j"$(nproc)" > "$build.build.lo
 if [ ${#targets[@]} -eq 0 ]; then
   mapfile -t targets < <(grep -v '^$' "$build/tests/fuzz/targets.txt")
 fi
+declare -A named=()   # a target named twice runs once (the runs would share its log)
+uniq=()
+for t in "${targets[@]}"; do [ -n "${named[$t]:-}" ] || { named[$t]=1; uniq+=("$t"); }; done
+targets=("${uniq[@]}")
 
 logs=$build/fuzz-logs
 artifacts=$build/fuzz-artifacts
