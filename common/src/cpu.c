@@ -3,6 +3,11 @@
  *
  * A feature counts only if the OS saves its register state (XCR0): AVX needs XMM|YMM, AVX-512
  * also needs opmask|ZMM_Hi256|Hi16_ZMM. Otherwise the first AVX-512 instruction would fault.
+ * AMX needs XTILECFG|XTILEDATA in XCR0 and, on Linux (5.16 and later), the process's permission
+ * for XTILEDATA: without it the first tile load raises SIGILL. The permission is asked for once,
+ * here, and holds for every thread of the process. Granting it makes the kernel's signal frames
+ * about 8 KiB larger; a process whose alternate signal stacks are too small for that is refused
+ * (ENOSPC), and then AMX simply does not count.
  */
 #include "flx/cpu.h"
 
@@ -15,12 +20,42 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 static uint64_t xgetbv0(void)
 {
     uint32_t lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
     return ((uint64_t)hi << 32) | lo;
+}
+
+/* Palette 1 as the kernels configure it: 8 tiles of up to 16 rows x 64 bytes (CPUID leaf 0x1D). */
+static int amx_palette_ok(void)
+{
+    uint32_t a, b, c, d;
+    if (__get_cpuid_max(0, NULL) < 0x1d) return 0;
+    __cpuid_count(0x1d, 0, a, b, c, d);
+    if (a < 1) return 0;
+    __cpuid_count(0x1d, 1, a, b, c, d);
+    const uint32_t bytes_per_tile = a >> 16, bytes_per_row = b & 0xffff, names = b >> 16, rows = c & 0xffff;
+    return bytes_per_tile >= 1024 && bytes_per_row >= 64 && names >= 8 && rows >= 16;
+}
+
+/* This process may use XTILEDATA (Linux: ARCH_GET/REQ_XCOMP_PERM; feature number 18). */
+static int amx_permit(void)
+{
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    enum { ARCH_GET_XCOMP_PERM = 0x1022, ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    uint64_t perm = 0;
+    if (syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &perm) == 0 && (perm >> XFEATURE_XTILEDATA) & 1) return 1;
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return 0;
+    return syscall(SYS_arch_prctl, ARCH_GET_XCOMP_PERM, &perm) == 0 && ((perm >> XFEATURE_XTILEDATA) & 1);
+#else
+    return 0;
+#endif
 }
 
 static uint32_t detect(void)
@@ -44,13 +79,25 @@ static uint32_t detect(void)
         if ((b >> 30) & 1) f |= FLX_CPU_AVX512BW;
         if ((b >> 31) & 1) f |= FLX_CPU_AVX512VL;
         if ((c >> 11) & 1) f |= FLX_CPU_AVX512VNNI;
+        const int amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
         __cpuid_count(7, 1, a, b, c, d);
         if ((a >> 5) & 1) f |= FLX_CPU_AVX512BF16;
+        if (amx_bf16 && amx_tile && (xcr0 & 0x60000) == 0x60000 && amx_palette_ok() && amx_permit())
+            f |= FLX_CPU_AMX_BF16;
     }
     return f;
 }
+
+static uint32_t detect_stream_prefetch(void)
+{
+    uint32_t a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
+    /* "GenuineIntel" in ebx, edx, ecx */
+    return b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu ? 6144 : 0;
+}
 #else
 static uint32_t detect(void) { return 0; }
+static uint32_t detect_stream_prefetch(void) { return 0; }
 #endif
 
 static atomic_uint g_features;       /* bit 31 marks "computed" */
@@ -67,12 +114,26 @@ uint32_t flx_cpu_features(void)
     return v & 0x7fffffffu;
 }
 
+uint32_t flx_cpu_stream_prefetch(void)
+{
+    static atomic_uint v;   /* bit 31 marks "computed" */
+    unsigned x = atomic_load_explicit(&v, memory_order_acquire);
+    if (!(x & 0x80000000u)) {
+        x = detect_stream_prefetch() | 0x80000000u;
+        atomic_store_explicit(&v, x, memory_order_release);
+    }
+    return x & 0x7fffffffu;
+}
+
 flx_isa_t flx_isa_best(void)
 {
     uint32_t f = flx_cpu_features();
     const uint32_t need2 = FLX_CPU_AVX2 | FLX_CPU_FMA | FLX_CPU_F16C;
     const uint32_t need512 = need2 | FLX_CPU_AVX512F | FLX_CPU_AVX512BW | FLX_CPU_AVX512VL | FLX_CPU_AVX512DQ;
-    if ((f & need512) == need512) return (f & FLX_CPU_AVX512BF16) ? FLX_ISA_AVX512BF16 : FLX_ISA_AVX512;
+    if ((f & need512) == need512) {
+        if (!(f & FLX_CPU_AVX512BF16)) return FLX_ISA_AVX512;
+        return (f & FLX_CPU_AMX_BF16) ? FLX_ISA_AMX : FLX_ISA_AVX512BF16;
+    }
     if ((f & need2) == need2) return FLX_ISA_AVX2;
     return FLX_ISA_SCALAR;
 }
@@ -84,6 +145,7 @@ int flx_isa_parse(const char *s, flx_isa_t *isa_p)
     if (!strcmp(s, "avx2")) { *isa_p = FLX_ISA_AVX2; return 0; }
     if (!strcmp(s, "avx512")) { *isa_p = FLX_ISA_AVX512; return 0; }
     if (!strcmp(s, "avx512bf16")) { *isa_p = FLX_ISA_AVX512BF16; return 0; }
+    if (!strcmp(s, "amx")) { *isa_p = FLX_ISA_AMX; return 0; }
     return -1;
 }
 
@@ -92,7 +154,7 @@ flx_status_t flx_isa_env_check(void)
     const char *s = getenv("FLX_ISA");
     flx_isa_t isa;
     if (s && *s && flx_isa_parse(s, &isa) != 0)
-        return flx_error_set(FLX_ERR_INVALID, "environment FLX_ISA='%.64s' is not scalar, avx2, avx512 or avx512bf16",
+        return flx_error_set(FLX_ERR_INVALID, "environment FLX_ISA='%.64s' is not scalar, avx2, avx512, avx512bf16 or amx",
                              s);
     return FLX_OK;
 }
@@ -107,7 +169,7 @@ flx_isa_t flx_isa_active(void)
         const char *s = getenv("FLX_ISA");
         cap = flx_isa_parse(s, &e) == 0 ? (int)e : -1;
         if (s && *s && cap < 0)
-            flx_log_warn("cpu", "FLX_ISA='%.64s' is not scalar, avx2, avx512 or avx512bf16: ignored", s);
+            flx_log_warn("cpu", "FLX_ISA='%.64s' is not scalar, avx2, avx512, avx512bf16 or amx: ignored", s);
         atomic_store_explicit(&g_env_cap, cap, memory_order_relaxed);
     }
     int lvl = (int)flx_isa_best();
@@ -130,6 +192,7 @@ const char *flx_isa_name(flx_isa_t isa)
     case FLX_ISA_AVX2: return "avx2";
     case FLX_ISA_AVX512: return "avx512";
     case FLX_ISA_AVX512BF16: return "avx512bf16";
+    case FLX_ISA_AMX: return "amx";
     }
     return "?";
 }

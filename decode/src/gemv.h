@@ -5,7 +5,7 @@
  * that runs at the level flx_gemv_level() picks per call:
  *   FLX_GEMV_SCALAR   plain C, fp32 accumulation (FLX_ISA=scalar)
  *   FLX_GEMV_AVX2     AVX2 + FMA
- *   FLX_GEMV_AVX512   AVX-512 F/BW/VL/DQ, at FLX_ISA_AVX512 and FLX_ISA_AVX512BF16 (so Ice Lake, which
+ *   FLX_GEMV_AVX512   AVX-512 F/BW/VL/DQ, at FLX_ISA_AVX512, FLX_ISA_AVX512BF16 and FLX_ISA_AMX (so Ice Lake, which
  *                     lacks AVX512_BF16, gets 512-bit code)
  * There is no _mm512_dpbf16_ps path: the decode GEMV is bound by memory bandwidth (bf16 -> fp32 by a
  * shift is free there), and the prefill GEMM converts each weight panel to fp32 once per token block,

@@ -18,6 +18,13 @@
  *    into L2 (HOST_L2_AHEAD), which keeps enough misses in flight to read near memory speed.
  * q is prepared once per call in the workspace: scaled by 1/sqrt(D) for attention, and for the
  * AVX-512 path split into bf16 hi + lo so _mm512_dpbf16_ps keeps ~16 mantissa bits of q.
+ * AMX: at FLX_ISA_AMX these kernels run their AVX-512 fp32 versions. Tile versions of the scoring
+ * dots and of QK were written and measured on the AMX Xeon (2026-12-01, not kept): scoring from L2
+ * ran at 58 to 65 GB/s on one core against 28 to 30, but from DRAM on two workers it was no faster
+ * (attn_bench, 32K batch 4, runs alternated: 19 to 25 GB/s against 20 to 26: both near the 27 GB/s
+ * the binary read), and a 16-token block's QK is a chain of tile products whose result the
+ * softmax waits for, which out-of-order execution does not hide: sparse attention fell from 18 to
+ * 21 GB/s to 14 to 15. The AVX-512 BF16 kernels are slower still there (scoring 14.2 GB/s).
  * No kernel reads a row at or past l_cpu / n_win: the last block is handled with ntok < 16.
  */
 #include <math.h>
@@ -100,7 +107,7 @@ static void prep_finish(flx_attn_ws_t *ws, flx_isa_t isa, uint32_t W, attn_q_t *
 {
     uint32_t G = ws->shape.group;
     if (isa == FLX_ISA_AVX512BF16) prep_split(ws, G, W);
-    else if (isa == FLX_ISA_AVX512) perm_eo32(ws->q_f32, G, W);
+    else if (isa == FLX_ISA_AVX512 || isa == FLX_ISA_AMX) perm_eo32(ws->q_f32, G, W);
     else if (isa == FLX_ISA_AVX2) perm_eo(ws->q_f32, (size_t)G * W);
     q->f32 = ws->q_f32;
     q->hi = ws->q_hi;
@@ -175,6 +182,7 @@ static attn_dots_fn pick_dots(flx_isa_t isa)
 {
     switch (isa) {
     case FLX_ISA_AVX512BF16: return attn_dots_avx512bf16;
+    case FLX_ISA_AMX:   /* the fp32 kernels: see AMX in the DESIGN above */
     case FLX_ISA_AVX512: return attn_dots_avx512;
     case FLX_ISA_AVX2: return attn_dots_avx2;
     default: return dots_scalar;
@@ -185,6 +193,7 @@ static attn_block_fn pick_block(flx_isa_t isa)
 {
     switch (isa) {
     case FLX_ISA_AVX512BF16: return attn_block_avx512bf16;
+    case FLX_ISA_AMX:
     case FLX_ISA_AVX512: return attn_block_avx512;
     case FLX_ISA_AVX2: return attn_block_avx2;
     default: return block_scalar;

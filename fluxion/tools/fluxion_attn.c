@@ -3,7 +3,7 @@
  * check the kernels against their own framework.
  *
  * usage: fluxion-attn IN.safetensors OUT.safetensors [--mode full|sparse|fixed] [--blk N]
- *                     [--budget X] [--sink N] [--local N] [-t N] [--isa scalar|avx2|avx512|avx512bf16] [--ref]
+ *                     [--budget X] [--sink N] [--local N] [-t N] [--isa scalar|avx2|avx512|avx512bf16|amx] [--ref]
  *
  * INPUT tensors
  *   q        F32 or BF16  (H, D)          one decode query per query head
@@ -122,7 +122,7 @@ int main(int argc, char **argv)
 {
     static const char *const modes[] = {"full", "sparse", "fixed", NULL},
                              *const blks[] = {"16", "32", "64", "128", NULL},
-                             *const isas[] = {"scalar", "avx2", "avx512", "avx512bf16", NULL};
+                             *const isas[] = {"scalar", "avx2", "avx512", "avx512bf16", "amx", NULL};
     const char *in = NULL, *out = NULL;
     int mode_i = 0, blk_i = 0, isa_i = 0, use_ref = 0;
     uint64_t sink_u = 64, local_u = 256, threads_u = 0;

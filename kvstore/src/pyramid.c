@@ -230,6 +230,7 @@ static void kernels(rows_fn *rows, pair_fn *pair)
     *rows = rows_minmax_ref, *pair = pair_minmax_ref;
 #if defined(__x86_64__)
     switch (flx_isa_active()) {
+    case FLX_ISA_AMX:
     case FLX_ISA_AVX512BF16:
     case FLX_ISA_AVX512: *rows = rows_minmax_avx512, *pair = pair_minmax_avx512; break;
     case FLX_ISA_AVX2: *rows = rows_minmax_avx2, *pair = pair_minmax_avx2; break;

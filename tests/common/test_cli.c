@@ -329,7 +329,7 @@ static void test_env(void)
     setenv("FLX_ISA", "bogus", 1);
     CHECK_ST(flx_cli_check_env(), FLX_ERR_INVALID);
     fprintf(stderr, "  FLX_ISA=bogus -> %s\n", flx_error_msg());
-    CHECK(strstr(flx_error_msg(), "FLX_ISA='bogus'") && strstr(flx_error_msg(), "scalar, avx2, avx512 or avx512bf16"));
+    CHECK(strstr(flx_error_msg(), "FLX_ISA='bogus'") && strstr(flx_error_msg(), "scalar, avx2, avx512, avx512bf16 or amx"));
     setenv("FLX_ISA", "avx2", 1);
     CHECK_OK(flx_cli_check_env());
     unsetenv("FLX_ISA");

@@ -161,9 +161,18 @@ static void test_rng_cpu_arena(void)
     fprintf(stderr, "cpu: best isa %s (features 0x%x)\n", flx_isa_name(best), flx_cpu_features());
     CHECK(flx_isa_force(FLX_ISA_SCALAR) == FLX_ISA_SCALAR);
     CHECK(flx_isa_active() == FLX_ISA_SCALAR);
-    CHECK(flx_isa_force(FLX_ISA_AVX512BF16) == best);
+    CHECK(flx_isa_force(FLX_ISA_AMX) == best);
     flx_isa_t p;
     CHECK(flx_isa_parse("avx2", &p) == 0 && p == FLX_ISA_AVX2);
+    CHECK(flx_isa_parse("amx", &p) == 0 && p == FLX_ISA_AMX);
+    /* the streaming kernels' L2 prefetch distance: Intel's or none, the same on every call */
+    const uint32_t pf = flx_cpu_stream_prefetch();
+    fprintf(stderr, "cpu: stream prefetch %u bytes ahead\n", pf);
+    CHECK((pf == 0 || pf == 6144) && flx_cpu_stream_prefetch() == pf);
+    CHECK(!strcmp(flx_isa_name(FLX_ISA_AMX), "amx"));
+    /* AMX counts only with the rest of the ladder under it and the tile data granted */
+    if (best == FLX_ISA_AMX) CHECK((flx_cpu_features() & (FLX_CPU_AMX_BF16 | FLX_CPU_AVX512BF16)) == (FLX_CPU_AMX_BF16 | FLX_CPU_AVX512BF16));
+    else CHECK(!(flx_cpu_features() & FLX_CPU_AMX_BF16) || !(flx_cpu_features() & FLX_CPU_AVX512BF16));
     CHECK(flx_isa_parse("sse9", &p) != 0);
 
     flx_arena_t ar;

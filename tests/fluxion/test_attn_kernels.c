@@ -313,7 +313,7 @@ int main(void)
     flx_rng_seed(&rng, flx_test_seed("test_attn_kernels"));
     for (int i = 0; i < 4; i++) g_pools[i] = flx_test_pool(FLX_TEST_WORKERS[i]);
     const uint32_t Gs[] = {1, 4, 7, 8}, Ds[] = {64, 128};
-    const flx_isa_t isas[] = {FLX_ISA_SCALAR, FLX_ISA_AVX2, FLX_ISA_AVX512, FLX_ISA_AVX512BF16};
+    const flx_isa_t isas[] = {FLX_ISA_SCALAR, FLX_ISA_AVX2, FLX_ISA_AVX512, FLX_ISA_AVX512BF16, FLX_ISA_AMX};
     for (size_t ii = 0; ii < FLX_ARRAY_SIZE(isas); ii++) {
         flx_isa_t got = flx_isa_force(isas[ii]);
         if (got != isas[ii]) {
@@ -332,7 +332,7 @@ int main(void)
         check_determinism(64, 3, odd_len(3000, 5000), 300 + (uint32_t)flx_rng_below(&rng, 400));
         check_determinism(128, 4, odd_len(600, 1100), 1);
     }
-    flx_isa_force(FLX_ISA_AVX512BF16);
+    flx_isa_force(FLX_ISA_AMX);
     for (int i = 0; i < 4; i++) flx_pool_destroy(g_pools[i]);
     fprintf(stderr, "test_attn_kernels: ok\n");
     return 0;

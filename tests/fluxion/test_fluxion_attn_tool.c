@@ -140,20 +140,20 @@ int main(int argc, char **argv)
     CHECK_CLOSE("tool FULL lse vs oracle", lse, lse_ref, H, 1e-4, 1e-5);
 
     /* sparse (budgets tensor) and fixed at each blk: fast vs --ref, every dispatch level */
-    const char *blks[] = {"16", "32", "64", "128"}, *isas[] = {"scalar", "avx2", "avx512", "avx512bf16"};
+    const char *blks[] = {"16", "32", "64", "128"}, *isas[] = {"scalar", "avx2", "avx512", "avx512bf16", "amx"};
     for (int b = 0; b < 4; b++)
         for (int m = 0; m < 2; m++) {
             write_input(in, 0, m ? "fixed" : NULL, blks[b]);
             snprintf(args, sizeof args, "%s %s --ref %s", in, out2, m ? "--budget 0.07" : "");
             CHECK(run_tool(args, err) == 0);
             read_out(out2, o_ref, lse_ref);
-            snprintf(args, sizeof args, "%s %s --threads 2 --isa %s %s", in, out, isas[(b + m) % 4],
+            snprintf(args, sizeof args, "%s %s --threads 2 --isa %s %s", in, out, isas[(b + m) % 5],
                      m ? "--budget 0.07" : "");
             CHECK(run_tool(args, err) == 0);
             read_out(out, o, lse);
             char lab[128];
             snprintf(lab, sizeof lab, "tool %s blk %s isa %s fast vs ref o", m ? "fixed" : "sparse", blks[b],
-                     isas[(b + m) % 4]);
+                     isas[(b + m) % 5]);
             CHECK_CLOSE(lab, o, o_ref, H * D, 3e-5, 2e-4);
             CHECK_CLOSE("lse", lse, lse_ref, H, 1e-4, 1e-5);
         }

@@ -99,8 +99,8 @@ static void test_pyramid(void)
             }
             flx_kv_pyramid_build_ref(&v, ref);
             check_pyramid(&v, ref, "pyramid_ref");
-            flx_isa_t levels[] = {FLX_ISA_SCALAR, FLX_ISA_AVX2, FLX_ISA_AVX512, FLX_ISA_AVX512BF16};
-            for (int t = 0; t < 4; t++) {
+            flx_isa_t levels[] = {FLX_ISA_SCALAR, FLX_ISA_AVX2, FLX_ISA_AVX512, FLX_ISA_AVX512BF16, FLX_ISA_AMX};
+            for (int t = 0; t < 5; t++) {
                 if (flx_isa_force(levels[t]) != levels[t]) continue; /* not on this CPU */
                 for (int j = 0; j < 4; j++) memset(fast[j], 0xab, (size_t)flx_kv_meta_count(L, j) * 4 * D);
                 flx_kv_pyramid_build(&v, fast);
@@ -119,7 +119,7 @@ static void test_pyramid(void)
                 for (int j = 0; j < 4; j++)
                     CHECK(memcmp(fast[j], ref[j], (size_t)flx_kv_meta_count(L, j) * 4 * D) == 0);
             }
-            flx_isa_force(FLX_ISA_AVX512BF16);
+            flx_isa_force(FLX_ISA_AMX);
             for (int j = 0; j < 4; j++) {
                 free(ref[j]);
                 free(fast[j]);

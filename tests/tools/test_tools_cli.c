@@ -82,7 +82,7 @@ static const tool_t tools[] = {
       {"IN OUT --budget 2", 2, "--budget '2' is not a number in [0, 1]"},
       {"IN OUT --ref --threads 2", 2, "--threads has no effect with --ref"},
       {"IN OUT --mode full --blk 32", 2, "--blk has no effect with --mode full"},
-      {"IN OUT --isa sse", 2, "--isa 'sse' is not scalar, avx2, avx512 or avx512bf16"},
+      {"IN OUT --isa sse", 2, "--isa 'sse' is not scalar, avx2, avx512, avx512bf16 or amx"},
       {"IN", 2, "missing argument OUT"},
       {"IN OUT more", 2, "unexpected argument 'more' after OUT"},
       {"/nonexistent/in.safetensors OUT", 1, "fluxion-attn: cannot read /nonexistent/in.safetensors"}}},
@@ -324,7 +324,7 @@ int main(int argc, char **argv)
         expect(tl->name, "", path, "--no-such-option", 2, "unknown option --no-such-option");
         if (tl->valid) {
             expect(tl->name, "FLX_ISA=bogus", path, tl->valid, 2,
-                   "environment FLX_ISA='bogus' is not scalar, avx2, avx512 or avx512bf16");
+                   "environment FLX_ISA='bogus' is not scalar, avx2, avx512, avx512bf16 or amx");
             expect(tl->name, "FLX_LOG=loud", path, tl->valid, 2, "environment FLX_LOG='loud' is not error, warn");
         }
         for (int c = 0; c < 16 && tl->cases[c].args; c++)

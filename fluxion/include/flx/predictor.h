@@ -145,7 +145,7 @@ flx_select_params_t flx_predictor_select_params(flx_predictor_h p);
 /* Scratch bytes for up to max_rows rows per call. */
 size_t flx_predictor_scratch_bytes(uint32_t max_rows);
 /* Rows of the active kernel's full register tile (flx_isa_active: 6 on AVX2, 8 on AVX-512 and for
- * the scalar code): a caller handing out rows (flx_predictor_run_rows) gives each worker multiples
+ * the scalar code, 16 on AMX: one tile): a caller handing out rows (flx_predictor_run_rows) gives each worker multiples
  * of it, since a shorter tail runs in a narrower, slower kernel. */
 uint32_t flx_predictor_tile_rows(void);
 /* feat (n_rows, 41) -> out (n_rows); rows are independent (all heads of a layer, of every sequence
@@ -169,9 +169,9 @@ flx_status_t flx_mlp_forward_ref(const flx_mlp_t *m, const float *feat, uint32_t
 flx_status_t flx_mlp_forward_ref_bf16(const flx_mlp_t *m, const float *feat, uint32_t n_rows, flx_head_pred_t *out);
 /* 1 when runs of p take the bf16 path now: the CPU has AVX-512 BF16 (and FLX_ISA allows it). The
  * hidden layers (256 -> 256 -> 128, 90 % of the multiply-adds) then multiply bf16 weights and
- * activations with fp32 sums, twice the work per instruction of fp32 FMA: the predictor is bound
- * by arithmetic (about 4 M multiply-adds a decode layer at batch 4 on SmolLM2). The input layer
- * and the 3-output head stay fp32. */
+ * activations with fp32 sums, twice the work per instruction of fp32 FMA (_mm512_dpbf16_ps), or on
+ * AMX tiles at FLX_ISA_AMX: the predictor is bound by arithmetic (about 4 M multiply-adds a decode
+ * layer at batch 4 on SmolLM2). The input layer and the 3-output head stay fp32. */
 int flx_predictor_bf16_hidden(flx_predictor_h p);
 
 /* ---- dataset ---- */
