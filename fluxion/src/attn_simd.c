@@ -414,13 +414,48 @@ T512 static void softmax_pv_512(const flx_bf16_t *v, uint32_t ntok, uint32_t D, 
     }
 }
 
+/* attn_dots_avx512 over one block (ntok <= 16 rows, row stride D) for nh <= 4 heads, the same
+ * sums, but each head's 16 scores leave as one vector: the four 4-row tiles (lane hh * 4 + r) are
+ * transposed by 128-bit lanes in registers. Stored as 4-float pieces, a head's scores came back to
+ * softmax_pv_512 through a 64-byte load that no single store could forward. */
+T512 static void dots16_512(const flx_bf16_t *k, uint32_t D, uint32_t ntok, const attn_q_t *q, const uint8_t *heads,
+                            uint32_t nh, float *S, const char *pf)
+{
+    const uint32_t W = q->W;
+    const float *qh[4];
+    for (uint32_t i = 0; i < 4; i++) qh[i] = q->f32 + (size_t)heads[i < nh ? i : 0] * W;
+    __m512 s[4];
+    for (uint32_t t = 0; t < 4; t++) {
+        const uint32_t r0 = 4 * t, nr = ntok > r0 ? (ntok - r0 < 4 ? ntok - r0 : 4) : 0;
+        if (!nr) {
+            s[t] = _mm512_setzero_ps();
+            continue;
+        }
+        const flx_bf16_t *rw = k + (size_t)r0 * D;
+        switch (nh) {
+        case 1: s[t] = tile_512(rw, D, nr, W, qh, 1, pf); break;
+        case 2: s[t] = tile_512(rw, D, nr, W, qh, 2, pf); break;
+        case 3: s[t] = tile_512(rw, D, nr, W, qh, 3, pf); break;
+        default: s[t] = tile_512(rw, D, nr, W, qh, 4, pf); break;
+        }
+        if (pf) pf += (size_t)(W / 32) * 256;
+    }
+    const __m512 t0 = _mm512_shuffle_f32x4(s[0], s[1], 0x44), t1 = _mm512_shuffle_f32x4(s[0], s[1], 0xEE);
+    const __m512 t2 = _mm512_shuffle_f32x4(s[2], s[3], 0x44), t3 = _mm512_shuffle_f32x4(s[2], s[3], 0xEE);
+    _mm512_store_ps(S, _mm512_shuffle_f32x4(t0, t2, 0x88));
+    if (nh > 1) _mm512_store_ps(S + 16, _mm512_shuffle_f32x4(t0, t2, 0xDD));
+    if (nh > 2) _mm512_store_ps(S + 32, _mm512_shuffle_f32x4(t1, t3, 0x88));
+    if (nh > 3) _mm512_store_ps(S + 48, _mm512_shuffle_f32x4(t1, t3, 0xDD));
+}
+
 /* next: the next block to read (its K, V halves are prefetched while this one is computed) or NULL. */
 T512 void attn_block_avx512(const flx_bf16_t *k, const flx_bf16_t *v, uint32_t ntok, uint32_t D, const attn_q_t *q,
                             const uint8_t *heads, uint32_t nh, float *part, const flx_bf16_t *next_k,
                             const flx_bf16_t *next_v)
 {
     float S[64 * 16] __attribute__((aligned(64)));
-    attn_dots_avx512(k, D, ntok, q, heads, nh, S, 16, next_k);
+    if (nh <= 4) dots16_512(k, D, ntok, q, heads, nh, S, (const char *)next_k);
+    else attn_dots_avx512(k, D, ntok, q, heads, nh, S, 16, next_k);
     softmax_pv_512(v, ntok, D, heads, nh, S, part, (const char *)next_v);
 }
 
