@@ -1,5 +1,6 @@
-"""Plots the KV transfer rate of each round: ucx_perftest, the node's path with payload hashes (the
-product) and without, per transport; and the node's last-byte-to-READY time per GB."""
+"""Plots the KV transfer rate of each round: ucx_perftest at our message size and with one message
+the session's size, the node's path with payload hashes (the product) and without, per transport;
+and the node's last-byte-to-READY time per GB."""
 import csv
 import sys
 
@@ -11,8 +12,9 @@ import matplotlib.pyplot as plt
 rows = list(csv.DictReader(open(sys.argv[1])))
 tls = [t for t in ("shm", "tcp") if any(r["transport"] == t and r["kind"] != "long" for r in rows)]
 fig, axes = plt.subplots(1, len(tls) + 1, figsize=(4.2 * (len(tls) + 1), 3.8))
-styles = {"perftest": ("k", "o", "ucx_perftest ucp_am_bw"), "flx": ("C0", "s", "node, payload hashes checked"),
-          "flx-nohash": ("C1", "^", "node, no payload hashes")}
+styles = {"perftest": ("k", "o", "ucx_perftest ucp_am_bw"),
+          "perftest-session": ("0.55", "D", "ucx_perftest, one message the session's size"),
+          "flx": ("C0", "s", "node, payload hashes checked"), "flx-nohash": ("C1", "^", "node, no payload hashes")}
 for ax, t in zip(axes, tls):
     for kind, (color, marker, label) in styles.items():
         pts = [(int(r["rep"]), float(r["gbps"])) for r in rows if r["transport"] == t and r["kind"] == kind]
