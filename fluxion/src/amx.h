@@ -1,5 +1,6 @@
 /*
- * amx.h - what the AMX kernels share (predictor.c, attn_simd.c). Not a public header.
+ * amx.h - the tile configuration an AMX kernel loads and releases (predictor.c's hidden layers; the
+ * attention kernels have none: attn_cpu.c says why). Not a public header.
  *
  * A thread loads a tile configuration before its first tile instruction and releases the tiles
  * when it is done (amx_begin / amx_end around each kernel call): a thread whose tiles are left

@@ -10,9 +10,10 @@
  * flx_isa_force(). Tests force each level in turn and hold every fast
  * kernel to its scalar reference, so a machine without AVX-512 runs the same code paths CI tested.
  *
- * AMX (Intel Xeon since Sapphire Rapids) is the top level. Its tile unit takes the arithmetic-bound
- * bf16 products (Quest scoring, QK, the predictor's hidden layers); everything else at that level
- * runs the AVX-512 fp32 kernels, not the AVX-512 BF16 ones: on the Xeon this was measured on,
+ * AMX (Intel Xeon since Sapphire Rapids) is the top level. Its tile unit takes the predictor's
+ * hidden layers, the one arithmetic-bound bf16 product of a decode step (tile versions of Quest
+ * scoring and QK were no faster from DRAM: attn_cpu.c); everything else at that level runs the
+ * AVX-512 fp32 kernels, not the AVX-512 BF16 ones: on the Xeon this was measured on,
  * _mm512_dpbf16_ps retires at a quarter of the rate of _mm512_fmadd_ps (0.56 against 0.14 ns an
  * instruction, 12 chains in flight), so its two-part q (hi + lo) made every dpbf16 kernel slower
  * than widening bf16 and FMA-ing in fp32 (scoring 14.2 against 23.1 GB/s). On AMD Zen 4, where
