@@ -89,10 +89,10 @@ static inline int flx_test_model_path(const char *who, char *path, size_t cap)
     } while (0)
 #define CHECK_OK(expr) CHECK_ST(expr, FLX_OK)
 
-/* Returns 1 if all n elements are within atol + rtol*|ref| and finite; prints the worst element
- * with the label. */
-static inline int flx_test_allclose(const char *label, const float *x, const float *ref, size_t n, double atol,
-                                    double rtol)
+/* Returns 1 if all n elements are within atol + rtol*|ref| (+ extra[i] when extra is not NULL: an
+ * error bound of each element's own) and finite; prints the worst element with the label. */
+static inline int flx_test_allclose_extra(const char *label, const float *x, const float *ref, size_t n, double atol,
+                                          double rtol, const double *extra)
 {
     double worst = -1.0;
     size_t wi = 0;
@@ -103,7 +103,7 @@ static inline int flx_test_allclose(const char *label, const float *x, const flo
             fprintf(stderr, "%s: non-finite at %zu: got %g ref %g\n", label, i, a, r);
             return 0;
         }
-        double excess = fabs(a - r) / (atol + rtol * fabs(r));
+        double excess = fabs(a - r) / (atol + rtol * fabs(r) + (extra ? extra[i] : 0.0));
         if (excess > worst) {
             worst = excess;
             wi = i;
@@ -114,6 +114,12 @@ static inline int flx_test_allclose(const char *label, const float *x, const flo
         fprintf(stderr, "%s: worst element %zu: got %.8g ref %.8g |err| %.3g (%.3f of tolerance) -> %s\n", label, wi,
                 (double)x[wi], (double)ref[wi], fabs((double)x[wi] - ref[wi]), worst, ok ? "ok" : "FAIL");
     return ok;
+}
+
+static inline int flx_test_allclose(const char *label, const float *x, const float *ref, size_t n, double atol,
+                                    double rtol)
+{
+    return flx_test_allclose_extra(label, x, ref, n, atol, rtol, NULL);
 }
 
 #define CHECK_CLOSE(label, x, ref, n, atol, rtol) CHECK(flx_test_allclose(label, x, ref, n, atol, rtol))

@@ -61,14 +61,16 @@ static int amx_permit(void)
 static uint32_t detect(void)
 {
     uint32_t a, b, c, d, f = 0;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
+    if (b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu) f |= FLX_CPU_INTEL;   /* "GenuineIntel" */
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
     int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
-    if (!osxsave || !avx) return 0;
+    if (!osxsave || !avx) return f;
     uint64_t xcr0 = xgetbv0();
     int ymm_ok = (xcr0 & 0x6) == 0x6;
     int zmm_ok = ymm_ok && (xcr0 & 0xe0) == 0xe0;
-    if (!ymm_ok) return 0;
-    if (__get_cpuid_max(0, NULL) < 7) return 0;
+    if (!ymm_ok) return f;
+    if (__get_cpuid_max(0, NULL) < 7) return f;
     __cpuid_count(7, 0, a, b, c, d);
     if ((b >> 5) & 1) f |= FLX_CPU_AVX2;
     if (fma) f |= FLX_CPU_FMA;
@@ -87,17 +89,8 @@ static uint32_t detect(void)
     }
     return f;
 }
-
-static uint32_t detect_stream_prefetch(void)
-{
-    uint32_t a, b, c, d;
-    if (!__get_cpuid(0, &a, &b, &c, &d)) return 0;
-    /* "GenuineIntel" in ebx, edx, ecx */
-    return b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu ? 6144 : 0;
-}
 #else
 static uint32_t detect(void) { return 0; }
-static uint32_t detect_stream_prefetch(void) { return 0; }
 #endif
 
 static atomic_uint g_features;       /* bit 31 marks "computed" */
@@ -116,13 +109,7 @@ uint32_t flx_cpu_features(void)
 
 uint32_t flx_cpu_stream_prefetch(void)
 {
-    static atomic_uint v;   /* bit 31 marks "computed" */
-    unsigned x = atomic_load_explicit(&v, memory_order_acquire);
-    if (!(x & 0x80000000u)) {
-        x = detect_stream_prefetch() | 0x80000000u;
-        atomic_store_explicit(&v, x, memory_order_release);
-    }
-    return x & 0x7fffffffu;
+    return (flx_cpu_features() & FLX_CPU_INTEL) ? 6144 : 0;
 }
 
 flx_isa_t flx_isa_best(void)

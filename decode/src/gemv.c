@@ -261,11 +261,12 @@ T512 static void gemv_rows_avx512(const flx_bf16_t *w, size_t cols, uint32_t r0,
         for (uint32_t j = 0; j < n; j += 4) {
             const float *xj = x + (size_t)j * cols;
             float *yj = y + (size_t)j * ldy + r;
+            const size_t pfj = j ? 0 : pf;   /* the next 4 vectors re-read the group's rows from L1 */
             switch (FLX_MIN(4, n - j)) {
-            case 1: gv_group_avx512(1, wr, cols, nr, xj, yj, ldy, j ? 0 : pf); break;
-            case 2: gv_group_avx512(2, wr, cols, nr, xj, yj, ldy, j ? 0 : pf); break;
-            case 3: gv_group_avx512(3, wr, cols, nr, xj, yj, ldy, j ? 0 : pf); break;
-            default: gv_group_avx512(4, wr, cols, nr, xj, yj, ldy, j ? 0 : pf); break;
+            case 1: gv_group_avx512(1, wr, cols, nr, xj, yj, ldy, pfj); break;
+            case 2: gv_group_avx512(2, wr, cols, nr, xj, yj, ldy, pfj); break;
+            case 3: gv_group_avx512(3, wr, cols, nr, xj, yj, ldy, pfj); break;
+            default: gv_group_avx512(4, wr, cols, nr, xj, yj, ldy, pfj); break;
             }
         }
     }

@@ -282,6 +282,18 @@ T512 INLINE __m512 tile_512(const flx_bf16_t *rows, size_t rstride, uint32_t nr,
     return reduce16_512(acc);
 }
 
+/* tile_512 for n <= 4 heads, n known only at run time. */
+T512 INLINE __m512 tile_n_512(const flx_bf16_t *rows, size_t rstride, uint32_t nr, uint32_t W, const float *const *qh,
+                              uint32_t n, const char *pf)
+{
+    switch (n) {
+    case 1: return tile_512(rows, rstride, nr, W, qh, 1, pf);
+    case 2: return tile_512(rows, rstride, nr, W, qh, 2, pf);
+    case 3: return tile_512(rows, rstride, nr, W, qh, 3, pf);
+    default: return tile_512(rows, rstride, nr, W, qh, 4, pf);
+    }
+}
+
 /* Stores a tile's results (lane hh * 4 + r): 128-bit lane hh holds head hh's rows r0..r0+3. */
 T512 INLINE void tile_store(__m512 s, uint32_t nh, uint32_t nr, float *out, size_t out_stride, uint32_t r0)
 {
@@ -312,14 +324,7 @@ T512 void attn_dots_avx512(const flx_bf16_t *rows, size_t rstride, uint32_t nrow
             const uint32_t n = nh - h0 < 4 ? nh - h0 : 4;
             const float *qh[4];
             for (uint32_t i = 0; i < 4; i++) qh[i] = q->f32 + (size_t)heads[h0 + (i < n ? i : 0)] * W;
-            const char *tpf = h0 == 0 && pf ? pf : NULL;
-            __m512 s;
-            switch (n) {
-            case 1: s = tile_512(rw, rstride, nr, W, qh, 1, tpf); break;
-            case 2: s = tile_512(rw, rstride, nr, W, qh, 2, tpf); break;
-            case 3: s = tile_512(rw, rstride, nr, W, qh, 3, tpf); break;
-            default: s = tile_512(rw, rstride, nr, W, qh, 4, tpf); break;
-            }
+            const __m512 s = tile_n_512(rw, rstride, nr, W, qh, n, h0 == 0 ? pf : NULL);
             tile_store(s, n, nr, out + (size_t)h0 * out_stride, out_stride, r0);
         }
         if (pf) pf += (size_t)(W / 32) * 256;
@@ -431,13 +436,7 @@ T512 static void dots16_512(const flx_bf16_t *k, uint32_t D, uint32_t ntok, cons
             s[t] = _mm512_setzero_ps();
             continue;
         }
-        const flx_bf16_t *rw = k + (size_t)r0 * D;
-        switch (nh) {
-        case 1: s[t] = tile_512(rw, D, nr, W, qh, 1, pf); break;
-        case 2: s[t] = tile_512(rw, D, nr, W, qh, 2, pf); break;
-        case 3: s[t] = tile_512(rw, D, nr, W, qh, 3, pf); break;
-        default: s[t] = tile_512(rw, D, nr, W, qh, 4, pf); break;
-        }
+        s[t] = tile_n_512(k + (size_t)r0 * D, D, nr, W, qh, nh, pf);
         if (pf) pf += (size_t)(W / 32) * 256;
     }
     const __m512 t0 = _mm512_shuffle_f32x4(s[0], s[1], 0x44), t1 = _mm512_shuffle_f32x4(s[0], s[1], 0xEE);

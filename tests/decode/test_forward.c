@@ -831,7 +831,7 @@ int main(int argc, char **argv)
         test_workers(&c1, 300);
         test_workers(&c4, 77);
     }
-    flx_isa_force(FLX_ISA_AMX);   /* back to the best level */
+    flx_isa_force(flx_isa_best());   /* back to the best level */
     flx_pool_destroy(g_pool);
     for (int i = 0; i < 4; i++) flx_pool_destroy(g_pools[i]);
     fprintf(stderr, "test_forward: ok\n");

@@ -119,7 +119,7 @@ static void test_pyramid(void)
                 for (int j = 0; j < 4; j++)
                     CHECK(memcmp(fast[j], ref[j], (size_t)flx_kv_meta_count(L, j) * 4 * D) == 0);
             }
-            flx_isa_force(FLX_ISA_AMX);
+            flx_isa_force(flx_isa_best());
             for (int j = 0; j < 4; j++) {
                 free(ref[j]);
                 free(fast[j]);

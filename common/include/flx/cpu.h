@@ -50,6 +50,7 @@ enum {
     FLX_CPU_AVX512VNNI = 1u << 8,
     FLX_CPU_AMX_BF16 = 1u << 9,   /* AMX-TILE + AMX-BF16, palette 1 of 8 tiles of 16 x 64 bytes, XTILECFG and
                                      XTILEDATA in XCR0, and the kernel granted this process XTILEDATA */
+    FLX_CPU_INTEL = 1u << 10,     /* vendor GenuineIntel (kernels tune for it: flx_cpu_stream_prefetch) */
 };
 
 /* Feature bits of this CPU, OS support included. Computed once; thread-safe. */
