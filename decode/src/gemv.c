@@ -6,9 +6,10 @@
  * Decode (GEMV, n <= a handful of vectors) is bound by memory bandwidth: the weights are read once
  * per step and nothing else is large. The AVX-512 kernel reads each weight row front to back (one
  * sequential stream for the hardware prefetchers, helped on Intel CPUs by a prefetch into L2 that
- * runs flx_cpu_stream_prefetch() bytes ahead), widens bf16 to fp32 with a shift, and multiplies each
- * 16-value chunk with up to 4 vectors while it is in registers; the dot products of a group of rows
- * are reduced together (when n exceeds 4 the group's rows are re-read from L1, never from memory).
+ * runs flx_cpu_stream_prefetch() bytes ahead), widens 32 bf16 to fp32 with one masked word permute
+ * per 16, and multiplies each widened chunk with up to 8 vectors while it is in registers; the dot
+ * products of a group of rows are reduced together (when n exceeds 8 the group's rows are re-read
+ * from L1, never from memory).
  * The AVX2 kernel walks 4 rows at a time with vector tiles of 2. Rows of all matrices of a
  * fused call (q|k|v, gate|up) are split across threads by thread index in 16-row units, so small
  * matrices do not leave a thread idle.
@@ -124,9 +125,14 @@ static void gemv_rows_scalar(const flx_bf16_t *w, size_t cols, uint32_t r0, uint
         for (uint32_t j = 0; j < n; j++) y[(size_t)j * ldy + r] = dot_tail(w + (size_t)r * cols, x + (size_t)j * cols, 0, cols);
 }
 
+/* 8 bf16 at p as fp32: the 16 bytes broadcast to both lanes (a load, no ALU work), then one byte
+ * shuffle puts values 0..3 (lane 0) and 4..7 (lane 1) in the high halves of the dwords and zeros
+ * below: one ALU operation where a zero-extend and a shift take two. */
 T2 static AI __m256 ld8_bf16_avx2(const flx_bf16_t *p)
 {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    const __m256i idx = _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7,
+                                         -1, -1, 8, 9, -1, -1, 10, 11, -1, -1, 12, 13, -1, -1, 14, 15);
+    return _mm256_castsi256_ps(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p)), idx));
 }
 
 T2 static AI float hsum8_avx2(__m256 v)
@@ -182,6 +188,25 @@ T512 static AI __m512 ld16_bf16_avx512(const flx_bf16_t *p)
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
 
+/* Word indices for widen32_avx512: word 2k + 1 of the result takes bf16 k (lo) or 16 + k (hi) of
+ * the 32 loaded; the even words are zeroed by the mask, so each dword is that bf16 as fp32. */
+#define WIDEN_EVEN_ZERO 0xAAAAAAAAu
+T512 static AI __m512i widen_idx_lo(void)
+{
+    return _mm512_set_epi16(15, 0, 14, 0, 13, 0, 12, 0, 11, 0, 10, 0, 9, 0, 8, 0, 7, 0, 6, 0, 5, 0, 4, 0, 3, 0, 2, 0, 1, 0,
+                            0, 0);
+}
+
+/* 32 bf16 at p as two fp32 vectors (values 0..15, 16..31): one load and one masked word permute
+ * each, where widening each half with a zero-extend and a shift costs two (the shifts compete with
+ * the FMAs for the same ports once a row feeds several vectors). The values are the same bits. */
+T512 static AI void widen32_avx512(const flx_bf16_t *p, __m512i ilo, __m512i ihi, __m512 *w0, __m512 *w1)
+{
+    const __m512i raw = _mm512_loadu_si512(p);
+    *w0 = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(WIDEN_EVEN_ZERO, ilo, raw));
+    *w1 = _mm512_castsi512_ps(_mm512_maskz_permutexvar_epi16(WIDEN_EVEN_ZERO, ihi, raw));
+}
+
 /* The 16 horizontal sums of a[0..16) in one vector, lane k = sum of a[k]: a transposing add tree
  * (45 ops instead of 16 separate reductions, which cost a quarter of a batched GEMV at hidden 576). */
 T512 static AI __m512 hsum16x16_avx512(const __m512 *a)
@@ -217,16 +242,18 @@ T512 static AI void gv_group_avx512(const int NB, const flx_bf16_t *w, size_t co
 #pragma GCC unroll 16
     for (int k = 0; k < 16; k++) a[k] = _mm512_setzero_ps();
     const size_t c16 = cols & ~(size_t)15, c32 = cols & ~(size_t)31;
+    const __m512i ilo = widen_idx_lo(), ihi = _mm512_add_epi16(ilo, _mm512_set1_epi16(16));
     for (uint32_t g = 0; g < nr; g++) {
         const flx_bf16_t *wr = w + (size_t)g * cols;
-        __m512 e[4], o[4];
-#pragma GCC unroll 4
+        __m512 e[8], o[8];
+#pragma GCC unroll 8
         for (int v = 0; v < NB; v++) e[v] = o[v] = _mm512_setzero_ps();
         size_t c = 0;
         for (; c < c32; c += 32) {   /* a line of weights a step: one prefetch, pf bytes on */
             if (pf) _mm_prefetch((const char *)(wr + c) + pf, _MM_HINT_T1);
-            const __m512 w0 = ld16_bf16_avx512(wr + c), w1 = ld16_bf16_avx512(wr + c + 16);
-#pragma GCC unroll 4
+            __m512 w0, w1;
+            widen32_avx512(wr + c, ilo, ihi, &w0, &w1);
+#pragma GCC unroll 8
             for (int v = 0; v < NB; v++) {
                 e[v] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + (size_t)v * cols + c), e[v]);
                 o[v] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + (size_t)v * cols + c + 16), o[v]);
@@ -234,10 +261,10 @@ T512 static AI void gv_group_avx512(const int NB, const flx_bf16_t *w, size_t co
         }
         if (c < c16) {
             const __m512 w0 = ld16_bf16_avx512(wr + c);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int v = 0; v < NB; v++) e[v] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + (size_t)v * cols + c), e[v]);
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int v = 0; v < NB; v++) a[g * NB + v] = _mm512_add_ps(e[v], o[v]);
     }
     float sums[16];
@@ -247,26 +274,33 @@ T512 static AI void gv_group_avx512(const int NB, const flx_bf16_t *w, size_t co
             y[(size_t)v * ldy + g] = sums[g * NB + v] + dot_tail(w + (size_t)g * cols, x + (size_t)v * cols, c16, cols);
 }
 
-/* Rows [r0, r1) in groups of G (16 for one vector, 8 for two, 4 for more, vectors taken 4 at a time:
- * a group's rows are re-read from L1 for the next 4). r0 is a multiple of 16, so a row's place in its
- * group, hence its result, does not depend on how the rows were cut into chunks. */
+/* Rows [r0, r1) in groups of G (16 for one vector, 8 for two, 4 for three or four, 2 for more,
+ * vectors taken 8 at a time: a group's rows are re-read from L1 for the next 8). Widened once, a
+ * chunk of weights feeds up to 8 vectors (16 accumulators), so a batch of 8 costs half the widening
+ * and reduction it did in two passes of 4. r0 is a multiple of 16, so a row's place in its group,
+ * hence its result, does not depend on how the rows were cut into chunks (nor on G and the passes:
+ * a (row, vector) dot product is summed the same way in every group). */
 T512 static void gemv_rows_avx512(const flx_bf16_t *w, size_t cols, uint32_t r0, uint32_t r1, const float *x,
                                   uint32_t n, float *y, size_t ldy)
 {
     const size_t pf = flx_cpu_stream_prefetch();
-    const uint32_t G = n == 1 ? 16 : n == 2 ? 8 : 4;
+    const uint32_t G = n == 1 ? 16 : n == 2 ? 8 : n <= 4 ? 4 : 2;
     for (uint32_t r = r0; r < r1; r += G) {
         const flx_bf16_t *wr = w + (size_t)r * cols;
         const uint32_t nr = FLX_MIN(G, r1 - r);
-        for (uint32_t j = 0; j < n; j += 4) {
+        for (uint32_t j = 0; j < n; j += 8) {
             const float *xj = x + (size_t)j * cols;
             float *yj = y + (size_t)j * ldy + r;
-            const size_t pfj = j ? 0 : pf;   /* the next 4 vectors re-read the group's rows from L1 */
-            switch (FLX_MIN(4, n - j)) {
+            const size_t pfj = j ? 0 : pf;   /* the next 8 vectors re-read the group's rows from L1 */
+            switch (FLX_MIN(8, n - j)) {
             case 1: gv_group_avx512(1, wr, cols, nr, xj, yj, ldy, pfj); break;
             case 2: gv_group_avx512(2, wr, cols, nr, xj, yj, ldy, pfj); break;
             case 3: gv_group_avx512(3, wr, cols, nr, xj, yj, ldy, pfj); break;
-            default: gv_group_avx512(4, wr, cols, nr, xj, yj, ldy, pfj); break;
+            case 4: gv_group_avx512(4, wr, cols, nr, xj, yj, ldy, pfj); break;
+            case 5: gv_group_avx512(5, wr, cols, nr, xj, yj, ldy, pfj); break;
+            case 6: gv_group_avx512(6, wr, cols, nr, xj, yj, ldy, pfj); break;
+            case 7: gv_group_avx512(7, wr, cols, nr, xj, yj, ldy, pfj); break;
+            default: gv_group_avx512(8, wr, cols, nr, xj, yj, ldy, pfj); break;
             }
         }
     }
