@@ -20,7 +20,15 @@
  * layer, as a decode step would run them: its time is their sum, a ratio is taken per repetition
  * between such sums, and the median and the spread (min..max) of the ratios are reported, with each
  * layer's own ratio beside them (layers differ: at 32K batch 4 one layer's ratio alone ranged 1.5
- * to 2.7). The default layers are eight spread over the model, none of the synthetic predictor's
+ * to 2.7). WARM-UP: on every layer loaded, each configuration makes one untimed call before the
+ * repetitions. The first calls after a load ran slow, and the rotation makes Fluxion the first
+ * configuration of the first repetition: on the AMX Xeon VM (2026-12-02) Fluxion at 128K batch 8
+ * took 133 ms a layer in that repetition against 32 in the others (fixed (16, 0.05) 93 against 64),
+ * one repetition's ratio 0.70 where the others gave 1.98 and 2.18; on U(64K, 128K) batch 1 its
+ * first call on each new layer spent 3.2 to 3.4 ms in its tasks against 1.6 to 2.2 in the later
+ * ones, with no page fault counted (getrusage) and the caches read through before every call
+ * alike (the cause was not found). Measured here is the steady state a decode step sees, a layer's
+ * data having been read by the steps before it. The default layers are eight spread over the model, none of the synthetic predictor's
  * training layers (scripts/train_predictor.sh: 1, 7, 13, 19, 25, 29). The within-tau
  * share (Eq. 2: ||o_c - o_full|| / max_h' ||o_full,h'|| <= tau, per query head of each sequence) is
  * measured against the full configuration's output of the same call set. Times are wall times of
@@ -294,6 +302,11 @@ static void point_layer(const ctx_t *cx, const sess_set_t *set, point_t *pt, uin
         memcpy(q + (size_t)b * HQ * D, set->rp[pt->row_of[b]]->q_step, (size_t)HQ * D * sizeof(float));
     }
     flx_attn_layer_args_t a = {.layer = 0, .batch = B, .sess = sess, .q = q, .window = FLX_LAYER_WIN_COMPUTE};
+    for (uint32_t c = 0; c < nc; c++) {   /* WARM-UP: one untimed call each on the layer just loaded */
+        a.o = o[c];
+        evict();
+        if (flx_attn_layer_run(pt->L[c], &a, NULL)) die(cf[c].name);
+    }
     for (uint32_t rep = 0; rep < cx->reps; rep++, pt->r++) {
         const uint32_t r = pt->r;
         for (uint32_t k = 0; k < nc; k++) {
