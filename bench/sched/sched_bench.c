@@ -28,9 +28,9 @@
  * first call on each new layer spent 3.2 to 3.4 ms in its tasks against 1.6 to 2.2 in the later
  * ones, with no page fault counted (getrusage) and the caches read through before every call
  * alike (the cause was not found). Measured here is the steady state a decode step sees, a layer's
- * data having been read by the steps before it. The default layers are eight spread over the model, none of the synthetic predictor's
- * training layers (scripts/train_predictor.sh: 1, 7, 13, 19, 25, 29). The within-tau
- * share (Eq. 2: ||o_c - o_full|| / max_h' ||o_full,h'|| <= tau, per query head of each sequence) is
+ * data having been read by the steps before it. The default layers are eight spread over the
+ * model, none of the synthetic predictor's training layers (scripts/train_predictor.sh: 1, 7, 13,
+ * 19, 25, 29). The within-tau share (Eq. 2: ||o_c - o_full|| / max_h' ||o_full,h'|| <= tau, per query head of each sequence) is
  * measured against the full configuration's output of the same call set. Times are wall times of
  * flx_attn_layer_run (features + predictor + selector + tasks + merges); Fluxion's decision time is
  * reported as a share of its layer time.

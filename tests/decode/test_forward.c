@@ -76,7 +76,7 @@ static void test_gemv(void)
     const uint32_t shapes[][2] = {{37, 64}, {100, 72}, {5, 50}, {257, 576}, {16, 16}, {3, 7}};
     for (size_t si = 0; si < FLX_ARRAY_SIZE(shapes); si++) {
         uint32_t rows = shapes[si][0], cols = shapes[si][1];
-        for (uint32_t n = 1; n <= 17; n += (n < 9 ? 1 : 8)) {   /* 1..9, 17: every pass width, two passes, three */
+        for (uint32_t n = 1; n <= 17; n += (n < 9 ? 1 : 8)) {   /* 1..9 and 17: every width of a pass; 2 and 3 passes */
             flx_bf16_t *w[3];
             float *y[3], *yr[3], *x = malloc((size_t)n * cols * 4);
             uint32_t r3[3] = {rows, rows / 2 + 1, 17};
