@@ -30,10 +30,10 @@
  * alike (the cause was not found). Measured here is the steady state a decode step sees, a layer's
  * data having been read by the steps before it. The default layers are eight spread over the
  * model, none of the synthetic predictor's training layers (scripts/train_predictor.sh: 1, 7, 13,
- * 19, 25, 29). The within-tau share (Eq. 2: ||o_c - o_full|| / max_h' ||o_full,h'|| <= tau, per query head of each sequence) is
- * measured against the full configuration's output of the same call set. Times are wall times of
- * flx_attn_layer_run (features + predictor + selector + tasks + merges); Fluxion's decision time is
- * reported as a share of its layer time.
+ * 19, 25, 29). The within-tau share (Eq. 2: ||o_c - o_full|| / max_h' ||o_full,h'|| <= tau, per
+ * query head of each sequence) is measured against the full configuration's output of the same call
+ * set. Times are wall times of flx_attn_layer_run (features + predictor + selector + tasks +
+ * merges); Fluxion's decision time is reported as a share of its layer time.
  *
  * With a CUDA device (and only then) the 32K and 128K points add the GPU worker: Fluxion on the
  * scheduler with it (hybrid, priority), the hybrid fixed (16, 0.05) baseline (no-parallel: the GPU
