@@ -463,10 +463,24 @@ static flx_status_t score_run(void *ctx, const flx_pool_worker_t *w, uint64_t e0
 flx_status_t flx_attn_score(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int level, const float *q,
                             float *scores)
 {
+    if (!ws) return flx_error_set(FLX_ERR_INVALID, "score: workspace is NULL");
+    uint8_t heads[FLX_ATTN_MAX_GROUP];
+    for (uint32_t h = 0; h < ws->shape.group; h++) heads[h] = (uint8_t)h;
+    return flx_attn_score_heads(ws, view, level, q, heads, ws->shape.group, scores);
+}
+
+flx_status_t flx_attn_score_heads(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int level, const float *q,
+                                  const uint8_t *heads, uint32_t nh, float *scores)
+{
     flx_status_t st = flx_attn_check_view(view, "score");
     if (st) return st;
-    if (!ws || !q || !scores || level < 0 || level >= FLX_KV_META_LEVELS)
-        return flx_error_set(FLX_ERR_INVALID, "score: bad arguments (level %d)", level);
+    if (!ws || !q || !scores || !heads || level < 0 || level >= FLX_KV_META_LEVELS || nh == 0 ||
+        nh > ws->shape.group)
+        return flx_error_set(FLX_ERR_INVALID, "score: bad arguments (level %d, %u heads)", level, nh);
+    for (uint32_t i = 0; i < nh; i++)
+        if (heads[i] >= ws->shape.group || (i && heads[i] <= heads[i - 1]))
+            return flx_error_set(FLX_ERR_INVALID, "score: head list entry %u (%u) not ascending below %u", i,
+                                 heads[i], ws->shape.group);
     if (view->head_dim != ws->shape.head_dim || view->l_cpu > ws->shape.max_l_cpu)
         return flx_error_set(FLX_ERR_INVALID, "score: view head_dim %u l_cpu %u vs workspace D %u max_l_cpu %u",
                              view->head_dim, view->l_cpu, ws->shape.head_dim, ws->shape.max_l_cpu);
@@ -477,10 +491,7 @@ flx_status_t flx_attn_score(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, i
     flx_isa_t isa = flx_isa_active();
     attn_q_t pq;
     prep_q_score(ws, q, isa, &pq);
-    uint8_t heads[FLX_ATTN_MAX_GROUP];
-    uint32_t G = ws->shape.group;
-    for (uint32_t h = 0; h < G; h++) heads[h] = (uint8_t)h;
-    score_job_t j = {view->meta[level], pick_dots(isa), &pq, heads, G, n, scores};
+    score_job_t j = {view->meta[level], pick_dots(isa), &pq, heads, nh, n, scores};
     return flx_pool_for(ws->shape.pool, n, SCORE_CHUNK, score_run, &j);
 }
 

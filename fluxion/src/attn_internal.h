@@ -16,6 +16,12 @@ flx_status_t flx_attn_check_cfg(uint32_t G, const flx_attn_cfg_t *cfg, int *leve
  * reading none or all selects blocks 0..k-1 without them). */
 int flx_attn_cfg_blocks(uint32_t G, const flx_attn_cfg_t *cfg, int level, uint32_t l_cpu, uint32_t *k);
 
+/* flx_attn_score for the nh heads listed in heads (ascending, each < G): the scores of heads[i] go
+ * to row i of scores (nh, n). The metadata is read once whatever nh is; a head that reads none or
+ * all of the blocks needs no scores, and leaving it out saves its share of the multiply-adds. */
+flx_status_t flx_attn_score_heads(flx_attn_ws_t *ws, const flx_kv_head_view_t *view, int level, const float *q,
+                                  const uint8_t *heads, uint32_t nh, float *scores);
+
 /* The chunk machinery of attn_cpu.c (attn.h, CHUNKS), used by the task in attn_task.c. */
 /* Prepares q for attention (scaled, in the active ISA's layout) and records that ISA in ws->isa. */
 void flx_attn_prep_attn_q(flx_attn_ws_t *ws, const float *q);

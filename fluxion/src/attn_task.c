@@ -382,16 +382,18 @@ static flx_status_t check_task(flx_attn_ws_t *ws, const flx_kv_head_view_t *view
 
 typedef struct topk_job {
     const flx_attn_ws_t *ws;
+    const uint8_t *heads;   /* the scored heads: heads[i]'s scores are row i */
     uint32_t n;
 } topk_job_t;
 
-static flx_status_t topk_heads(void *ctx, const flx_pool_worker_t *w, uint64_t h0, uint64_t h1)
+static flx_status_t topk_heads(void *ctx, const flx_pool_worker_t *w, uint64_t i0, uint64_t i1)
 {
     (void)w;
     const topk_job_t *j = ctx;
     const flx_attn_ws_t *ws = j->ws;
-    for (uint64_t h = h0; h < h1; h++) {
-        flx_status_t st = flx_topk(ws->scores + h * j->n, j->n, ws->k[h], ws->sel + h * ws->n_max);
+    for (uint64_t i = i0; i < i1; i++) {
+        const uint32_t h = j->heads[i];
+        flx_status_t st = flx_topk(ws->scores + i * j->n, j->n, ws->k[h], ws->sel + (size_t)h * ws->n_max);
         if (st) return st;
     }
     return FLX_OK;
@@ -422,18 +424,26 @@ flx_status_t flx_attn_task_begin(flx_attn_ws_t *ws, const flx_kv_head_view_t *vi
         tokens = view->l_cpu;
     } else {
         const uint32_t blk = 16u << level, n = view->meta_n[level];
-        if (flx_attn_cfg_blocks(G, cfg, level, view->l_cpu, ws->k)) {
+        /* Only a head that reads some but not all of the blocks is scored and ranked; one that reads
+         * none (a streaming head of a retrieval group) or all takes blocks 0..k-1. The union, and so
+         * the output, is the same set either way. */
+        uint8_t ranked[FLX_ATTN_MAX_GROUP];
+        uint32_t n_ranked = 0;
+        flx_attn_cfg_blocks(G, cfg, level, view->l_cpu, ws->k);
+        for (uint32_t h = 0; h < G; h++) {
+            if (ws->k[h] > 0 && ws->k[h] < n) ranked[n_ranked++] = (uint8_t)h;
+            else
+                for (uint32_t i = 0; i < ws->k[h]; i++) ws->sel[(size_t)h * ws->n_max + i] = i;
+        }
+        if (n_ranked) {
             const uint64_t t0 = flx_now_ns();
-            if ((st = flx_attn_score(ws, view, level, q, ws->scores))) return st;
+            if ((st = flx_attn_score_heads(ws, view, level, q, ranked, n_ranked, ws->scores))) return st;
             const uint64_t t1 = flx_now_ns();
-            topk_job_t tj = {ws, n};
-            if ((st = flx_pool_for(ws->shape.pool, G, 1, topk_heads, &tj))) return st;
+            topk_job_t tj = {ws, ranked, n};
+            if ((st = flx_pool_for(ws->shape.pool, n_ranked, 1, topk_heads, &tj))) return st;
             ws->score_ns = t1 - t0;
             ws->topk_ns = flx_now_ns() - t1;
             ws->score_bytes = (uint64_t)n * 2 * D * sizeof(flx_bf16_t);
-        } else {
-            for (uint32_t h = 0; h < G; h++)
-                for (uint32_t i = 0; i < ws->k[h]; i++) ws->sel[(size_t)h * ws->n_max + i] = i;
         }
         if ((st = flx_attn_build_union(ws, n, ws->sel, ws->n_max, ws->k, &n_list))) return st;
         /* the distinct blocks read (the last one holds only the tokens up to l_cpu) */

@@ -7,6 +7,7 @@
  * its chunks run backwards; windows and host parts long enough for several chunks.
  * Label concurrency: TSan runs it.
  */
+#include "attn_internal.h"   /* flx_attn_score_heads */
 #include "attn_testutil.h"
 
 #define O_ATOL 3e-5
@@ -159,6 +160,29 @@ static void run_case(uint32_t D, uint32_t G, uint32_t l_cpu, uint32_t n_win)
         }
         snprintf(lab, sizeof lab, "[%s D%u G%u L%u] score fast vs ref level %d", isa, D, G, l_cpu, lv);
         CHECK(scores_close(lab, s, s_ref, &t.view, lv, G, q, flx_isa_active() == FLX_ISA_AVX512BF16 ? 0x1p-15 : 0.0));
+        /* a subset of the heads (what a task ranks when some heads read none or all of the blocks):
+         * row i is heads[i]'s row of the full scoring, bit for bit; lists not ascending or out of
+         * range refused */
+        if (n) {
+            uint8_t hs[FLX_ATTN_MAX_GROUP];
+            uint32_t nh = 0;
+            for (uint32_t h = 0; h < G; h++)
+                if (G == 1 || flx_rng_below(&rng, 2)) hs[nh++] = (uint8_t)h;
+            if (!nh) hs[nh++] = (uint8_t)(G - 1);
+            CHECK_OK(flx_attn_score_heads(&ws, &t.view, lv, q, hs, nh, s_ref));
+            for (uint32_t i = 0; i < nh; i++) {
+                snprintf(lab, sizeof lab, "[%s D%u G%u] head %u's scores as row %u of %u, level %d", isa, D, G, hs[i],
+                         i, nh, lv);
+                CHECK_SAME(lab, s_ref + (size_t)i * n, s + (size_t)hs[i] * n, n);
+            }
+            CHECK_ST(flx_attn_score_heads(&ws, &t.view, lv, q, hs, 0, s_ref), FLX_ERR_INVALID);
+            uint8_t bad[2] = {(uint8_t)G, 0};
+            CHECK_ST(flx_attn_score_heads(&ws, &t.view, lv, q, bad, 1, s_ref), FLX_ERR_INVALID);
+            if (G > 1) {
+                bad[0] = 1, bad[1] = 0;
+                CHECK_ST(flx_attn_score_heads(&ws, &t.view, lv, q, bad, 2, s_ref), FLX_ERR_INVALID);
+            }
+        }
         free(s);
         free(s_ref);
     }
