@@ -26,16 +26,16 @@
  * took 133 ms a layer in that repetition against 32 in the others (fixed (16, 0.05) 93 against 64),
  * one repetition's ratio 0.70 where the others gave 1.98 and 2.18; on U(64K, 128K) batch 1 its
  * first call on each new layer spent 3.2 to 3.4 ms in its tasks against 1.6 to 2.2 in the later
- * ones, the caches read through before every call alike. Part of it is first touches of the
- * configurations' workspaces (page faults on a point's first layer only); most is the first read of
- * the data a load wrote, whatever reads it (docs/sched.md; the cause not found). Measured here is
- * the steady state a decode step sees, a layer's data having been read by the steps before it.
- * The default layers are eight spread over the model, none of the synthetic predictor's training
- * layers (scripts/train_predictor.sh: 1, 7, 13, 19, 25, 29). The within-tau share (Eq. 2:
- * ||o_c - o_full|| / max_h' ||o_full,h'|| <= tau, per query head of each sequence) is measured
- * against the full configuration's output of the same call set. Times are wall times of
- * flx_attn_layer_run (features + predictor + selector + tasks + merges); Fluxion's decision time is
- * reported as a share of its layer time.
+ * ones, the caches read through before every call alike. Part of it was first touches of the
+ * configurations' workspaces (page faults on a point's first layer; now paged in at create); most
+ * is the first read of the data a load wrote, whatever reads it (docs/sched.md; the cause not
+ * found). Measured here is the steady state a decode step sees, a layer's data having been read
+ * by the steps before it. The default layers are eight spread over the model, none of the
+ * synthetic predictor's training layers (scripts/train_predictor.sh: 1, 7, 13, 19, 25, 29). The
+ * within-tau share (Eq. 2: ||o_c - o_full|| / max_h' ||o_full,h'|| <= tau, per query head of each
+ * sequence) is measured against the full configuration's output of the same call set. Times are
+ * wall times of flx_attn_layer_run (features + predictor + selector + tasks + merges); Fluxion's
+ * decision time is reported as a share of its layer time.
  *
  * With a CUDA device (and only then) the 32K and 128K points add the GPU worker: Fluxion on the
  * scheduler with it (hybrid, priority), the hybrid fixed (16, 0.05) baseline (no-parallel: the GPU

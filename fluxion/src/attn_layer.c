@@ -168,6 +168,8 @@ flx_status_t flx_attn_layer_create(const flx_attn_layer_params_t *params, flx_at
             st = flx_error_set(FLX_ERR_NOMEM, "attention layer: fluxion buffers for %u sequences", B);
             goto fail;
         }
+        memset(L->fmem, 0, L->fws_bytes * L->W);   /* paged in now, as the scheduler's workspaces */
+        memset(L->pscratch, 0, L->ps_bytes);
         for (uint32_t w = 0; w < L->W; w++)
             if ((st = flx_attn_ws_init(&L->fws[w], &fs, (uint8_t *)L->fmem + (size_t)w * L->fws_bytes, L->fws_bytes)))
                 goto fail;
