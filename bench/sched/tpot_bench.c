@@ -22,7 +22,8 @@
  * turn streaming-only after the first 20 to 30 steps). Instances of a configuration must generate
  * the same tokens (checked: the run fails otherwise). --same runs FIXED (16, 0.05) on both sides (an
  * A/A run). --csv writes every step of every engine (time, dense and attention time, host bytes,
- * streaming-only groups); bench/sched/plot_tpot.py draws it.
+ * streaming-only groups, the host bytes' Quest metadata); bench/sched/plot_tpot.py draws it. The
+ * host bytes per step are printed with their split: Quest metadata scored, K and V attended.
  *
  * --gpu [DEVICE] runs every engine on its GPU path (flx/engine.h GPU PATH: the dense part on the
  * device, window attention on device windows, a GPU worker beside the CPU workers; one device copy
@@ -120,7 +121,7 @@ int main(int argc, char **argv)
                      "store, their step times averaged (default 4)"),
         FLX_CLI_FLAG(0, "same", &same, "an A/A run: fixed (16, 0.05) on both sides"),
         FLX_CLI_PATH(0, "csv", "FILE", &csv_path, 0, "per step and engine: ms, dense and attention ms, host bytes, "
-                     "streaming-only groups (default: none)"),
+                     "streaming-only groups, the host bytes' Quest metadata (default: none)"),
         FLX_CLI_UINT('t', "threads", "N", &threads, 1, FLX_POOL_MAX_WORKERS, 0, "pool workers (default: the CPU "
                      "budget)"),
         FLX_CLI_UINT(0, "gpu", "DEVICE", &gpu_dev, 0, 1023, FLX_CLI_OPTIONAL, "every engine on its GPU path on CUDA "
@@ -224,7 +225,7 @@ int main(int argc, char **argv)
     }
     FILE *csv = NULL;
     if (csv_path && !(csv = fopen(csv_path, "w"))) die("--csv: cannot create the file");
-    if (csv) fprintf(csv, "step,engine,instance,ms,dense_ms,attn_ms,decide_ms,host_mib,skipped_groups\n");
+    if (csv) fprintf(csv, "step,engine,instance,ms,dense_ms,attn_ms,decide_ms,host_mib,skipped_groups,meta_mib\n");
     double pred_ns = 0, step_ns = 0;
     for (uint64_t s = 0; s < steps; s++)
         for (int j = 0; j < ns; j++) {
@@ -236,10 +237,11 @@ int main(int argc, char **argv)
             flx_engine_stats_t st_x;
             flx_engine_last_stats(x->e, &st_x);
             if (csv)
-                fprintf(csv, "%llu,%s,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%llu\n", (unsigned long long)s, csv_name[x->cfg],
-                        (int)((x - sd) / 2), x->ms[s], (double)st_x.dense_ns * 1e-6, (double)st_x.attn_ns * 1e-6,
-                        (double)st_x.predict_ns * 1e-6, (double)st_x.host_bytes / 1048576.0,
-                        (unsigned long long)st_x.n_skipped);
+                fprintf(csv, "%llu,%s,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%llu,%.3f\n", (unsigned long long)s,
+                        csv_name[x->cfg], (int)((x - sd) / 2), x->ms[s], (double)st_x.dense_ns * 1e-6,
+                        (double)st_x.attn_ns * 1e-6, (double)st_x.predict_ns * 1e-6,
+                        (double)st_x.host_bytes / 1048576.0, (unsigned long long)st_x.n_skipped,
+                        (double)st_x.host_meta_bytes / 1048576.0);
             if (x->cfg == 0 && s >= WARM) pred_ns += (double)st_x.predict_ns, step_ns += (double)st_x.step_ns;
         }
     if (csv) fclose(csv);
@@ -288,11 +290,13 @@ int main(int argc, char **argv)
             flx_engine_stats_add(&t, &x);
         }
         const double ns_ms = 1e-6 / (double)(t.n_steps ? t.n_steps : 1);   /* ns summed -> ms per step */
-        printf("%-16s TPOT median %8.2f ms, host bytes per step %8.2f MiB; per step (mean, warm-up included): dense "
-               "%.2f ms, attention %.2f ms (decisions %.2f: features and predictor %.2f, selector %.2f; tasks %.2f); "
-               "thread-ms: features %.2f, predictor %.2f, in tasks window %.2f, scoring %.2f, top-k %.2f, attention "
-               "%.2f\n",
-               name[k], med[k], (double)t.host_bytes / (double)(t.n_steps ? t.n_steps : 1) / 1048576.0,
+        const double mib = 1.0 / (double)(t.n_steps ? t.n_steps : 1) / 1048576.0;   /* bytes summed -> MiB a step */
+        printf("%-16s TPOT median %8.2f ms, host bytes per step %8.2f MiB (Quest metadata %.2f, K and V %.2f); per "
+               "step (mean, warm-up included): dense %.2f ms, attention %.2f ms (decisions %.2f: features and "
+               "predictor %.2f, selector %.2f; tasks %.2f); thread-ms: features %.2f, predictor %.2f, in tasks window "
+               "%.2f, scoring %.2f, top-k %.2f, attention %.2f\n",
+               name[k], med[k], (double)t.host_bytes * mib, (double)t.host_meta_bytes * mib,
+               (double)(t.host_bytes - t.host_meta_bytes) * mib,
                (double)t.dense_ns * ns_ms, (double)t.attn_ns * ns_ms, (double)t.predict_ns * ns_ms,
                (double)t.decide_ns * ns_ms, (double)t.select_ns * ns_ms, (double)t.sched_wall_ns * ns_ms,
                (double)t.feat_cpu_ns * ns_ms, (double)t.mlp_cpu_ns * ns_ms, (double)t.window_ns * ns_ms,

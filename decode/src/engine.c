@@ -735,6 +735,7 @@ static void layer_stats_add(struct flx_engine *e, uint32_t layer, const flx_attn
     e->cur.host_attn_ns += s->attn.attn_ns;
     e->cur.merge_ns += s->attn.merge_ns + x->merge_ns;
     e->cur.host_bytes += s->attn.score_bytes + s->attn.attn_bytes;
+    e->cur.host_meta_bytes += s->attn.score_bytes;
     e->cur.cpu_busy_ns += s->cpu_busy_ns;
     e->cur.n_gpu_tasks += s->n_gpu_tasks;
     e->cur.gpu_busy_ns += s->gpu_busy_ns;
@@ -906,6 +907,7 @@ void flx_engine_stats_add(flx_engine_stats_t *a, const flx_engine_stats_t *b)
     a->host_attn_ns += b->host_attn_ns;
     a->merge_ns += b->merge_ns;
     a->host_bytes += b->host_bytes;
+    a->host_meta_bytes += b->host_meta_bytes;
     a->dense_bytes += b->dense_bytes;
     a->predict_ns += b->predict_ns;
     a->decide_ns += b->decide_ns;

@@ -1648,6 +1648,8 @@ flx_status_t flx_node_metrics_text(flx_node_h n, char **text_p, size_t *len_p)
     flx_prom_sample(&b, "fluxion_decode_seconds_total", "part=\"sample\"", (double)t.sample_ns / 1e9);
     flx_prom_metric(&b, "fluxion_host_read_bytes_total", "counter",
                     "Host-resident KV bytes attention read (Quest metadata + K/V blocks).", (double)t.host_bytes);
+    flx_prom_metric(&b, "fluxion_host_metadata_bytes_total", "counter",
+                    "Of those, the Quest metadata attention scored.", (double)t.host_meta_bytes);
     flx_prom_metric(&b, "fluxion_attention_heads_total", "counter", "(sequence, step, layer, query head)s decoded.",
                     (double)heads);
     flx_prom_metric(&b, "fluxion_streaming_heads_total", "counter",

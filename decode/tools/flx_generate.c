@@ -437,9 +437,10 @@ int main(int argc, char **argv)
         if (ep.mode != FLX_ENGINE_ATTN_FLUXION)
             snprintf(win, sizeof win, "%.3f ms", (double)tot.window_ns / tot.n_steps / 1e6);
         fprintf(stderr,
-                "attention per step: %.0f tasks, host bytes read %.2f MiB, kernel time (summed over tasks) "
-                "window %s, score %.3f ms, top-k %.3f ms, host attention %.3f ms, merge %.3f ms\n",
-                (double)tot.n_tasks / tot.n_steps, (double)tot.host_bytes / tot.n_steps / (1 << 20), win,
+                "attention per step: %.0f tasks, host bytes read %.2f MiB (Quest metadata %.2f), kernel time "
+                "(summed over tasks) window %s, score %.3f ms, top-k %.3f ms, host attention %.3f ms, merge %.3f ms\n",
+                (double)tot.n_tasks / tot.n_steps, (double)tot.host_bytes / tot.n_steps / (1 << 20),
+                (double)tot.host_meta_bytes / tot.n_steps / (1 << 20), win,
                 (double)tot.score_ns / tot.n_steps / 1e6, (double)tot.topk_ns / tot.n_steps / 1e6,
                 (double)tot.host_attn_ns / tot.n_steps / 1e6, (double)tot.merge_ns / tot.n_steps / 1e6);
     }

@@ -209,6 +209,9 @@ static void test_single(const flx_model_config_t *c, const char *name)
         flx_engine_total_stats(e, &tot);
         CHECK(tot.n_steps == NGEN - 1 && tot.n_tasks == (uint64_t)(NGEN - 1) * c->n_layers * c->n_kv_heads);
         CHECK(tot.dense_ns > 0 && tot.attn_ns > 0 && tot.host_bytes > 0);
+        /* Quest metadata is read only where blocks are ranked: not at budget 1, part of the bytes else */
+        if (modes[mi].bgt == 1.0f) CHECK(tot.host_meta_bytes == 0);
+        else CHECK(tot.host_meta_bytes > 0 && tot.host_meta_bytes < tot.host_bytes);
         char label[96];
         snprintf(label, sizeof label, "%s %s(%u, %g) prompt %u", name, flx_engine_attn_mode_name(modes[mi].mode),
                  modes[mi].blk, (double)modes[mi].bgt, n);

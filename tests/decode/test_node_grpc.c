@@ -565,6 +565,7 @@ static void test_random(void)
         CHECK(metric(m, "fluxion_tpot_seconds_count") > 0 && metric(m, "fluxion_ttft_seconds_count") >= 9);
         CHECK(metric(m, "fluxion_host_tasks_total{blk=\"128\"}") >= 31 * 2 * 2);
         CHECK(metric(m, "fluxion_host_read_bytes_total") > 0);
+        CHECK(metric(m, "fluxion_host_metadata_bytes_total") <= metric(m, "fluxion_host_read_bytes_total"));
         CHECK(metric(m, "fluxion_sessions{state=\"decoding\"}") == 0);
         free(m);
         m = http_get(d.metrics_port, "/nothing", &hc);

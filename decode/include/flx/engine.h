@@ -261,6 +261,7 @@ typedef struct flx_engine_stats {
     uint64_t window_ns, score_ns, topk_ns, host_attn_ns, merge_ns;  /* flx_attn_timing_t sums (the GPU path's
                                                                        window: its kernel's device time) */
     uint64_t host_bytes;      /* host-resident bytes read: Quest metadata + K/V blocks */
+    uint64_t host_meta_bytes; /*   of those, the Quest metadata scored */
     uint64_t dense_bytes;     /* weight bytes the dense part read */
     uint64_t predict_ns;      /* FLUXION: features + predictor + selector, wall time, of which: */
     uint64_t decide_ns;       /*   the pool runs of the features and the predictor */
