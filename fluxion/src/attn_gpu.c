@@ -376,7 +376,7 @@ flx_status_t flx_attn_host_gpu(flx_attn_host_gpu_ws_t *ws, const flx_kv_head_vie
     const size_t off_lw = (size_t)((uint8_t *)ws->lse_win - (uint8_t *)ws->q);
     uint32_t *k = (uint32_t *)(in + off_k);
     memcpy(in, q, (size_t)G * D * sizeof(float));
-    const int scored = flx_attn_cfg_blocks(G, cfg, level, view->l_cpu, k);
+    const int scored = flx_attn_cfg_blocks(G, cfg, level, view->l_cpu, k, NULL) > 0;
     size_t in_len = off_k + G * sizeof(uint32_t);
     if (o_win) {
         memcpy(in + off_ow, o_win, (size_t)G * D * sizeof(float));

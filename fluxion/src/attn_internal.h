@@ -12,9 +12,11 @@ flx_status_t flx_attn_check_sel(const flx_kv_head_view_t *view, int level, uint3
 flx_status_t flx_attn_check_cfg(uint32_t G, const flx_attn_cfg_t *cfg, int *level_p);
 
 /* k[h] = logical blocks head h of a checked cfg reads at level over l_cpu host tokens (FULL: all);
- * returns 1 when some head reads some but not all of them, i.e. when top-k needs the scores (a head
- * reading none or all selects blocks 0..k-1 without them). */
-int flx_attn_cfg_blocks(uint32_t G, const flx_attn_cfg_t *cfg, int level, uint32_t l_cpu, uint32_t *k);
+ * returns how many heads read some but not all of them, i.e. need scores and top-k (a head reading
+ * none or all selects blocks 0..k-1 without them), and lists them, ascending, in ranked (if not
+ * NULL; room for G). */
+uint32_t flx_attn_cfg_blocks(uint32_t G, const flx_attn_cfg_t *cfg, int level, uint32_t l_cpu, uint32_t *k,
+                             uint8_t *ranked);
 
 /* flx_attn_score for the nh heads listed in heads (ascending, each < G): the scores of heads[i] go
  * to row i of scores (nh, n). The metadata is read once whatever nh is; a head that reads none or

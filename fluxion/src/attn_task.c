@@ -325,16 +325,20 @@ void flx_attn_merge(uint32_t G, uint32_t D, const float *o_a, const float *lse_a
 
 /* ---------------- the task ---------------- */
 
-int flx_attn_cfg_blocks(uint32_t G, const flx_attn_cfg_t *cfg, int level, uint32_t l_cpu, uint32_t *k)
+uint32_t flx_attn_cfg_blocks(uint32_t G, const flx_attn_cfg_t *cfg, int level, uint32_t l_cpu, uint32_t *k,
+                             uint8_t *ranked)
 {
     const uint32_t blk = 16u << level, n = flx_kv_meta_count(l_cpu, level);
-    int scored = 0;
+    uint32_t n_ranked = 0;
     for (uint32_t h = 0; h < G; h++) {
         const float b = cfg->mode == FLX_ATTN_FULL ? 1.0f : cfg->mode == FLX_ATTN_FIXED ? cfg->budget : cfg->budgets[h];
         k[h] = flx_attn_budget_blocks(b, l_cpu, blk);
-        scored |= k[h] > 0 && k[h] < n;
+        if (k[h] > 0 && k[h] < n) {
+            if (ranked) ranked[n_ranked] = (uint8_t)h;
+            n_ranked++;
+        }
     }
-    return scored;
+    return n_ranked;
 }
 
 flx_status_t flx_attn_check_cfg(uint32_t G, const flx_attn_cfg_t *cfg, int *level_p)
@@ -428,13 +432,10 @@ flx_status_t flx_attn_task_begin(flx_attn_ws_t *ws, const flx_kv_head_view_t *vi
          * none (a streaming head of a retrieval group) or all takes blocks 0..k-1. The union, and so
          * the output, is the same set either way. */
         uint8_t ranked[FLX_ATTN_MAX_GROUP];
-        uint32_t n_ranked = 0;
-        flx_attn_cfg_blocks(G, cfg, level, view->l_cpu, ws->k);
-        for (uint32_t h = 0; h < G; h++) {
-            if (ws->k[h] > 0 && ws->k[h] < n) ranked[n_ranked++] = (uint8_t)h;
-            else
-                for (uint32_t i = 0; i < ws->k[h]; i++) ws->sel[(size_t)h * ws->n_max + i] = i;
-        }
+        const uint32_t n_ranked = flx_attn_cfg_blocks(G, cfg, level, view->l_cpu, ws->k, ranked);
+        for (uint32_t h = 0; h < G; h++)   /* a head reading every block (k = n) takes them in order */
+            if (ws->k[h] >= n)
+                for (uint32_t b = 0; b < ws->k[h]; b++) ws->sel[(size_t)h * ws->n_max + b] = b;
         if (n_ranked) {
             const uint64_t t0 = flx_now_ns();
             if ((st = flx_attn_score_heads(ws, view, level, q, ranked, n_ranked, ws->scores))) return st;
