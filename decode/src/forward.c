@@ -182,7 +182,7 @@ static flx_status_t ws_check(const flx_model_t *m, const flx_fwd_ws_t *ws)
 static void embed(const flx_model_t *m, const int32_t *tokens, uint32_t n, float *x)
 {
     const size_t H = m->cfg.hidden;
-    for (uint32_t t = 0; t < n; t++) flx_bf16_to_f32_row(m->tok_embd + (size_t)tokens[t] * H, x + t * H, H);
+    for (uint32_t t = 0; t < n; t++) flx_wmat_row_f32(&m->tok_embd, H, tokens[t], 0, H, x + t * H);
 }
 
 typedef struct rows_job {

@@ -387,6 +387,24 @@ static flx_status_t upload(int device, const void *dst, const void *src, size_t 
     return flx_cuda_copy_htod(device, (void *)dst, src, bytes);
 }
 
+/* A (rows, cols) matrix as bf16 at dst: as it is when stored as bf16, else expanded to bf16 (the
+ * same values, flx/model.h) through a host staging buffer of up to 4 MiB. */
+static flx_status_t upload_mat(int device, const flx_bf16_t *dst, const flx_wmat_t *w, size_t rows, size_t cols)
+{
+    if (w->fmt == FLX_WFMT_BF16) return upload(device, dst, w->p, rows * cols * 2);
+    const size_t per = FLX_MAX((size_t)1, ((size_t)4 << 20) / (cols * 2));
+    flx_bf16_t *buf = malloc(FLX_MIN(per, rows) * cols * 2);
+    if (!buf) return flx_error_set(FLX_ERR_NOMEM, "gpu model: staging %zu rows of %zu values", FLX_MIN(per, rows), cols);
+    flx_status_t st = FLX_OK;
+    for (size_t r0 = 0; r0 < rows && st == FLX_OK; r0 += per) {
+        const size_t nr = FLX_MIN(per, rows - r0);
+        for (size_t r = 0; r < nr; r++) flx_wmat_row_bf16(w, cols, r0 + r, 0, cols, buf + r * cols);
+        st = upload(device, dst + r0 * cols, buf, nr * cols * 2);
+    }
+    free(buf);
+    return st;
+}
+
 static flx_status_t model_upload(const flx_model_t *m, struct flx_gpu_model *gm)
 {
     const flx_model_config_t *c = &m->cfg;
@@ -396,18 +414,18 @@ static flx_status_t model_upload(const flx_model_t *m, struct flx_gpu_model *gm)
     flx_status_t st;
     float inv_freq[FLX_MODEL_MAX_HEAD_DIM / 2];
     flx_rope_inv_freq(c, inv_freq);
-    if ((st = upload(dev, gm->tok_embd, m->tok_embd, V * H * 2)) ||
-        (!c->tied_embeddings && (st = upload(dev, gm->lm_head, m->lm_head, V * H * 2))) ||
+    if ((st = upload_mat(dev, gm->tok_embd, &m->tok_embd, V, H)) ||
+        (!c->tied_embeddings && (st = upload_mat(dev, gm->lm_head, &m->lm_head, V, H))) ||
         (st = upload(dev, gm->out_norm, m->out_norm, H * 4)) || (st = upload(dev, gm->inv_freq, inv_freq, D / 2 * 4)))
         return st;
     for (uint32_t l = 0; l < c->n_layers; l++) {
         const flx_layer_weights_t *w = &m->layers[l];
         const gpu_layer_t *L = &gm->layers[l];
         if ((st = upload(dev, L->attn_norm, w->attn_norm, H * 4)) || (st = upload(dev, L->ffn_norm, w->ffn_norm, H * 4)) ||
-            (st = upload(dev, L->wqkv, w->wq, qd * H * 2)) || (st = upload(dev, L->wqkv + qd * H, w->wk, kvd * H * 2)) ||
-            (st = upload(dev, L->wqkv + (qd + kvd) * H, w->wv, kvd * H * 2)) ||
-            (st = upload(dev, L->wo, w->wo, H * qd * 2)) || (st = upload(dev, L->wgu, w->w_gate, F * H * 2)) ||
-            (st = upload(dev, L->wgu + F * H, w->w_up, F * H * 2)) || (st = upload(dev, L->wdown, w->w_down, H * F * 2)))
+            (st = upload_mat(dev, L->wqkv, &w->wq, qd, H)) || (st = upload_mat(dev, L->wqkv + qd * H, &w->wk, kvd, H)) ||
+            (st = upload_mat(dev, L->wqkv + (qd + kvd) * H, &w->wv, kvd, H)) ||
+            (st = upload_mat(dev, L->wo, &w->wo, H, qd)) || (st = upload_mat(dev, L->wgu, &w->w_gate, F, H)) ||
+            (st = upload_mat(dev, L->wgu + F * H, &w->w_up, F, H)) || (st = upload_mat(dev, L->wdown, &w->w_down, H, F)))
             return flx_error_set(st, "gpu model: uploading layer %u: %s", l, flx_error_msg());
         if (c->qkv_bias &&
             ((st = upload(dev, L->bqkv, w->bq, qd * 4)) || (st = upload(dev, L->bqkv + qd, w->bk, kvd * 4)) ||
@@ -421,12 +439,12 @@ static flx_status_t model_upload(const flx_model_t *m, struct flx_gpu_model *gm)
 static flx_status_t model_check(const flx_model_t *m)
 {
     const flx_model_config_t *c = &m->cfg;
-    if (!m->tok_embd || !m->out_norm || !m->lm_head || !m->layers)
+    if (!m->tok_embd.p || !m->out_norm || !m->lm_head.p || !m->layers)
         return flx_error_set(FLX_ERR_INVALID, "gpu model: model without embeddings, output norm, head or layers");
     for (uint32_t l = 0; l < c->n_layers; l++) {
         const flx_layer_weights_t *w = &m->layers[l];
-        if (!w->attn_norm || !w->ffn_norm || !w->wq || !w->wk || !w->wv || !w->wo || !w->w_gate || !w->w_up ||
-            !w->w_down || (c->qkv_bias && (!w->bq || !w->bk || !w->bv)))
+        if (!w->attn_norm || !w->ffn_norm || !w->wq.p || !w->wk.p || !w->wv.p || !w->wo.p || !w->w_gate.p ||
+            !w->w_up.p || !w->w_down.p || (c->qkv_bias && (!w->bq || !w->bk || !w->bv)))
             return flx_error_set(FLX_ERR_INVALID, "gpu model: layer %u misses a weight%s", l,
                                  c->qkv_bias ? " or a bias" : "");
     }

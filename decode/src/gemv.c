@@ -118,11 +118,96 @@ static float dot_tail(const flx_bf16_t *w, const float *x, size_t c0, size_t col
     return s;
 }
 
-static void gemv_rows_scalar(const flx_bf16_t *w, size_t cols, uint32_t r0, uint32_t r1, const float *x, uint32_t n,
+/* A row of a block format dotted with x in the order of dot_tail, its values from the format's
+ * scalar definition (flx_wmat_row_f32). */
+static float dot_row_q(const flx_wmat_t *w, size_t cols, size_t r, const float *x)
+{
+    float s = 0, v[FLX_WFMT_BLOCK];
+    for (size_t c = 0; c < cols; c += FLX_WFMT_BLOCK) {
+        flx_wmat_row_f32(w, cols, r, c, FLX_WFMT_BLOCK, v);
+        for (int k = 0; k < FLX_WFMT_BLOCK; k++) s += v[k] * x[c + k];
+    }
+    return s;
+}
+
+static void gemv_rows_scalar(const flx_wmat_t *w, size_t cols, uint32_t r0, uint32_t r1, const float *x, uint32_t n,
                              float *y, size_t ldy)
 {
+    const flx_bf16_t *wb = w->p;
     for (uint32_t r = r0; r < r1; r++)
-        for (uint32_t j = 0; j < n; j++) y[(size_t)j * ldy + r] = dot_tail(w + (size_t)r * cols, x + (size_t)j * cols, 0, cols);
+        for (uint32_t j = 0; j < n; j++)
+            y[(size_t)j * ldy + r] = w->fmt == FLX_WFMT_BF16 ? dot_tail(wb + (size_t)r * cols, x + (size_t)j * cols, 0, cols)
+                                                              : dot_row_q(w, cols, r, x + (size_t)j * cols);
+}
+
+/* ---- block formats expanded in registers: the bf16 values of flx/model.h (WEIGHT FORMATS) as fp32,
+ * bit for bit what widening the same values stored as bf16 gives ---- */
+
+static inline float rdf(const uint8_t *p)
+{
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* fp32 -> nearest-even bf16 -> fp32, for finite lanes (the loader refuses non-finite scales, so
+ * every expanded value is finite): flx_f32_to_bf16's rounding, in integer operations. */
+T2 static AI __m256 round_bf16_avx2(__m256 v)
+{
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    return _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u)));
+}
+
+/* Values c .. c + 7 (c a multiple of 8) of a Q4 / Q8 row. */
+T2 static AI __m256 ld8_q4_avx2(const uint8_t *row, size_t c)
+{
+    const uint8_t *blk = row + (c / FLX_WFMT_BLOCK) * FLX_WFMT_Q4_BYTES;
+    const size_t j = c % FLX_WFMT_BLOCK;
+    __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + (j & 15))));
+    if (j >= 16) q = _mm256_srli_epi32(q, 4);
+    q = _mm256_and_si256(q, _mm256_set1_epi32(15));
+    return round_bf16_avx2(_mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(rdf(blk + 16)), _mm256_set1_ps(rdf(blk + 20))));
+}
+
+T2 static AI __m256 ld8_q8_avx2(const uint8_t *row, size_t c)
+{
+    const uint8_t *blk = row + (c / FLX_WFMT_BLOCK) * FLX_WFMT_Q8_BYTES;
+    const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + c % FLX_WFMT_BLOCK))));
+    return round_bf16_avx2(_mm256_mul_ps(q, _mm256_set1_ps(rdf(blk + 32))));
+}
+
+T512 static AI __m512 round_bf16_avx512(__m512 v)
+{
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* A Q4 block's 32 values as two fp32 vectors (values 0..15, 16..31). A block has at most 16
+ * distinct values, d * i + m for i < 16: they are computed and rounded once, as a table in one
+ * register, and each nibble picks its entry with a permute (which reads the low 4 bits of an index). */
+T512 static AI void deq32_q4_avx512(const uint8_t *blk, __m512 iota, __m512 *w0, __m512 *w1)
+{
+    const __m512 lut = round_bf16_avx512(_mm512_fmadd_ps(iota, _mm512_set1_ps(rdf(blk + 16)), _mm512_set1_ps(rdf(blk + 20))));
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk));
+    *w0 = _mm512_permutexvar_ps(q, lut);
+    *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), lut);
+}
+
+T512 static AI void deq32_q8_avx512(const uint8_t *blk, __m512 *w0, __m512 *w1)
+{
+    const __m512 d = _mm512_set1_ps(rdf(blk + 32));
+    *w0 = round_bf16_avx512(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)blk))), d));
+    *w1 = round_bf16_avx512(
+        _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 16)))), d));
+}
+
+T512 static AI __m512 iota16_avx512(void)
+{
+    return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 }
 
 /* 8 bf16 at p as fp32: the 16 bytes broadcast to both lanes (a load, no ALU work), then one byte
@@ -143,12 +228,21 @@ T2 static AI float hsum8_avx2(__m256 v)
     return _mm_cvtss_f32(a);
 }
 
-/* rows w[0 .. nr) (nr <= 4; missing rows alias the last one and are not stored) x NB vectors. */
-T2 static AI void gv_tile_avx2(const int NB, const flx_bf16_t *w, size_t cols, uint32_t nr, const float *x, float *y,
-                               size_t ldy)
+/* 8 values at column c of a row of format FMT (a compile-time constant where it is inlined). */
+T2 static AI __m256 ld8_avx2(const int FMT, const uint8_t *row, size_t c)
 {
-    const flx_bf16_t *wr[4];
-    for (uint32_t i = 0; i < 4; i++) wr[i] = w + (size_t)(i < nr ? i : nr - 1) * cols;
+    if (FMT == FLX_WFMT_Q4) return ld8_q4_avx2(row, c);
+    if (FMT == FLX_WFMT_Q8) return ld8_q8_avx2(row, c);
+    return ld8_bf16_avx2((const flx_bf16_t *)row + c);
+}
+
+/* rows w[0 .. nr) (nr <= 4; missing rows alias the last one and are not stored; rows rb bytes
+ * apart) x NB vectors. */
+T2 static AI void gv_tile_avx2(const int FMT, const int NB, const uint8_t *w, size_t rb, size_t cols, uint32_t nr,
+                               const float *x, float *y, size_t ldy)
+{
+    const uint8_t *wr[4];
+    for (uint32_t i = 0; i < 4; i++) wr[i] = w + (size_t)(i < nr ? i : nr - 1) * rb;
     __m256 a[4][2];
 #pragma GCC unroll 4
     for (int i = 0; i < 4; i++) a[i][0] = a[i][1] = _mm256_setzero_ps();
@@ -156,7 +250,7 @@ T2 static AI void gv_tile_avx2(const int NB, const flx_bf16_t *w, size_t cols, u
     for (; c + 8 <= cols; c += 8) {
         __m256 v[4];
 #pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) v[i] = ld8_bf16_avx2(wr[i] + c);
+        for (int i = 0; i < 4; i++) v[i] = ld8_avx2(FMT, wr[i], c);
 #pragma GCC unroll 2
         for (int j = 0; j < NB; j++) {
             __m256 xv = _mm256_loadu_ps(x + (size_t)j * cols + c);
@@ -165,22 +259,32 @@ T2 static AI void gv_tile_avx2(const int NB, const flx_bf16_t *w, size_t cols, u
         }
     }
     for (uint32_t i = 0; i < nr; i++)
-        for (int j = 0; j < NB; j++)
-            y[(size_t)j * ldy + i] = hsum8_avx2(a[i][j]) + dot_tail(wr[i], x + (size_t)j * cols, c, cols);
+        for (int j = 0; j < NB; j++)   /* block formats have no tail: cols is a multiple of 32 */
+            y[(size_t)j * ldy + i] = hsum8_avx2(a[i][j]) +
+                                     (FMT == FLX_WFMT_BF16 ? dot_tail((const flx_bf16_t *)wr[i], x + (size_t)j * cols, c, cols) : 0.0f);
 }
 
-T2 static void gemv_rows_avx2(const flx_bf16_t *w, size_t cols, uint32_t r0, uint32_t r1, const float *x, uint32_t n,
-                              float *y, size_t ldy)
+T2 static AI void gemv_rows_avx2_fmt(const int FMT, const uint8_t *w, size_t cols, uint32_t r0, uint32_t r1,
+                                     const float *x, uint32_t n, float *y, size_t ldy)
 {
+    const size_t rb = flx_wmat_row_bytes((flx_wfmt_t)FMT, cols);
     for (uint32_t r = r0; r < r1; r += 4) {
         uint32_t nr = FLX_MIN(4, r1 - r);
         for (uint32_t j = 0; j < n; j += 2) {
             const float *xj = x + (size_t)j * cols;
             float *yj = y + (size_t)j * ldy + r;
-            if (n - j >= 2) gv_tile_avx2(2, w + (size_t)r * cols, cols, nr, xj, yj, ldy);
-            else gv_tile_avx2(1, w + (size_t)r * cols, cols, nr, xj, yj, ldy);
+            if (n - j >= 2) gv_tile_avx2(FMT, 2, w + (size_t)r * rb, rb, cols, nr, xj, yj, ldy);
+            else gv_tile_avx2(FMT, 1, w + (size_t)r * rb, rb, cols, nr, xj, yj, ldy);
         }
     }
+}
+
+T2 static void gemv_rows_avx2(const flx_wmat_t *w, size_t cols, uint32_t r0, uint32_t r1, const float *x, uint32_t n,
+                              float *y, size_t ldy)
+{
+    if (w->fmt == FLX_WFMT_Q4) gemv_rows_avx2_fmt(FLX_WFMT_Q4, w->p, cols, r0, r1, x, n, y, ldy);
+    else if (w->fmt == FLX_WFMT_Q8) gemv_rows_avx2_fmt(FLX_WFMT_Q8, w->p, cols, r0, r1, x, n, y, ldy);
+    else gemv_rows_avx2_fmt(FLX_WFMT_BF16, w->p, cols, r0, r1, x, n, y, ldy);
 }
 
 T512 static AI __m512 ld16_bf16_avx512(const flx_bf16_t *p)
@@ -235,7 +339,7 @@ T512 static AI __m512 hsum16x16_avx512(const __m512 *a)
  * (test_forward: batch vs alone). The group's nr * NB dot products are reduced together
  * (hsum16x16, which sums every accumulator's lanes in the same order whatever its place); the
  * accumulator of (row g, vector v) is a[g * NB + v]. */
-T512 static AI void gv_group_avx512(const int NB, const flx_bf16_t *w, size_t cols, uint32_t nr,
+T512 static AI void gv_group_avx512(const int FMT, const int NB, const uint8_t *w, size_t rb, size_t cols, uint32_t nr,
                                     const float *x, float *y, size_t ldy, size_t pf)
 {
     __m512 a[16];
@@ -243,24 +347,29 @@ T512 static AI void gv_group_avx512(const int NB, const flx_bf16_t *w, size_t co
     for (int k = 0; k < 16; k++) a[k] = _mm512_setzero_ps();
     const size_t c16 = cols & ~(size_t)15, c32 = cols & ~(size_t)31;
     const __m512i ilo = widen_idx_lo(), ihi = _mm512_add_epi16(ilo, _mm512_set1_epi16(16));
+    const __m512 iota = iota16_avx512();
+    const size_t bb = FMT == FLX_WFMT_Q4 ? FLX_WFMT_Q4_BYTES : FMT == FLX_WFMT_Q8 ? FLX_WFMT_Q8_BYTES : 64;
     for (uint32_t g = 0; g < nr; g++) {
-        const flx_bf16_t *wr = w + (size_t)g * cols;
+        const uint8_t *wr = w + (size_t)g * rb;
         __m512 e[8], o[8];
 #pragma GCC unroll 8
         for (int v = 0; v < NB; v++) e[v] = o[v] = _mm512_setzero_ps();
         size_t c = 0;
-        for (; c < c32; c += 32) {   /* a line of weights a step: one prefetch, pf bytes on */
-            if (pf) _mm_prefetch((const char *)(wr + c) + pf, _MM_HINT_T1);
+        for (; c < c32; c += 32) {   /* 32 values a step (a line of bf16): one prefetch, pf bytes on */
+            const uint8_t *blk = wr + (c / 32) * bb;
+            if (pf) _mm_prefetch((const char *)blk + pf, _MM_HINT_T1);
             __m512 w0, w1;
-            widen32_avx512(wr + c, ilo, ihi, &w0, &w1);
+            if (FMT == FLX_WFMT_Q4) deq32_q4_avx512(blk, iota, &w0, &w1);
+            else if (FMT == FLX_WFMT_Q8) deq32_q8_avx512(blk, &w0, &w1);
+            else widen32_avx512((const flx_bf16_t *)blk, ilo, ihi, &w0, &w1);
 #pragma GCC unroll 8
             for (int v = 0; v < NB; v++) {
                 e[v] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + (size_t)v * cols + c), e[v]);
                 o[v] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + (size_t)v * cols + c + 16), o[v]);
             }
         }
-        if (c < c16) {
-            const __m512 w0 = ld16_bf16_avx512(wr + c);
+        if (FMT == FLX_WFMT_BF16 && c < c16) {   /* block formats: cols is a multiple of 32 */
+            const __m512 w0 = ld16_bf16_avx512((const flx_bf16_t *)wr + c);
 #pragma GCC unroll 8
             for (int v = 0; v < NB; v++) e[v] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + (size_t)v * cols + c), e[v]);
         }
@@ -271,7 +380,8 @@ T512 static AI void gv_group_avx512(const int NB, const flx_bf16_t *w, size_t co
     _mm512_storeu_ps(sums, hsum16x16_avx512(a));
     for (uint32_t g = 0; g < nr; g++)
         for (int v = 0; v < NB; v++)
-            y[(size_t)v * ldy + g] = sums[g * NB + v] + dot_tail(w + (size_t)g * cols, x + (size_t)v * cols, c16, cols);
+            y[(size_t)v * ldy + g] = sums[g * NB + v] +
+                                     (FMT == FLX_WFMT_BF16 ? dot_tail((const flx_bf16_t *)(w + (size_t)g * rb), x + (size_t)v * cols, c16, cols) : 0.0f);
 }
 
 /* Rows [r0, r1) in groups of G (16 for one vector, 8 for two, 4 for three or four, 2 for more,
@@ -280,33 +390,41 @@ T512 static AI void gv_group_avx512(const int NB, const flx_bf16_t *w, size_t co
  * and reduction it did in two passes of 4. r0 is a multiple of 16, so a row's place in its group,
  * hence its result, does not depend on how the rows were cut into chunks (nor on G and the passes:
  * a (row, vector) dot product is summed the same way in every group). */
-T512 static void gemv_rows_avx512(const flx_bf16_t *w, size_t cols, uint32_t r0, uint32_t r1, const float *x,
-                                  uint32_t n, float *y, size_t ldy)
+T512 static AI void gemv_rows_avx512_fmt(const int FMT, const uint8_t *w, size_t cols, uint32_t r0, uint32_t r1,
+                                         const float *x, uint32_t n, float *y, size_t ldy)
 {
-    const size_t pf = flx_cpu_stream_prefetch();
+    const size_t pf = flx_cpu_stream_prefetch(), rb = flx_wmat_row_bytes((flx_wfmt_t)FMT, cols);
     const uint32_t G = n == 1 ? 16 : n == 2 ? 8 : n <= 4 ? 4 : 2;
     for (uint32_t r = r0; r < r1; r += G) {
-        const flx_bf16_t *wr = w + (size_t)r * cols;
+        const uint8_t *wr = w + (size_t)r * rb;
         const uint32_t nr = FLX_MIN(G, r1 - r);
         for (uint32_t j = 0; j < n; j += 8) {
             const float *xj = x + (size_t)j * cols;
             float *yj = y + (size_t)j * ldy + r;
             const size_t pfj = j ? 0 : pf;   /* the next 8 vectors re-read the group's rows from L1 */
             switch (FLX_MIN(8, n - j)) {
-            case 1: gv_group_avx512(1, wr, cols, nr, xj, yj, ldy, pfj); break;
-            case 2: gv_group_avx512(2, wr, cols, nr, xj, yj, ldy, pfj); break;
-            case 3: gv_group_avx512(3, wr, cols, nr, xj, yj, ldy, pfj); break;
-            case 4: gv_group_avx512(4, wr, cols, nr, xj, yj, ldy, pfj); break;
-            case 5: gv_group_avx512(5, wr, cols, nr, xj, yj, ldy, pfj); break;
-            case 6: gv_group_avx512(6, wr, cols, nr, xj, yj, ldy, pfj); break;
-            case 7: gv_group_avx512(7, wr, cols, nr, xj, yj, ldy, pfj); break;
-            default: gv_group_avx512(8, wr, cols, nr, xj, yj, ldy, pfj); break;
+            case 1: gv_group_avx512(FMT, 1, wr, rb, cols, nr, xj, yj, ldy, pfj); break;
+            case 2: gv_group_avx512(FMT, 2, wr, rb, cols, nr, xj, yj, ldy, pfj); break;
+            case 3: gv_group_avx512(FMT, 3, wr, rb, cols, nr, xj, yj, ldy, pfj); break;
+            case 4: gv_group_avx512(FMT, 4, wr, rb, cols, nr, xj, yj, ldy, pfj); break;
+            case 5: gv_group_avx512(FMT, 5, wr, rb, cols, nr, xj, yj, ldy, pfj); break;
+            case 6: gv_group_avx512(FMT, 6, wr, rb, cols, nr, xj, yj, ldy, pfj); break;
+            case 7: gv_group_avx512(FMT, 7, wr, rb, cols, nr, xj, yj, ldy, pfj); break;
+            default: gv_group_avx512(FMT, 8, wr, rb, cols, nr, xj, yj, ldy, pfj); break;
             }
         }
     }
 }
 
-static void gemv_rows(flx_gemv_level_t lv, const flx_bf16_t *w, size_t cols, uint32_t r0, uint32_t r1, const float *x,
+T512 static void gemv_rows_avx512(const flx_wmat_t *w, size_t cols, uint32_t r0, uint32_t r1, const float *x,
+                                  uint32_t n, float *y, size_t ldy)
+{
+    if (w->fmt == FLX_WFMT_Q4) gemv_rows_avx512_fmt(FLX_WFMT_Q4, w->p, cols, r0, r1, x, n, y, ldy);
+    else if (w->fmt == FLX_WFMT_Q8) gemv_rows_avx512_fmt(FLX_WFMT_Q8, w->p, cols, r0, r1, x, n, y, ldy);
+    else gemv_rows_avx512_fmt(FLX_WFMT_BF16, w->p, cols, r0, r1, x, n, y, ldy);
+}
+
+static void gemv_rows(flx_gemv_level_t lv, const flx_wmat_t *w, size_t cols, uint32_t r0, uint32_t r1, const float *x,
                       uint32_t n, float *y, size_t ldy)
 {
     if (r0 >= r1) return;
@@ -342,7 +460,7 @@ static flx_status_t gemv_chunk(void *ctx, const flx_pool_worker_t *w, uint64_t u
         if (a < b) {
             const flx_gemv_mat_t *m = &j->mats[i];
             const uint32_t r0 = (uint32_t)(a - off) * 16, r1 = FLX_MIN(m->rows, (uint32_t)(b - off) * 16);
-            gemv_rows(j->lv, m->w, j->cols, r0, r1, j->x, j->n, m->y, m->rows);
+            gemv_rows(j->lv, &m->w, j->cols, r0, r1, j->x, j->n, m->y, m->rows);
         }
         off += j->units[i];
     }
@@ -354,7 +472,8 @@ void flx_gemv_bf16(const flx_gemv_mat_t *mats, int n_mats, uint32_t cols, const 
     gemv_job_t j = {.mats = mats, .n_mats = n_mats, .cols = cols, .n = n, .x = x, .lv = flx_gemv_level()};
     uint64_t total = 0;
     for (int i = 0; i < n_mats; i++) total += j.units[i] = FLX_DIV_UP(mats[i].rows, 16);
-    const uint64_t min_units = FLX_MAX(1, GEMV_MIN_CHUNK_BYTES / (16u * 2u * FLX_MAX(cols, 1u)));
+    const uint64_t min_units =
+        FLX_MAX(1, GEMV_MIN_CHUNK_BYTES / (16u * FLX_MAX(flx_wmat_row_bytes(mats[0].w.fmt, cols), 1u)));
     const uint64_t per = FLX_MAX(min_units, total / ((uint64_t)GEMV_CHUNKS_PER_WORKER * flx_pool_size(pool)));
     (void)flx_pool_for(pool, total, per, gemv_chunk, &j);   /* the body cannot fail */
 }
@@ -510,12 +629,44 @@ size_t flx_gemm_pack_floats(void)
     return (size_t)GEMM_KC * FLX_GEMM_PANEL_MAX;
 }
 
-/* dst (kc, np) fp32 = rows [0, pw) x cols [0, kc) of src (row stride lds), transposed; zero past pw. */
-static void pack_panel(const flx_bf16_t *src, uint32_t pw, uint32_t kc, size_t lds, uint32_t np, float *dst)
+/* Values [c0, c0 + n) of a block-format row (c0, n multiples of 32) as fp32, at level lv. */
+T512 static void expand_row_avx512(flx_wfmt_t fmt, const uint8_t *row, size_t c0, size_t n, float *out)
 {
+    const __m512 iota = iota16_avx512();
+    const size_t bb = fmt == FLX_WFMT_Q4 ? FLX_WFMT_Q4_BYTES : FLX_WFMT_Q8_BYTES;
+    for (size_t c = 0; c < n; c += 32) {
+        const uint8_t *blk = row + (c0 + c) / 32 * bb;
+        __m512 w0, w1;
+        if (fmt == FLX_WFMT_Q4) deq32_q4_avx512(blk, iota, &w0, &w1);
+        else deq32_q8_avx512(blk, &w0, &w1);
+        _mm512_storeu_ps(out + c, w0);
+        _mm512_storeu_ps(out + c + 16, w1);
+    }
+}
+
+T2 static void expand_row_avx2(flx_wfmt_t fmt, const uint8_t *row, size_t c0, size_t n, float *out)
+{
+    for (size_t c = 0; c < n; c += 8)
+        _mm256_storeu_ps(out + c, fmt == FLX_WFMT_Q4 ? ld8_q4_avx2(row, c0 + c) : ld8_q8_avx2(row, c0 + c));
+}
+
+/* dst (kc, np) fp32 = rows [r0, r0 + pw) x cols [k0, k0 + kc) of w (cols columns), transposed;
+ * zero past pw. Block-format rows are expanded a row at a time (kc <= GEMM_KC). */
+static void pack_panel(flx_gemv_level_t lv, const flx_wmat_t *w, size_t cols, uint32_t r0, uint32_t pw, uint32_t k0,
+                       uint32_t kc, uint32_t np, float *dst)
+{
+    float row[GEMM_KC];
     for (uint32_t r = 0; r < pw; r++) {
-        const flx_bf16_t *s = src + (size_t)r * lds;
-        for (uint32_t k = 0; k < kc; k++) dst[(size_t)k * np + r] = flx_bf16_to_f32(s[k]);
+        if (w->fmt == FLX_WFMT_BF16) {
+            const flx_bf16_t *s = (const flx_bf16_t *)w->p + (size_t)(r0 + r) * cols + k0;
+            for (uint32_t k = 0; k < kc; k++) dst[(size_t)k * np + r] = flx_bf16_to_f32(s[k]);
+            continue;
+        }
+        const uint8_t *src = (const uint8_t *)w->p + (size_t)(r0 + r) * flx_wmat_row_bytes(w->fmt, cols);
+        if (lv == FLX_GEMV_AVX512) expand_row_avx512(w->fmt, src, k0, kc, row);
+        else if (lv == FLX_GEMV_AVX2) expand_row_avx2(w->fmt, src, k0, kc, row);
+        else flx_wmat_row_f32(w, cols, r0 + r, k0, kc, row);
+        for (uint32_t k = 0; k < kc; k++) dst[(size_t)k * np + r] = row[k];
     }
     if (pw < np)
         for (uint32_t k = 0; k < kc; k++) memset(dst + (size_t)k * np + pw, 0, (np - pw) * sizeof(float));
@@ -550,7 +701,7 @@ static flx_status_t gemm_item(void *ctx, const flx_pool_worker_t *wk, uint64_t i
             const uint32_t kc = FLX_MIN(GEMM_KC, j->cols - k0);
             for (uint32_t pr = r0; pr < r1; pr += j->np) {
                 const uint32_t pw = FLX_MIN(j->np, r1 - pr);
-                pack_panel(m->w + (size_t)pr * j->cols + k0, pw, kc, j->cols, j->np, pk);
+                pack_panel(j->lv, &m->w, j->cols, pr, pw, k0, kc, j->np, pk);
                 flx_gemm_panels(j->lv, tn, pw, kc, j->x + (size_t)t0 * j->cols + k0, j->cols, pk, 0, j->np,
                                 m->y + (size_t)t0 * m->rows + pr, m->rows, k0 > 0);
             }

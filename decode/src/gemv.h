@@ -11,7 +11,11 @@
  * shift is free there), and the prefill GEMM converts each weight panel to fp32 once per token block,
  * so a dot-bf16 path would add untestable code (this CPU has no AVX512_BF16) for no measurable gain.
  *
- * Conventions: W is bf16 row-major (rows, cols), y = W x. Batched forms take n vectors x (n, cols)
+ * Conventions: W is row-major (rows, cols), y = W x, stored as bf16 or in a block format of
+ * flx/model.h (FLX_WFMT_Q4, FLX_WFMT_Q8): the GEMV expands a block's 32 values in registers into
+ * exactly the fp32 vectors the bf16 kernel widens from the same values, and feeds them to the same
+ * FMA sequence, so the result is bit for bit the bf16 matrix's whatever the format (test_forward
+ * checks it at every level); the GEMM expands rows into its fp32 panels. Batched forms take n vectors x (n, cols)
  * and write y (n, rows) (token-major, like the activations of the forward pass). No kernel reads
  * past rows, cols or n: tails are handled, nothing needs padding.
  */
@@ -22,6 +26,7 @@
 #include <stdint.h>
 
 #include "flx/bf16.h"
+#include "flx/model.h"
 #include "flx/pool.h"
 
 #define FLX_GEMM_PANEL_MAX 32   /* widest panel of any level (flx_gemm_panel) */
@@ -43,7 +48,7 @@ void flx_matmul_bf16_ref(const flx_bf16_t *w, size_t rows, size_t cols, const fl
 
 /* One matrix of a fused GEMV: all share x and cols. y (n, rows). */
 typedef struct flx_gemv_mat {
-    const flx_bf16_t *w;  /* (rows, cols) */
+    flx_wmat_t w;         /* (rows, cols), any format (flx/model.h WEIGHT FORMATS) */
     uint32_t rows;
     float *y;             /* (n, rows) */
 } flx_gemv_mat_t;

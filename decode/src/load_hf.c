@@ -397,7 +397,7 @@ static flx_status_t convert_range(void *ctx, const flx_pool_worker_t *w, uint64_
     return FLX_OK;
 }
 
-static flx_status_t load_mat(hctx_t *c, const char *name, uint32_t rows, uint32_t cols, const flx_bf16_t **dst_p)
+static flx_status_t load_mat(hctx_t *c, const char *name, uint32_t rows, uint32_t cols, flx_wmat_t *dst_p)
 {
     const flx_st_tensor_t *t;
     const char *file;
@@ -409,7 +409,7 @@ static flx_status_t load_mat(hctx_t *c, const char *name, uint32_t rows, uint32_
                              (long long)(t->n_dims > 1 ? t->shape[1] : 0), rows, cols);
     const size_t n = (size_t)rows * cols;
     if (t->dtype == FLX_DT_BF16 && ((uintptr_t)t->data & 1) == 0) {
-        *dst_p = t->data;
+        *dst_p = (flx_wmat_t){t->data, FLX_WFMT_BF16};
         return FLX_OK;
     }
     if (t->dtype != FLX_DT_BF16 && t->dtype != FLX_DT_F16 && t->dtype != FLX_DT_F32)
@@ -423,7 +423,7 @@ static flx_status_t load_mat(hctx_t *c, const char *name, uint32_t rows, uint32_
         convert_job_t j = {.src = t->data, .dtype = t->dtype, .dst = dst};
         (void)flx_pool_for(n >= (1u << 18) ? c->pool : NULL, n, 1u << 16, convert_range, &j);
     }
-    *dst_p = dst;
+    *dst_p = (flx_wmat_t){dst, FLX_WFMT_BF16};
     return FLX_OK;
 }
 
@@ -526,7 +526,25 @@ flx_status_t flx_model_load(const char *path, flx_model_t **model_p)
     return flx_model_load_pool(path, NULL, model_p);
 }
 
+flx_status_t flx_weights_parse(const char *s, flx_weights_t *w)
+{
+    if (s && !strcmp(s, "compact")) *w = FLX_WEIGHTS_COMPACT;
+    else if (s && !strcmp(s, "bf16")) *w = FLX_WEIGHTS_BF16;
+    else return flx_error_set(FLX_ERR_INVALID, "weights '%s' is not compact or bf16", s ? s : "(null)");
+    return FLX_OK;
+}
+
+const char *flx_weights_name(flx_weights_t w)
+{
+    return w == FLX_WEIGHTS_COMPACT ? "compact" : w == FLX_WEIGHTS_BF16 ? "bf16" : "?";
+}
+
 flx_status_t flx_model_load_pool(const char *path, flx_pool_h pool, flx_model_t **model_p)
+{
+    return flx_model_load_as(path, pool, FLX_WEIGHTS_COMPACT, model_p);
+}
+
+flx_status_t flx_model_load_as(const char *path, flx_pool_h pool, flx_weights_t w, flx_model_t **model_p)
 {
     struct stat sb;
     if (stat(path, &sb) != 0)
@@ -540,7 +558,7 @@ flx_status_t flx_model_load_pool(const char *path, flx_pool_h pool, flx_model_t 
         close(fd);
     }
     if ((n >= 5 && !strcmp(path + n - 5, ".gguf")) || !memcmp(magic, "GGUF", 4))
-        return flx_model_load_gguf_pool(path, pool, model_p);
+        return flx_model_load_gguf_as(path, pool, w, model_p);
     return flx_error_set(FLX_ERR_UNSUPPORTED, "model %s: neither a checkpoint directory nor a gguf file", path);
 }
 
@@ -623,13 +641,14 @@ flx_status_t flx_model_save_hf(const flx_model_t *m, const char *dir, flx_dtype_
     if (!m || !dir) return flx_error_set(FLX_ERR_INVALID, "save_hf: model or dir is NULL");
     if (dt != FLX_DT_BF16 && dt != FLX_DT_F16 && dt != FLX_DT_F32)
         return flx_error_set(FLX_ERR_INVALID, "save_hf: dtype %s (expected BF16, F16 or F32)", flx_dtype_name(dt));
+    flx_status_t st = flx_model_check_bf16(m, "save_hf");
+    if (st != FLX_OK) return st;
     const flx_model_config_t *cfg = &m->cfg;
     const int64_t H = cfg->hidden, qd = (int64_t)cfg->n_heads * cfg->head_dim,
                   kvd = (int64_t)cfg->n_kv_heads * cfg->head_dim, F = cfg->ffn, V = cfg->vocab;
     const size_t per_layer = cfg->qkv_bias ? 12 : 9, n_items = 3 + per_layer * cfg->n_layers;
     if (n_shards == 0 || n_shards > n_items)
         return flx_error_set(FLX_ERR_INVALID, "save_hf: %u shards for %zu tensors", n_shards, n_items);
-    flx_status_t st = FLX_OK;
     save_item_t *it = calloc(n_items, sizeof *it);
     cJSON *cfgj = config_json(cfg, dt), *index = cJSON_CreateObject(), *wmap = NULL;
     char *txt = NULL;
@@ -640,28 +659,28 @@ flx_status_t flx_model_save_hf(const flx_model_t *m, const char *dir, flx_dtype_
     }
     size_t k = 0;
     char nm[96];
-    item(it, &k, "model.embed_tokens.weight", 2, V, H, m->tok_embd, 0);
+    item(it, &k, "model.embed_tokens.weight", 2, V, H, m->tok_embd.p, 0);
     for (uint32_t l = 0; l < cfg->n_layers; l++) {
         const flx_layer_weights_t *lw = &m->layers[l];
 #define LAYER(sfx) (snprintf(nm, sizeof nm, "model.layers.%u.%s", l, sfx), nm)
         item(it, &k, LAYER("input_layernorm.weight"), 1, H, 0, lw->attn_norm, 1);
-        item(it, &k, LAYER("self_attn.q_proj.weight"), 2, qd, H, lw->wq, 0);
-        item(it, &k, LAYER("self_attn.k_proj.weight"), 2, kvd, H, lw->wk, 0);
-        item(it, &k, LAYER("self_attn.v_proj.weight"), 2, kvd, H, lw->wv, 0);
+        item(it, &k, LAYER("self_attn.q_proj.weight"), 2, qd, H, lw->wq.p, 0);
+        item(it, &k, LAYER("self_attn.k_proj.weight"), 2, kvd, H, lw->wk.p, 0);
+        item(it, &k, LAYER("self_attn.v_proj.weight"), 2, kvd, H, lw->wv.p, 0);
         if (cfg->qkv_bias) {
             item(it, &k, LAYER("self_attn.q_proj.bias"), 1, qd, 0, lw->bq, 1);
             item(it, &k, LAYER("self_attn.k_proj.bias"), 1, kvd, 0, lw->bk, 1);
             item(it, &k, LAYER("self_attn.v_proj.bias"), 1, kvd, 0, lw->bv, 1);
         }
-        item(it, &k, LAYER("self_attn.o_proj.weight"), 2, H, qd, lw->wo, 0);
+        item(it, &k, LAYER("self_attn.o_proj.weight"), 2, H, qd, lw->wo.p, 0);
         item(it, &k, LAYER("post_attention_layernorm.weight"), 1, H, 0, lw->ffn_norm, 1);
-        item(it, &k, LAYER("mlp.gate_proj.weight"), 2, F, H, lw->w_gate, 0);
-        item(it, &k, LAYER("mlp.up_proj.weight"), 2, F, H, lw->w_up, 0);
-        item(it, &k, LAYER("mlp.down_proj.weight"), 2, H, F, lw->w_down, 0);
+        item(it, &k, LAYER("mlp.gate_proj.weight"), 2, F, H, lw->w_gate.p, 0);
+        item(it, &k, LAYER("mlp.up_proj.weight"), 2, F, H, lw->w_up.p, 0);
+        item(it, &k, LAYER("mlp.down_proj.weight"), 2, H, F, lw->w_down.p, 0);
 #undef LAYER
     }
     item(it, &k, "model.norm.weight", 1, H, 0, m->out_norm, 1);
-    if (!cfg->tied_embeddings) item(it, &k, "lm_head.weight", 2, V, H, m->lm_head, 0);
+    if (!cfg->tied_embeddings) item(it, &k, "lm_head.weight", 2, V, H, m->lm_head.p, 0);
     const size_t n = k;
     if (n_shards > n) {
         st = flx_error_set(FLX_ERR_INVALID, "save_hf: %u shards for %zu tensors", n_shards, n);

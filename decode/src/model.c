@@ -130,11 +130,40 @@ void flx_model_destroy(flx_model_t *m)
 size_t flx_model_weight_bytes(const flx_model_t *m)
 {
     const flx_model_config_t *c = &m->cfg;
-    size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim, H = c->hidden;
-    size_t per = 2 * (qd * H + 2 * kvd * H + H * qd + 3 * (size_t)c->ffn * H) + 4 * 2 * H;
-    if (c->qkv_bias) per += 4 * (qd + 2 * kvd);
+    const size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim, H = c->hidden;
+    const size_t F = c->ffn;
+    size_t total = 0;
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        const flx_layer_weights_t *w = &m->layers[l];
+        total += qd * flx_wmat_row_bytes(w->wq.fmt, H) + kvd * flx_wmat_row_bytes(w->wk.fmt, H) +
+                 kvd * flx_wmat_row_bytes(w->wv.fmt, H) + H * flx_wmat_row_bytes(w->wo.fmt, qd) +
+                 F * flx_wmat_row_bytes(w->w_gate.fmt, H) + F * flx_wmat_row_bytes(w->w_up.fmt, H) +
+                 H * flx_wmat_row_bytes(w->w_down.fmt, F) + 4 * 2 * H;
+        if (c->qkv_bias) total += 4 * (qd + 2 * kvd);
+    }
     /* A decode step reads the lm_head once (the embedding rows it reads are negligible). */
-    return per * c->n_layers + 2 * (size_t)c->vocab * H + 4 * H;
+    return total + c->vocab * flx_wmat_row_bytes(m->lm_head.fmt, H) + 4 * H;
+}
+
+flx_status_t flx_model_check_bf16(const flx_model_t *m, const char *what)
+{
+    const flx_wmat_t *top[2] = {&m->tok_embd, &m->lm_head};
+    for (int i = 0; i < 2; i++)
+        if (top[i]->fmt != FLX_WFMT_BF16)
+            return flx_error_set(FLX_ERR_UNSUPPORTED, "%s: %s is stored as %s; only bf16 matrices are written (load "
+                                 "the GGUF with FLX_WEIGHTS_BF16)", what,
+                                 i ? "lm_head" : "tok_embd", flx_wfmt_name(top[i]->fmt));
+    for (uint32_t l = 0; l < m->cfg.n_layers; l++) {
+        const flx_layer_weights_t *w = &m->layers[l];
+        const flx_wmat_t *mats[7] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
+        static const char *const names[7] = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"};
+        for (int i = 0; i < 7; i++)
+            if (mats[i]->fmt != FLX_WFMT_BF16)
+                return flx_error_set(FLX_ERR_UNSUPPORTED, "%s: layer %u %s is stored as %s; only bf16 matrices are "
+                                     "written (load the GGUF with FLX_WEIGHTS_BF16)", what, l,
+                                     names[i], flx_wfmt_name(mats[i]->fmt));
+    }
+    return FLX_OK;
 }
 
 void flx_rope_inv_freq(const flx_model_config_t *c, float *inv_freq)
@@ -185,15 +214,15 @@ flx_status_t flx_model_init_random(const flx_model_config_t *cfg, uint64_t seed,
     if (!emb || !onorm) goto nomem;
     fill_bf16(&rng, emb, V * H, 1.0);   /* RMSNorm follows: the scale is immaterial */
     fill_gain(&rng, onorm, H);
-    m->tok_embd = emb;
+    m->tok_embd = (flx_wmat_t){emb, FLX_WFMT_BF16};
     m->out_norm = onorm;
     if (c->tied_embeddings) {
-        m->lm_head = emb;
+        m->lm_head = m->tok_embd;
     } else {
         flx_bf16_t *head = flx_model_mem_alloc(m, V * H * 2);
         if (!head) goto nomem;
         fill_bf16(&rng, head, V * H, 1.0 / sqrt((double)H));
-        m->lm_head = head;
+        m->lm_head = (flx_wmat_t){head, FLX_WFMT_BF16};
     }
     for (uint32_t l = 0; l < c->n_layers; l++) {
         flx_layer_weights_t *w = &m->layers[l];
@@ -213,8 +242,10 @@ flx_status_t flx_model_init_random(const flx_model_config_t *cfg, uint64_t seed,
         fill_bf16(&rng, wd, H * F, 0.5 / sqrt((double)F));
         fill_gain(&rng, an, H);
         fill_gain(&rng, fn, H);
-        *w = (flx_layer_weights_t){.attn_norm = an, .wq = wq, .wk = wk, .wv = wv, .wo = wo, .ffn_norm = fn,
-                                   .w_gate = wg, .w_up = wu, .w_down = wd};
+#define BF(p) ((flx_wmat_t){(p), FLX_WFMT_BF16})
+        *w = (flx_layer_weights_t){.attn_norm = an, .wq = BF(wq), .wk = BF(wk), .wv = BF(wv), .wo = BF(wo),
+                                   .ffn_norm = fn, .w_gate = BF(wg), .w_up = BF(wu), .w_down = BF(wd)};
+#undef BF
         if (c->qkv_bias) {
             float *bq = flx_model_mem_alloc(m, qd * 4), *bk = flx_model_mem_alloc(m, kvd * 4);
             float *bv = flx_model_mem_alloc(m, kvd * 4);

@@ -38,6 +38,9 @@ flx_status_t flx_model_mem_add(flx_model_t *m, void *p, size_t len, flx_mem_kind
 /* Records an object the model owns from now on, freed by release(p) in flx_model_destroy. On
  * failure the caller still owns p. */
 flx_status_t flx_model_mem_add_release(flx_model_t *m, void *p, void (*release)(void *p));
+/* FLX_OK when every matrix of m is stored as bf16; else FLX_ERR_UNSUPPORTED naming the first other
+ * one, with `what` (the caller) in the message. The savers write bf16 matrices only. */
+flx_status_t flx_model_check_bf16(const flx_model_t *m, const char *what);
 /* 64-byte aligned heap memory owned by the model; NULL (error set) on failure. */
 void *flx_model_mem_alloc(flx_model_t *m, size_t bytes);
 

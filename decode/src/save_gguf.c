@@ -23,6 +23,7 @@
 #include "flx/gguf.h"
 #include "flx/model_load.h"
 #include "flx/util.h"
+#include "model_internal.h"
 
 #define ALIGN 32u
 #define N_BYTE_TOKENS 256u
@@ -132,6 +133,7 @@ flx_status_t flx_model_save_gguf(const flx_model_t *m, const char *path, flx_dty
     const flx_model_config_t *c = &m->cfg;
     flx_status_t st = flx_model_config_check(c);
     if (st) return st;
+    if ((st = flx_model_check_bf16(m, "save gguf")) != FLX_OK) return st;
     if (dtype != FLX_DT_BF16 && dtype != FLX_DT_F16 && dtype != FLX_DT_F32)
         return flx_error_set(FLX_ERR_INVALID, "save gguf: dtype %s (bf16, f16 or f32)", flx_dtype_name(dtype));
     if (c->rope_scaling != FLX_ROPE_NONE)
@@ -151,22 +153,22 @@ flx_status_t flx_model_save_gguf(const flx_model_t *m, const char *path, flx_dty
         return flx_error_set(FLX_ERR_NOMEM, "save gguf: %u tensors", n_max);
     }
     uint32_t n = 0;
-    add_mat(t, &n, "token_embd.weight", m->tok_embd, c->vocab, H, 0, type);
+    add_mat(t, &n, "token_embd.weight", m->tok_embd.p, c->vocab, H, 0, type);
     add_vec(t, &n, "output_norm.weight", m->out_norm, H);
-    if (!c->tied_embeddings) add_mat(t, &n, "output.weight", m->lm_head, c->vocab, H, 0, type);
+    if (!c->tied_embeddings) add_mat(t, &n, "output.weight", m->lm_head.p, c->vocab, H, 0, type);
     for (uint32_t l = 0; l < c->n_layers; l++) {
         const flx_layer_weights_t *w = &m->layers[l];
         char k[64];
 #define NAME(s) (snprintf(k, sizeof k, "blk.%u.%s", l, s), k)
         add_vec(t, &n, NAME("attn_norm.weight"), w->attn_norm, H);
-        add_mat(t, &n, NAME("attn_q.weight"), w->wq, qd, H, llama ? c->head_dim : 0, type);
-        add_mat(t, &n, NAME("attn_k.weight"), w->wk, kvd, H, llama ? c->head_dim : 0, type);
-        add_mat(t, &n, NAME("attn_v.weight"), w->wv, kvd, H, 0, type);
-        add_mat(t, &n, NAME("attn_output.weight"), w->wo, H, qd, 0, type);
+        add_mat(t, &n, NAME("attn_q.weight"), w->wq.p, qd, H, llama ? c->head_dim : 0, type);
+        add_mat(t, &n, NAME("attn_k.weight"), w->wk.p, kvd, H, llama ? c->head_dim : 0, type);
+        add_mat(t, &n, NAME("attn_v.weight"), w->wv.p, kvd, H, 0, type);
+        add_mat(t, &n, NAME("attn_output.weight"), w->wo.p, H, qd, 0, type);
         add_vec(t, &n, NAME("ffn_norm.weight"), w->ffn_norm, H);
-        add_mat(t, &n, NAME("ffn_gate.weight"), w->w_gate, c->ffn, H, 0, type);
-        add_mat(t, &n, NAME("ffn_up.weight"), w->w_up, c->ffn, H, 0, type);
-        add_mat(t, &n, NAME("ffn_down.weight"), w->w_down, H, c->ffn, 0, type);
+        add_mat(t, &n, NAME("ffn_gate.weight"), w->w_gate.p, c->ffn, H, 0, type);
+        add_mat(t, &n, NAME("ffn_up.weight"), w->w_up.p, c->ffn, H, 0, type);
+        add_mat(t, &n, NAME("ffn_down.weight"), w->w_down.p, H, c->ffn, 0, type);
         if (c->qkv_bias) {
             add_vec(t, &n, NAME("attn_q.bias"), w->bq, qd);
             add_vec(t, &n, NAME("attn_k.bias"), w->bk, kvd);

@@ -49,13 +49,17 @@ typedef struct {
     int ties;         /* K/V elements where the model's rounding of a near-midpoint value was taken */
 } ref_out_t;
 
-static void ref_matvec(const flx_bf16_t *w, const float *b, size_t rows, size_t cols, const double *x, double *y)
+/* W in any format: its values from the formats' scalar definition (flx_wmat_row_f32). */
+static void ref_matvec(const flx_wmat_t *w, const float *b, size_t rows, size_t cols, const double *x, double *y)
 {
+    float *row = malloc(cols * sizeof *row);
     for (size_t r = 0; r < rows; r++) {
         double s = b ? b[r] : 0.0;
-        for (size_t c = 0; c < cols; c++) s += (double)flx_bf16_to_f32(w[r * cols + c]) * x[c];
+        flx_wmat_row_f32(w, cols, r, 0, cols, row);
+        for (size_t c = 0; c < cols; c++) s += (double)row[c] * x[c];
         y[r] = s;
     }
+    free(row);
 }
 
 static void ref_rmsnorm(const double *x, const float *g, double eps, size_t H, double *y)
@@ -101,15 +105,19 @@ static void ref_forward(const flx_model_t *m, const int32_t *tok, uint32_t n, co
     double *u = malloc(F * 8), *p = malloc(n * 8);
     float inv_freq[FLX_MODEL_MAX_HEAD_DIM / 2];
     flx_rope_inv_freq(c, inv_freq);
-    for (size_t t = 0; t < n; t++)
-        for (size_t i = 0; i < H; i++) x[t * H + i] = flx_bf16_to_f32(m->tok_embd[(size_t)tok[t] * H + i]);
+    float *erow = malloc(H * sizeof *erow);
+    for (size_t t = 0; t < n; t++) {
+        flx_wmat_row_f32(&m->tok_embd, H, (size_t)tok[t], 0, H, erow);
+        for (size_t i = 0; i < H; i++) x[t * H + i] = erow[i];
+    }
+    free(erow);
     for (uint32_t l = 0; l < c->n_layers; l++) {
         const flx_layer_weights_t *w = &m->layers[l];
         for (size_t t = 0; t < n; t++) {
             ref_rmsnorm(x + t * H, w->attn_norm, c->rms_eps, H, xn);
-            ref_matvec(w->wq, w->bq, qd, H, xn, q + t * qd);
-            ref_matvec(w->wk, w->bk, kvd, H, xn, k + t * kvd);
-            ref_matvec(w->wv, w->bv, kvd, H, xn, v + t * kvd);
+            ref_matvec(&w->wq, w->bq, qd, H, xn, q + t * qd);
+            ref_matvec(&w->wk, w->bk, kvd, H, xn, k + t * kvd);
+            ref_matvec(&w->wv, w->bv, kvd, H, xn, v + t * kvd);
             for (size_t h = 0; h < Hq; h++) ref_rope(q + t * qd + h * D, inv_freq, (uint32_t)D, (uint32_t)t);
             for (size_t h = 0; h < Hkv; h++) ref_rope(k + t * kvd + h * D, inv_freq, (uint32_t)D, (uint32_t)t);
             for (size_t h = 0; h < Hkv; h++)
@@ -143,20 +151,20 @@ static void ref_forward(const flx_model_t *m, const int32_t *tok, uint32_t n, co
                     o[h * D + d] = a / sum;
                 }
             }
-            ref_matvec(w->wo, NULL, H, qd, o, t1);
+            ref_matvec(&w->wo, NULL, H, qd, o, t1);
             for (size_t i = 0; i < H; i++) x[t * H + i] += t1[i];
             ref_rmsnorm(x + t * H, w->ffn_norm, c->rms_eps, H, xn);
-            ref_matvec(w->w_gate, NULL, F, H, xn, g);
-            ref_matvec(w->w_up, NULL, F, H, xn, u);
+            ref_matvec(&w->w_gate, NULL, F, H, xn, g);
+            ref_matvec(&w->w_up, NULL, F, H, xn, u);
             for (size_t i = 0; i < F; i++) g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
-            ref_matvec(w->w_down, NULL, H, F, g, t1);
+            ref_matvec(&w->w_down, NULL, H, F, g, t1);
             for (size_t i = 0; i < H; i++) x[t * H + i] += t1[i];
         }
     }
     double *lg = malloc(V * 8);
     for (size_t t = 0; t < n; t++) {
         ref_rmsnorm(x + t * H, m->out_norm, c->rms_eps, H, xn);
-        ref_matvec(m->lm_head, NULL, V, H, xn, lg);
+        ref_matvec(&m->lm_head, NULL, V, H, xn, lg);
         for (size_t i = 0; i < V; i++) out->logits[t * V + i] = (float)lg[i];
     }
     free(lg), free(x), free(xn), free(q), free(k), free(v), free(o), free(t1), free(g), free(u), free(p);

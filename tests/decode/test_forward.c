@@ -54,6 +54,8 @@
 #define DECODE_ATOL 1e-3
 #define DECODE_RTOL 1e-3
 
+#define BF16M(ptr) ((flx_wmat_t){(ptr), FLX_WFMT_BF16})
+
 static flx_rng_t rng;
 static int g_threads = 2;
 static flx_pool_h g_pool;          /* g_threads workers */
@@ -88,7 +90,7 @@ static void test_gemv(void)
                 yr[i] = malloc((size_t)n * r3[i] * 4);
                 rand_bf16(w[i], (size_t)r3[i] * cols);
                 flx_matmul_bf16_ref(w[i], r3[i], cols, x, n, yr[i]);
-                mats[i] = (flx_gemv_mat_t){w[i], r3[i], y[i]};
+                mats[i] = (flx_gemv_mat_t){BF16M(w[i]), r3[i], y[i]};
             }
             flx_gemv_bf16(mats, 3, cols, x, n, g_pool);
             char label[96];
@@ -99,7 +101,7 @@ static void test_gemv(void)
             for (int wi = 0; wi < 4; wi++) {   /* the same bits at 1, 2, 3, 7 workers */
                 flx_gemv_mat_t mw[3];
                 float *yw[3];
-                for (int i = 0; i < 3; i++) yw[i] = malloc((size_t)n * r3[i] * 4), mw[i] = (flx_gemv_mat_t){w[i], r3[i], yw[i]};
+                for (int i = 0; i < 3; i++) yw[i] = malloc((size_t)n * r3[i] * 4), mw[i] = (flx_gemv_mat_t){BF16M(w[i]), r3[i], yw[i]};
                 flx_gemv_bf16(mw, 3, cols, x, n, g_pools[wi]);
                 for (int i = 0; i < 3; i++) {
                     snprintf(label, sizeof label, "gemv %ux%u n=%u mat %d workers %u", r3[i], cols, n, i,
@@ -112,7 +114,7 @@ static void test_gemv(void)
             for (uint32_t j = 0; j < n; j++) {
                 flx_gemv_mat_t m1[3];
                 float *y1[3];
-                for (int i = 0; i < 3; i++) y1[i] = malloc((size_t)r3[i] * 4), m1[i] = (flx_gemv_mat_t){w[i], r3[i], y1[i]};
+                for (int i = 0; i < 3; i++) y1[i] = malloc((size_t)r3[i] * 4), m1[i] = (flx_gemv_mat_t){BF16M(w[i]), r3[i], y1[i]};
                 flx_gemv_bf16(m1, 3, cols, x + (size_t)j * cols, 1, g_pool);
                 for (int i = 0; i < 3; i++) {
                     snprintf(label, sizeof label, "gemv %ux%u vector %u of %u vs alone, mat %d", r3[i], cols, j, n, i);
@@ -123,6 +125,93 @@ static void test_gemv(void)
             for (int i = 0; i < 3; i++) free(w[i]), free(y[i]), free(yr[i]);
             free(x);
         }
+    }
+}
+
+/* A random fp16 value of magnitude 2^-9 .. 2^3 (either sign), as fp32: a block scale or minimum. */
+static float rand_f16_val(void)
+{
+    const uint32_t e = 6 + (uint32_t)flx_rng_below(&rng, 13), mant = (uint32_t)flx_rng_below(&rng, 1024);
+    return flx_f16_to_f32((uint16_t)(((uint32_t)flx_rng_below(&rng, 2) << 15) | (e << 10) | mant));
+}
+
+/* A (rows, cols) matrix in block format fmt with random quants and fp16 scales, and its values as a
+ * bf16 matrix (the formats' scalar definition, flx_wmat_row_bf16). */
+static void rand_blocks(flx_wfmt_t fmt, uint32_t rows, uint32_t cols, uint8_t **q_p, flx_bf16_t **b_p)
+{
+    const size_t rb = flx_wmat_row_bytes(fmt, cols), bb = fmt == FLX_WFMT_Q4 ? FLX_WFMT_Q4_BYTES : FLX_WFMT_Q8_BYTES;
+    uint8_t *q = malloc((size_t)rows * rb);
+    flx_bf16_t *b = malloc((size_t)rows * cols * 2);
+    for (size_t i = 0; i < (size_t)rows * rb; i += bb) {
+        for (int k = 0; k < (fmt == FLX_WFMT_Q4 ? 16 : 32); k++) q[i + k] = (uint8_t)flx_rng_below(&rng, 256);
+        const float d = rand_f16_val(), m = rand_f16_val();
+        memcpy(q + i + (fmt == FLX_WFMT_Q4 ? 16 : 32), &d, 4);
+        if (fmt == FLX_WFMT_Q4) memcpy(q + i + 20, &m, 4);
+    }
+    const flx_wmat_t w = {q, fmt};
+    for (uint32_t r = 0; r < rows; r++) flx_wmat_row_bf16(&w, cols, r, 0, cols, b + (size_t)r * cols);
+    *q_p = q, *b_p = b;
+}
+
+/* Block-format matrices (flx/model.h WEIGHT FORMATS) give the bits of the same values stored as
+ * bf16, in the GEMV (every batch width, fused with matrices of other formats, at 1..7 workers) and
+ * in the GEMM (whose panels expand rows). */
+static void test_gemv_blocks(void)
+{
+    static const uint32_t shapes[][2] = {{37, 64}, {100, 576}, {17, 1536}, {5, 32}, {33, 96}};
+    static const flx_wfmt_t fmts[3] = {FLX_WFMT_Q4, FLX_WFMT_Q8, FLX_WFMT_Q4};
+    for (size_t si = 0; si < FLX_ARRAY_SIZE(shapes); si++) {
+        const uint32_t rows = shapes[si][0], cols = shapes[si][1], r3[3] = {rows, rows / 2 + 1, 19};
+        uint8_t *q[3];
+        flx_bf16_t *b[3];
+        for (int i = 0; i < 3; i++) rand_blocks(fmts[i], r3[i], cols, &q[i], &b[i]);
+        char label[112];
+        for (uint32_t n = 1; n <= 17; n += (n < 9 ? 1 : 8)) {
+            float *x = malloc((size_t)n * cols * 4), *yq[3], *yb[3];
+            rand_f(x, (size_t)n * cols, 1.0);
+            flx_gemv_mat_t mq[3], mb[3];
+            for (int i = 0; i < 3; i++) {
+                yq[i] = malloc((size_t)n * r3[i] * 4), yb[i] = malloc((size_t)n * r3[i] * 4);
+                mq[i] = (flx_gemv_mat_t){{q[i], fmts[i]}, r3[i], yq[i]};
+                mb[i] = (flx_gemv_mat_t){BF16M(b[i]), r3[i], yb[i]};
+            }
+            flx_gemv_bf16(mb, 3, cols, x, n, g_pool);
+            for (int wi = 0; wi < 4; wi++) {
+                flx_gemv_bf16(mq, 3, cols, x, n, g_pools[wi]);
+                for (int i = 0; i < 3; i++) {
+                    snprintf(label, sizeof label, "gemv %s %ux%u n=%u workers %u = bf16", flx_wfmt_name(fmts[i]), r3[i],
+                             cols, n, FLX_TEST_WORKERS[wi]);
+                    CHECK_SAME(label, yq[i], yb[i], (size_t)n * r3[i]);
+                }
+            }
+            /* one matrix of each format fused with a bf16 one: each gives its bits alone */
+            flx_gemv_mat_t mix[2] = {mq[1], mb[0]};
+            float *y2 = malloc((size_t)n * rows * 4), *y1 = malloc((size_t)n * r3[1] * 4);
+            mix[0].y = y1, mix[1].y = y2;
+            flx_gemv_bf16(mix, 2, cols, x, n, g_pool);
+            CHECK_SAME("gemv q8 fused with bf16", y1, yb[1], (size_t)n * r3[1]);
+            CHECK_SAME("gemv bf16 fused with q8", y2, yb[0], (size_t)n * rows);
+            free(y1), free(y2);
+            for (int i = 0; i < 3; i++) free(yq[i]), free(yb[i]);
+            free(x);
+        }
+        const uint32_t ns[2] = {5, 300};   /* the GEMV path and the packed-panel path */
+        float *pack = flx_aligned_alloc(64, (size_t)7 * flx_gemm_pack_floats() * 4);
+        for (int k = 0; k < 2; k++) {
+            const uint32_t n = ns[k];
+            float *x = malloc((size_t)n * cols * 4), *yq = malloc((size_t)n * rows * 4), *yb = malloc((size_t)n * rows * 4);
+            rand_f(x, (size_t)n * cols, 1.0);
+            for (int i = 0; i < 2; i++) {
+                flx_gemv_mat_t mq = {{q[i], fmts[i]}, r3[i], yq}, mb = {BF16M(b[i]), r3[i], yb};
+                flx_gemm_bf16(&mb, 1, cols, x, n, g_pool, pack);
+                flx_gemm_bf16(&mq, 1, cols, x, n, g_pools[3], pack);
+                snprintf(label, sizeof label, "gemm %s %ux%u n=%u = bf16", flx_wfmt_name(fmts[i]), r3[i], cols, n);
+                CHECK_SAME(label, yq, yb, (size_t)n * r3[i]);
+            }
+            free(x), free(yq), free(yb);
+        }
+        flx_aligned_free(pack);
+        for (int i = 0; i < 3; i++) free(q[i]), free(b[i]);
     }
 }
 
@@ -137,7 +226,7 @@ static void test_gemm(void)
         rand_bf16(w, (size_t)rows * cols);
         rand_f(x, (size_t)n * cols, 1.0);
         flx_matmul_bf16_ref(w, rows, cols, x, n, yr);
-        flx_gemv_mat_t mat = {w, rows, y};
+        flx_gemv_mat_t mat = {BF16M(w), rows, y};
         flx_gemm_bf16(&mat, 1, cols, x, n, g_pool, pack);
         char label[96];
         snprintf(label, sizeof label, "gemm %ux%u n=%u", rows, cols, n);
@@ -154,7 +243,7 @@ static void test_gemm(void)
         float *y3[3];
         for (int wi = 0; wi < 4; wi++) {
             flx_gemv_mat_t m3[3];
-            for (int i = 0; i < 3; i++) y3[i] = malloc((size_t)n * r3[i] * 4), m3[i] = (flx_gemv_mat_t){w, r3[i], y3[i]};
+            for (int i = 0; i < 3; i++) y3[i] = malloc((size_t)n * r3[i] * 4), m3[i] = (flx_gemv_mat_t){BF16M(w), r3[i], y3[i]};
             flx_gemm_bf16(m3, 3, cols, x, n, g_pools[wi], pack);
             for (int i = 0; i < 3; i++) {
                 snprintf(label, sizeof label, "gemm fused %ux%u n=%u mat %d workers %u", r3[i], cols, n, i,
@@ -162,7 +251,7 @@ static void test_gemm(void)
                 if (r3[i] == rows) {
                     CHECK_SAME(label, y3[i], y, (size_t)n * rows);
                 } else {
-                    mat = (flx_gemv_mat_t){w, r3[i], yr};
+                    mat = (flx_gemv_mat_t){BF16M(w), r3[i], yr};
                     flx_gemm_bf16(&mat, 1, cols, x, n, NULL, pack);
                     CHECK_SAME(label, y3[i], yr, (size_t)n * r3[i]);
                 }
@@ -683,7 +772,7 @@ static void bench_gemv(void)
         bench_arg_t ra = {buf, GiB, pool, NULL, 0, 0};
         double tr = best_of(5, time_read, &ra), bw_read = GiB / tr * 1e-9;
         for (uint32_t n = 1; n <= 8; n *= 2) {
-            flx_gemv_mat_t mat = {w, rows, y};
+            flx_gemv_mat_t mat = {BF16M(w), rows, y};
             bench_arg_t ga = {(const uint8_t *)x, 0, pool, &mat, cols, n};
             double tg = best_of(5, time_gemv, &ga), bw = (double)rows * cols * 2 / tg * 1e-9;
             printf("workers %d: read %.2f GB/s | gemv batch %u: %.2f GB/s = %.2f of read, %.3f ms per token\n", nth,
@@ -729,7 +818,7 @@ static int bench(int argc, char **argv)
             bytes = 0;
             for (uint32_t l = 0; l < c.n_layers; l++) {
                 const flx_layer_weights_t *lw = &f.m->layers[l];
-                const flx_bf16_t *mats[7] = {lw->wq, lw->wk, lw->wv, lw->wo, lw->w_gate, lw->w_up, lw->w_down};
+                const void *mats[7] = {lw->wq.p, lw->wk.p, lw->wv.p, lw->wo.p, lw->w_gate.p, lw->w_up.p, lw->w_down.p};
                 size_t qd_ = (size_t)c.n_heads * c.head_dim, kvd_ = (size_t)c.n_kv_heads * c.head_dim;
                 size_t sz[7] = {qd_ * c.hidden, kvd_ * c.hidden, kvd_ * c.hidden, qd_ * c.hidden,
                                 (size_t)c.ffn * c.hidden, (size_t)c.ffn * c.hidden, (size_t)c.ffn * c.hidden};
@@ -739,7 +828,7 @@ static int bench(int argc, char **argv)
                 }
             }
             const size_t head = (size_t)c.vocab * c.hidden * 2 / 128 * 128;
-            (void)flx_bench_read_bw(g_pool, (const uint8_t *)f.m->lm_head, head, 1);
+            (void)flx_bench_read_bw(g_pool, (const uint8_t *)f.m->lm_head.p, head, 1);
             bytes += head;
             double t = (flx_now_ns() - t0) * 1e-9;
             best = t < best ? t : best;
@@ -787,6 +876,7 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "workers") == 0) {   /* (f) alone, at the best level (the TSan run) */
         flx_model_config_t cw = ref_cfg_make(FLX_ARCH_QWEN2, 80, 6, 2, 48, 112, 97, 0);   /* G3 D48 bias */
         test_gemv();
+        test_gemv_blocks();
         test_gemm();
         test_workers(&cw, 40);
         for (int i = 0; i < 4; i++) flx_pool_destroy(g_pools[i]);
@@ -805,6 +895,7 @@ int main(int argc, char **argv)
         }
         fprintf(stderr, "=== level %s ===\n", flx_gemv_level_name(levels[li]));
         test_gemv();
+        test_gemv_blocks();
         test_gemm();
         test_panels(levels[li]);
         test_rows(levels[li]);

@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 #include "flx/bf16.h"
+#include "flx/cpu.h"
+#include "flx/forward.h"
 #include "flx/gguf.h"
 #include "flx/model.h"
 #include "flx/model_load.h"
@@ -100,8 +102,10 @@ static float through_vec(float x, flx_dtype_t dt)
     return x;
 }
 
-static void cmp_mat(const char *what, uint32_t l, const flx_bf16_t *got, const flx_bf16_t *ref, size_t n, flx_dtype_t dt)
+static void cmp_mat(const char *what, uint32_t l, flx_wmat_t gotm, flx_wmat_t refm, size_t n, flx_dtype_t dt)
 {
+    CHECK(gotm.fmt == FLX_WFMT_BF16 && refm.fmt == FLX_WFMT_BF16);   /* Hugging Face matrices are bf16 */
+    const flx_bf16_t *got = gotm.p, *ref = refm.p;
     CHECK(got && ref);
     for (size_t i = 0; i < n; i++)
         if (got[i] != through_mat(ref[i], dt)) {
@@ -139,8 +143,8 @@ static void cmp_models_as(const flx_model_t *got, const flx_model_t *ref, flx_dt
     const size_t F = a->ffn, V = a->vocab;
     cmp_mat("tok_embd", 0, got->tok_embd, ref->tok_embd, V * H, dt);
     cmp_mat("lm_head", 0, got->lm_head, ref->lm_head, V * H, dt);
-    if (a->tied_embeddings) CHECK(got->lm_head == got->tok_embd);
-    else CHECK(got->lm_head != got->tok_embd);
+    if (a->tied_embeddings) CHECK(got->lm_head.p == got->tok_embd.p);
+    else CHECK(got->lm_head.p != got->tok_embd.p);
     cmp_vec("out_norm", 0, got->out_norm, ref->out_norm, H, vdt);
     for (uint32_t l = 0; l < a->n_layers; l++) {
         const flx_layer_weights_t *x = &got->layers[l], *y = &ref->layers[l];
@@ -230,7 +234,7 @@ static void test_hf_roundtrips(void)
         CHECK_OK(flx_model_load_hf(dir, &got));
         cmp_models(got, ref, k->dtype);
         /* BF16 matrices are used in place (zero copy); other dtypes are converted into the heap. */
-        int mapped = in_file_mapping(got->layers[0].wq, ".safetensors");
+        int mapped = in_file_mapping(got->layers[0].wq.p, ".safetensors");
         CHECK(mapped == (k->dtype == FLX_DT_BF16));
         CHECK(in_file_mapping(got->layers[0].attn_norm, ".safetensors") == 0);
         CHECK_OK(flx_model_load(dir, &got2)); /* dispatch: a directory is a HF checkpoint */
@@ -677,16 +681,23 @@ static uint32_t gguf_row_of_hf_row(uint32_t r, uint32_t hd)
     return h * hd + 2 * j + t;
 }
 
-static void check_mat(const gt_t *t, const flx_bf16_t *got, int permute)
+/* The format a GGUF matrix of this type is kept in (flx/model_load.h). */
+static flx_wfmt_t fmt_of(uint32_t type)
+{
+    return type == FLX_GGML_Q4_0 || type == FLX_GGML_Q4_1 ? FLX_WFMT_Q4 : type == FLX_GGML_Q8_0 ? FLX_WFMT_Q8 : FLX_WFMT_BF16;
+}
+
+static void check_mat(const gt_t *t, const flx_wmat_t *got, int permute)
 {
     const size_t rb = type_bytes(t->type, t->cols);
     float *ref = malloc((size_t)t->rows * t->cols * 4), *x = malloc((size_t)t->rows * t->cols * 4);
-    CHECK(ref && x && got);
+    CHECK(ref && x && got->p);
+    CHECK(got->fmt == fmt_of(t->type));
     for (uint32_t r = 0; r < t->rows; r++) {
         uint32_t g = permute ? gguf_row_of_hf_row(r, G_HD) : r;
         ref_dequant(t->type, t->data + (size_t)g * rb, t->cols, ref + (size_t)r * t->cols);
+        flx_wmat_row_f32(got, t->cols, r, 0, t->cols, x + (size_t)r * t->cols);
     }
-    for (size_t i = 0; i < (size_t)t->rows * t->cols; i++) x[i] = flx_bf16_to_f32(got[i]);
     char label[96];
     snprintf(label, sizeof label, "gguf %s (%s%s)", t->name, flx_ggml_type_name(t->type), permute ? ", un-permuted" : "");
     /* bf16 keeps 8 significant bits: rounding to nearest errs by at most 2^-8 relative. */
@@ -814,6 +825,135 @@ static const float *vec_of(const flx_model_t *m, const char *name)
     return NULL;
 }
 
+/* Every matrix of a and b holds the same values (whatever their formats); returns how many of a's
+ * are stored in a block format. */
+static int same_values(const flx_model_t *a, const flx_model_t *b)
+{
+    const flx_model_config_t *c = &a->cfg;
+    const size_t H = c->hidden, qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim;
+    const size_t F = c->ffn;
+    const flx_wmat_t *x[9], *y[9];
+    size_t rows[9], cols[9];
+    int n = 0, blocks = 0;
+#define M(f, r, k) (x[n] = &a->f, y[n] = &b->f, rows[n] = (r), cols[n] = (k), n++)
+    M(tok_embd, c->vocab, H);
+    M(lm_head, c->vocab, H);
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        n = 2;
+        M(layers[l].wq, qd, H);
+        M(layers[l].wk, kvd, H);
+        M(layers[l].wv, kvd, H);
+        M(layers[l].wo, H, qd);
+        M(layers[l].w_gate, F, H);
+        M(layers[l].w_up, F, H);
+        M(layers[l].w_down, H, F);
+        for (int i = l ? 2 : 0; i < n; i++) {
+            flx_bf16_t *ra = malloc(cols[i] * 2), *rb = malloc(cols[i] * 2);
+            for (size_t r = 0; r < rows[i]; r++) {
+                flx_wmat_row_bf16(x[i], cols[i], r, 0, cols[i], ra);
+                flx_wmat_row_bf16(y[i], cols[i], r, 0, cols[i], rb);
+                CHECK(!memcmp(ra, rb, cols[i] * 2));
+            }
+            blocks += x[i]->fmt != FLX_WFMT_BF16;
+            free(ra), free(rb);
+        }
+    }
+#undef M
+    return blocks;
+}
+
+/* Teacher-forced logits of a prompt of n tokens (n > 4 takes the GEMM path) on a pool of 2. */
+static float *prompt_logits(const flx_model_t *m, const int32_t *tok, uint32_t n, flx_pool_h pool)
+{
+    flx_fwd_shape_t sh = {.max_prompt = n, .max_batch = 1, .pool = pool};
+    size_t bytes;
+    CHECK_OK(flx_fwd_plan(m, &sh, &bytes));
+    void *mem = flx_aligned_alloc(64, bytes);
+    float *lg = malloc((size_t)n * m->cfg.vocab * 4);
+    flx_fwd_ws_t *ws;
+    CHECK(mem && lg);
+    CHECK_OK(flx_fwd_ws_init(m, &sh, mem, bytes, &ws));
+    flx_prefill_args_t a = {.tokens = tok, .n_tokens = n, .logits_all = lg};
+    CHECK_OK(flx_model_prefill(m, ws, &a));
+    flx_aligned_free(mem);
+    return lg;
+}
+
+/* A quantized GGUF loaded with its blocks kept (FLX_WFMT_Q4 / Q8) and loaded as bf16: the same
+ * values in every matrix, and the same logits bit for bit, at every kernel level, through the GEMV
+ * (3 tokens) and the GEMM (40). */
+static void check_compact_vs_bf16(const char *path, int expect_blocks)
+{
+    flx_model_t *q, *b;
+    CHECK_OK(flx_model_load_gguf_as(path, NULL, FLX_WEIGHTS_COMPACT, &q));
+    CHECK_OK(flx_model_load_gguf_as(path, NULL, FLX_WEIGHTS_BF16, &b));
+    CHECK(same_values(b, q) == 0);
+    const int blocks = same_values(q, b);
+    CHECK(expect_blocks ? blocks > 0 : blocks == 0);
+    CHECK(flx_model_weight_bytes(q) <= flx_model_weight_bytes(b));
+    flx_pool_h pool = flx_test_pool(2);
+    int32_t tok[40];
+    for (int i = 0; i < 40; i++) tok[i] = (int32_t)((i * 7919u + 13) % q->cfg.vocab);
+    static const flx_isa_t isas[] = {FLX_ISA_SCALAR, FLX_ISA_AVX2, FLX_ISA_AVX512};
+    for (size_t li = 0; li < FLX_ARRAY_SIZE(isas); li++) {
+        flx_isa_force(isas[li]);
+        if (flx_isa_active() != isas[li]) continue;
+        const uint32_t ns[2] = {3, 40};
+        for (int k = 0; k < 2; k++) {
+            float *lq = prompt_logits(q, tok, ns[k], pool), *lb = prompt_logits(b, tok, ns[k], pool);
+            char label[96];
+            snprintf(label, sizeof label, "logits of %u tokens, %d block matrices vs bf16, isa %s", ns[k], blocks,
+                     flx_isa_name(isas[li]));
+            CHECK_SAME(label, lq, lb, (size_t)ns[k] * q->cfg.vocab);
+            free(lq), free(lb);
+        }
+    }
+    flx_isa_force(flx_isa_best());
+    fprintf(stderr, "%s: %d matrices kept in block formats (%zu weight bytes a step against %zu as bf16): the same "
+            "values and logits as all bf16\n", path, blocks, flx_model_weight_bytes(q), flx_model_weight_bytes(b));
+    flx_pool_destroy(pool);
+    flx_model_destroy(q);
+    flx_model_destroy(b);
+}
+
+/* A quantized block whose scale or minimum is not finite is refused, naming the tensor, row and
+ * block, whether the blocks are kept or dequantized to bf16. */
+static void test_gguf_bad_scales(flx_rng_t *rng)
+{
+    static const struct { const char *tensor; uint32_t bb, row, block, at; uint16_t f16; } cases[] = {
+        {"blk.0.ffn_up.weight", 20, 2, 1, 0, 0x7c00},     /* Q4_1 d = +inf */
+        {"blk.0.ffn_up.weight", 20, 0, 0, 2, 0x7e00},     /* Q4_1 m = NaN */
+        {"blk.0.ffn_down.weight", 18, 5, 1, 0, 0xfc00},   /* Q4_0 d = -inf */
+        {"token_embd.weight", 34, 7, 0, 0, 0x7e01},       /* Q8_0 d = NaN */
+    };
+    for (size_t c = 0; c < FLX_ARRAY_SIZE(cases); c++) {
+        gmodel_t gm;
+        gm_build(&gm, rng, "llama", 1, NULL);
+        const gt_t *t = gm_find(&gm, cases[c].tensor);
+        CHECK(cases[c].block < t->cols / 32 && cases[c].row < t->rows);
+        const size_t off = (size_t)cases[c].row * (t->cols / 32) * cases[c].bb + (size_t)cases[c].block * cases[c].bb;
+        int hit = 0;
+        for (int i = 0; i < gm.g.n_t; i++)   /* the file's copy of the tensor */
+            if (!strcmp(gm.g.t[i].name, cases[c].tensor)) {
+                memcpy((uint8_t *)gm.g.t[i].data + off + cases[c].at, &cases[c].f16, 2);
+                hit = 1;
+            }
+        CHECK(hit);
+        char p[600], want[160];
+        snprintf(p, sizeof p, "%s/bad-scale-%zu.gguf", g_tmp, c);
+        gguf_save(&gm.g, p, "GGUF", 3);
+        snprintf(want, sizeof want, "tensor '%s' row %u block %u", cases[c].tensor, cases[c].row, cases[c].block);
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            flx_model_t *m = NULL;
+            CHECK(flx_model_load_gguf_as(p, NULL, bf16 ? FLX_WEIGHTS_BF16 : FLX_WEIGHTS_COMPACT, &m) == FLX_ERR_FORMAT && !m);
+            CHECK_MSG(want);
+            CHECK_MSG("must be finite");
+        }
+        fprintf(stderr, "refused as expected: %s\n", flx_error_msg());
+        gm_free(&gm);
+    }
+}
+
 static void test_gguf_models(flx_rng_t *rng)
 {
     static const struct { const char *arch; int tied; } cases[] = {{"llama", 0}, {"llama", 1}, {"qwen2", 1}, {"qwen2", 0}};
@@ -834,16 +974,16 @@ static void test_gguf_models(flx_rng_t *rng)
         CHECK(cfg->tied_embeddings == cases[c].tied);
         CHECK(!strcmp(cfg->name, llama ? "tiny llama" : "tiny qwen2"));
         const flx_layer_weights_t *w = &m->layers[0];
-        check_mat(gm_find(&gm, "token_embd.weight"), m->tok_embd, 0);
-        if (cases[c].tied) CHECK(m->lm_head == m->tok_embd);
-        else check_mat(gm_find(&gm, "output.weight"), m->lm_head, 0);
-        check_mat(gm_find(&gm, "blk.0.attn_q.weight"), w->wq, llama);
-        check_mat(gm_find(&gm, "blk.0.attn_k.weight"), w->wk, llama);
-        check_mat(gm_find(&gm, "blk.0.attn_v.weight"), w->wv, 0);
-        check_mat(gm_find(&gm, "blk.0.attn_output.weight"), w->wo, 0);
-        check_mat(gm_find(&gm, "blk.0.ffn_gate.weight"), w->w_gate, 0);
-        check_mat(gm_find(&gm, "blk.0.ffn_up.weight"), w->w_up, 0);
-        check_mat(gm_find(&gm, "blk.0.ffn_down.weight"), w->w_down, 0);
+        check_mat(gm_find(&gm, "token_embd.weight"), &m->tok_embd, 0);
+        if (cases[c].tied) CHECK(m->lm_head.p == m->tok_embd.p);
+        else check_mat(gm_find(&gm, "output.weight"), &m->lm_head, 0);
+        check_mat(gm_find(&gm, "blk.0.attn_q.weight"), &w->wq, llama);
+        check_mat(gm_find(&gm, "blk.0.attn_k.weight"), &w->wk, llama);
+        check_mat(gm_find(&gm, "blk.0.attn_v.weight"), &w->wv, 0);
+        check_mat(gm_find(&gm, "blk.0.attn_output.weight"), &w->wo, 0);
+        check_mat(gm_find(&gm, "blk.0.ffn_gate.weight"), &w->w_gate, 0);
+        check_mat(gm_find(&gm, "blk.0.ffn_up.weight"), &w->w_up, 0);
+        check_mat(gm_find(&gm, "blk.0.ffn_down.weight"), &w->w_down, 0);
         for (int i = 0; i < gm.n_vecs; i++) check_vec(vec_of(m, gm.vec_name[i]), gm.vecs[i], gm.vec_type[i], gm.vec_len[i]);
         if (llama) CHECK(!w->bq && !w->bk && !w->bv);
         if (llama) {
@@ -856,7 +996,9 @@ static void test_gguf_models(flx_rng_t *rng)
                         uint32_t hf = h * G_HD + t * (G_HD / 2) + j, gg = h * G_HD + 2 * j + t;
                         float v;
                         memcpy(&v, q->data + ((size_t)gg * G_H + 5) * 4, 4);
-                        CHECK(w->wq[(size_t)hf * G_H + 5] == flx_f32_to_bf16(v));
+                        flx_bf16_t got;
+                        flx_wmat_row_bf16(&w->wq, G_H, hf, 5, 1, &got);
+                        CHECK(got == flx_f32_to_bf16(v));
                     }
         }
         if (c == 0) {
@@ -865,9 +1007,12 @@ static void test_gguf_models(flx_rng_t *rng)
             gguf_save(&gm.g, p, "GGUF", 3);
             flx_model_t *m2;
             CHECK_OK(flx_model_load(p, &m2));
-            CHECK(m2->cfg.n_layers == 1 && !memcmp(m2->layers[0].wq, m->layers[0].wq, (size_t)G_HEADS * G_HD * G_H * 2));
+            CHECK(m2->cfg.n_layers == 1 && m2->layers[0].wq.fmt == m->layers[0].wq.fmt &&
+                  !memcmp(m2->layers[0].wq.p, m->layers[0].wq.p,
+                          (size_t)G_HEADS * G_HD * flx_wmat_row_bytes(m->layers[0].wq.fmt, G_H)));
             flx_model_destroy(m2);
         }
+        check_compact_vs_bf16(p, 1);
         fprintf(stderr, "gguf %s %s v%d: config and every tensor match\n", cases[c].arch,
                 cases[c].tied ? "tied" : "untied", c == 3 ? 2 : 3);
         flx_model_destroy(m);
@@ -1214,11 +1359,11 @@ static void gguf_row(const flx_gguf_tensor_t *t, uint64_t r, float *x)
     ref_dequant(t->type, (const uint8_t *)t->data + r * (t->nbytes / t->ne[1]), t->ne[0], x);
 }
 
-static void check_row(const char *label, const flx_bf16_t *got, const float *ref, size_t n)
+static void check_row(const char *label, const flx_wmat_t *w, size_t row, const float *ref, size_t n)
 {
     float x[2048];
     CHECK(n <= 2048);
-    for (size_t i = 0; i < n; i++) x[i] = flx_bf16_to_f32(got[i]);
+    flx_wmat_row_f32(w, n, row, 0, n, x);
     CHECK_CLOSE(label, x, ref, n, 1e-30, 1.0 / 256);
 }
 
@@ -1252,7 +1397,7 @@ static int test_real_model(void)
     CHECK(t && t->type == FLX_GGML_Q8_0);
     for (uint64_t r = 0; r < c->vocab; r += 4099) {
         gguf_row(t, r, ref);
-        check_row("token_embd row", m->tok_embd + r * c->hidden, ref, c->hidden);
+        check_row("token_embd row", &m->tok_embd, r, ref, c->hidden);
     }
     const uint32_t hd = c->head_dim;
     for (uint32_t l = 0; l < c->n_layers; l += 29) {
@@ -1262,26 +1407,28 @@ static int test_real_model(void)
         CHECK(t);
         for (uint32_t r = 0; r < c->n_heads * hd; r += 37) {
             gguf_row(t, gguf_row_of_hf_row(r, hd), ref);
-            check_row(n, m->layers[l].wq + (size_t)r * c->hidden, ref, c->hidden);
+            check_row(n, &m->layers[l].wq, r, ref, c->hidden);
         }
         snprintf(n, sizeof n, "blk.%u.attn_k.weight", l);
         t = flx_gguf_find_tensor(g, n);
         CHECK(t);
         for (uint32_t r = 0; r < c->n_kv_heads * hd; r += 13) {
             gguf_row(t, gguf_row_of_hf_row(r, hd), ref);
-            check_row(n, m->layers[l].wk + (size_t)r * c->hidden, ref, c->hidden);
+            check_row(n, &m->layers[l].wk, r, ref, c->hidden);
         }
         snprintf(n, sizeof n, "blk.%u.ffn_down.weight", l);
         t = flx_gguf_find_tensor(g, n);
         CHECK(t);
         gguf_row(t, 100, ref);
-        check_row(n, m->layers[l].w_down + (size_t)100 * c->ffn, ref, c->ffn);
+        check_row(n, &m->layers[l].w_down, 100, ref, c->ffn);
     }
     for (uint32_t l = 0; l < c->n_layers; l++)
         for (uint32_t i = 0; i < c->hidden; i++)
             CHECK(isfinite(m->layers[l].attn_norm[i]) && isfinite(m->layers[l].ffn_norm[i]));
+    CHECK(m->tok_embd.fmt == FLX_WFMT_Q8 && m->layers[0].wq.fmt == FLX_WFMT_Q4);
     flx_model_destroy(m);
     flx_gguf_close(g);
+    check_compact_vs_bf16(path, 1);
     fprintf(stderr, "test_model_load --real: ok\n");
     return 0;
 }
@@ -1302,6 +1449,7 @@ int main(int argc, char **argv)
     flx_rng_seed(&rng, g_seed);
     test_gguf_metadata();
     test_gguf_models(&rng);
+    test_gguf_bad_scales(&rng);
     test_gguf_rope_freqs(&rng);
     test_gguf_refusals(&rng);
     test_hf_roundtrips();

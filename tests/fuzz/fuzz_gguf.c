@@ -71,7 +71,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     flx_model_t *m = NULL;
     if (flx_model_load_gguf(path, &m) == FLX_OK) {
         FUZZ_CHECK(flx_model_config_check(&m->cfg) == FLX_OK);
-        fuzz_touch(m->tok_embd, (size_t)m->cfg.vocab * m->cfg.hidden * 2);
+        fuzz_touch(m->tok_embd.p, m->cfg.vocab * flx_wmat_row_bytes(m->tok_embd.fmt, m->cfg.hidden));
         flx_model_destroy(m);
     }
     flx_tok_h tok = NULL;

@@ -25,7 +25,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     flx_model_t *m = NULL;
     if (flx_model_load_hf(fuzz_dir(), &m) == FLX_OK) {
         FUZZ_CHECK(flx_model_config_check(&m->cfg) == FLX_OK);
-        fuzz_touch(m->lm_head, (size_t)m->cfg.vocab * m->cfg.hidden * 2);
+        fuzz_touch(m->lm_head.p, (size_t)m->cfg.vocab * m->cfg.hidden * 2);
         flx_model_destroy(m);
     }
     return 0;

@@ -23,7 +23,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_write_file(fuzz_dir(), "model.safetensors.index.json", data, size);
     flx_model_t *m = NULL;
     if (flx_model_load_hf(fuzz_dir(), &m) == FLX_OK) {
-        fuzz_touch(m->layers[0].w_down, (size_t)m->cfg.hidden * m->cfg.ffn * 2);
+        fuzz_touch(m->layers[0].w_down.p, (size_t)m->cfg.hidden * m->cfg.ffn * 2);
         flx_model_destroy(m);
     }
     return 0;

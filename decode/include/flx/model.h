@@ -1,27 +1,29 @@
 /*
  * flx/model.h - the model runtime: a Llama 3.x / Qwen2.x decoder-only transformer held in host
- * memory as bf16 weights, loaded from GGUF or Hugging Face checkpoints, and its forward pass.
+ * memory as bf16 weights (stored as bf16 or, from quantized GGUF files, in compact block formats
+ * that hold the same bf16 values), loaded from GGUF or Hugging Face checkpoints, and its forward
+ * pass.
  *
  * OVERVIEW
  * A model is a flx_model_t: a config and pointers to its weights. Loaders (flx/model_load.h) fill
  * it from files; flx_model_init_random() fills it with seeded random weights for tests of shapes
  * the real model does not cover. Everything after loading reads only this struct.
  *
- * WEIGHT LAYOUT (all row-major, "out" rows of "in" columns, y = W x)
- *   tok_embd   bf16 (vocab, hidden)
+ * WEIGHT LAYOUT (all row-major, "out" rows of "in" columns, y = W x; "mat" is a flx_wmat_t)
+ *   tok_embd   mat (vocab, hidden)
  *   per layer:
  *     attn_norm  fp32 (hidden)                RMSNorm gain
- *     wq         bf16 (n_heads * head_dim, hidden)
- *     wk, wv     bf16 (n_kv_heads * head_dim, hidden)
+ *     wq         mat  (n_heads * head_dim, hidden)
+ *     wk, wv     mat  (n_kv_heads * head_dim, hidden)
  *     bq         fp32 (n_heads * head_dim)     Qwen2 only (qkv_bias), else NULL
  *     bk, bv     fp32 (n_kv_heads * head_dim)  Qwen2 only, else NULL
- *     wo         bf16 (hidden, n_heads * head_dim)
+ *     wo         mat  (hidden, n_heads * head_dim)
  *     ffn_norm   fp32 (hidden)
- *     w_gate     bf16 (ffn, hidden)
- *     w_up       bf16 (ffn, hidden)
- *     w_down     bf16 (hidden, ffn)
+ *     w_gate     mat  (ffn, hidden)
+ *     w_up       mat  (ffn, hidden)
+ *     w_down     mat  (hidden, ffn)
  *   out_norm   fp32 (hidden)
- *   lm_head    bf16 (vocab, hidden); equals tok_embd when tied_embeddings
+ *   lm_head    mat  (vocab, hidden); equals tok_embd when tied_embeddings
  *
  * ROPE LAYOUT. Q and K rows are in the Hugging Face ("rotate half") layout: within a head, dim i
  * (i < head_dim / 2) rotates with dim i + head_dim / 2 by angle pos * inv_freq[i], inv_freq[i] =
@@ -29,6 +31,19 @@
  * FLX_ROPE_LLAMA3). GGUF files of Llama-family models store wq/wk rows permuted for llama.cpp's
  * interleaved layout (pairs 2i, 2i+1); the GGUF loader un-permutes them, so K in the kvstore, KV
  * dumps and PyTorch checkpoints all share one layout.
+ *
+ * WEIGHT FORMATS. Every matrix holds bf16 values; flx_wmat_t says how they are stored:
+ *   FLX_WFMT_BF16  flx_bf16_t (rows, cols), row-major
+ *   FLX_WFMT_Q4    per row cols / 32 blocks of 24 bytes: u8 qs[16], float d, float m; value j of a
+ *                  block is bf16(d * (qs[j] & 15) + m) and value j + 16 is bf16(d * (qs[j] >> 4) + m)
+ *                  (GGUF Q4_1; Q4_0 with m = -8 d)
+ *   FLX_WFMT_Q8    per row cols / 32 blocks of 36 bytes: i8 q[32], float d; value j = bf16(d * q[j])
+ *                  (GGUF Q8_0)
+ * bf16(x) rounds to nearest even. d and m are fp16 values (stored as fp32 so the kernels load them
+ * as they are), so d * q is exact in fp32 (11 significant bits times at most 8) and each value has
+ * one rounding before bf16's, fused or not: a Q4 or Q8 matrix holds exactly the values
+ * the GGUF loader once dequantized to bf16 (and the GPU forward still uploads), in 0.75 or 1.125
+ * bytes a value instead of 2. The decode GEMV expands blocks in registers (flx_model's gemv.c).
  *
  * Numerics: bf16 weights and KV, fp32 activations and accumulation.
  *
@@ -86,26 +101,42 @@ typedef struct flx_model_config {
     char name[64];            /* human-readable, e.g. "SmolLM2-135M-Instruct"; valid UTF-8 */
 } flx_model_config_t;
 
+typedef enum {
+    FLX_WFMT_BF16 = 0,
+    FLX_WFMT_Q4 = 1,
+    FLX_WFMT_Q8 = 2,
+} flx_wfmt_t;
+
+#define FLX_WFMT_BLOCK 32        /* values per block of FLX_WFMT_Q4 / Q8 (cols must be a multiple) */
+#define FLX_WFMT_Q4_BYTES 24     /* bytes per block */
+#define FLX_WFMT_Q8_BYTES 36
+
+/* A weight matrix: its bytes and how they are stored (WEIGHT FORMATS above). p == NULL: absent. */
+typedef struct flx_wmat {
+    const void *p;
+    flx_wfmt_t fmt;
+} flx_wmat_t;
+
 typedef struct flx_layer_weights {
     const float *attn_norm;       /* (hidden) */
-    const flx_bf16_t *wq;         /* (n_heads * head_dim, hidden) */
-    const flx_bf16_t *wk;         /* (n_kv_heads * head_dim, hidden) */
-    const flx_bf16_t *wv;         /* (n_kv_heads * head_dim, hidden) */
+    flx_wmat_t wq;                /* (n_heads * head_dim, hidden) */
+    flx_wmat_t wk;                /* (n_kv_heads * head_dim, hidden) */
+    flx_wmat_t wv;                /* (n_kv_heads * head_dim, hidden) */
     const float *bq, *bk, *bv;    /* qkv_bias only, else NULL */
-    const flx_bf16_t *wo;         /* (hidden, n_heads * head_dim) */
+    flx_wmat_t wo;                /* (hidden, n_heads * head_dim) */
     const float *ffn_norm;        /* (hidden) */
-    const flx_bf16_t *w_gate;     /* (ffn, hidden) */
-    const flx_bf16_t *w_up;       /* (ffn, hidden) */
-    const flx_bf16_t *w_down;     /* (hidden, ffn) */
+    flx_wmat_t w_gate;            /* (ffn, hidden) */
+    flx_wmat_t w_up;              /* (ffn, hidden) */
+    flx_wmat_t w_down;            /* (hidden, ffn) */
 } flx_layer_weights_t;
 
 struct flx_model_mem;             /* loader-private backing memory (mappings, arenas) */
 
 typedef struct flx_model {
     flx_model_config_t cfg;
-    const flx_bf16_t *tok_embd;   /* (vocab, hidden) */
+    flx_wmat_t tok_embd;          /* (vocab, hidden) */
     const float *out_norm;        /* (hidden) */
-    const flx_bf16_t *lm_head;    /* (vocab, hidden) */
+    flx_wmat_t lm_head;           /* (vocab, hidden) */
     flx_layer_weights_t *layers;  /* (n_layers) */
     struct flx_model_mem *mem;    /* owned; freed by flx_model_destroy */
 } flx_model_t;
@@ -121,8 +152,17 @@ flx_status_t flx_model_init_random(const flx_model_config_t *cfg, uint64_t seed,
 /* Frees a model from any constructor. Accepts NULL. */
 void flx_model_destroy(flx_model_t *model);
 
-/* Bytes of weights (bf16 matrices + fp32 vectors) the forward pass reads per decode step. */
+/* Bytes of weights (matrices in their formats + fp32 vectors) the forward pass reads per decode step. */
 size_t flx_model_weight_bytes(const flx_model_t *model);
+
+/* "bf16", "q4", "q8"; "?" for other values. */
+const char *flx_wfmt_name(flx_wfmt_t fmt);
+/* Bytes of one row of cols values in fmt (cols a multiple of FLX_WFMT_BLOCK for Q4 / Q8). */
+size_t flx_wmat_row_bytes(flx_wfmt_t fmt, size_t cols);
+/* Values [c0, c0 + n) of row `row` of w (cols columns) as fp32 (exact: they are bf16 values) or as
+ * bf16. The scalar definition of the formats: the kernels are tested against it. */
+void flx_wmat_row_f32(const flx_wmat_t *w, size_t cols, size_t row, size_t c0, size_t n, float *out);
+void flx_wmat_row_bf16(const flx_wmat_t *w, size_t cols, size_t row, size_t c0, size_t n, flx_bf16_t *out);
 
 /* inv_freq (head_dim / 2) of cfg's RoPE, llama3 scaling applied: the single definition that the
  * forward pass, the prefill statistics and the tests share. */

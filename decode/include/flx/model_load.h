@@ -4,8 +4,10 @@
  * OVERVIEW
  *   flx_model_load       dispatch: a directory is a Hugging Face checkpoint, a file a GGUF file
  *   flx_model_load_gguf  llama.cpp GGUF, architectures "llama" (Llama 2/3.x, SmolLM2) and "qwen2".
- *                        Matrices are dequantized to bf16 at load (F32, F16, BF16, Q8_0, Q4_0,
- *                        Q4_1); norm gains and biases become fp32. Llama wq/wk rows are
+ *                        F32, F16 and BF16 matrices become bf16; Q4_0 / Q4_1 and Q8_0 ones are
+ *                        kept as FLX_WFMT_Q4 and FLX_WFMT_Q8 (flx/model.h: the same bf16 values
+ *                        the dequantization to bf16 gives, in fewer bytes); norm gains and biases
+ *                        become fp32. Llama wq/wk rows are
  *                        un-permuted from llama.cpp's interleaved RoPE layout to the Hugging Face
  *                        layout (see ROPE LAYOUT in flx/model.h); qwen2 files are not permuted.
  *                        The file is unmapped before returning.
@@ -25,8 +27,8 @@
  * MEMORY. A loader allocates what the model's declared shape needs, and only after the tensors of
  * that shape were found in the file: weights are never allocated for a tensor the file does not
  * hold, so the heap a load takes is bounded by the files it reads. GGUF: the handle's tables (at
- * most 16 x the file's metadata bytes + 64 KiB, flx/gguf.h) and the dequantized weights, at most 3.6
- * x the bytes of the tensors they come from (Q4_0: 18 bytes per 32 values become 64). Hugging
+ * most 16 x the file's metadata bytes + 64 KiB, flx/gguf.h) and the converted weights, at most 3.6
+ * x the bytes of the tensors they come from (Q4_0 to bf16: 18 bytes per 32 values become 64). Hugging
  * Face: config.json (at most 1 MiB) and the index (at most 16 MiB) parsed by cJSON (up to ~40 x
  * their size while loading), each shard's header (flx/safetensors.h: at most 64 x the header + 1
  * MiB), and converted F16/F32 matrices and norm vectors (at most 2 x their bytes in the shard;
@@ -61,6 +63,24 @@ flx_status_t flx_model_load_hf(const char *dir, flx_model_t **model_p);
 flx_status_t flx_model_load_pool(const char *path, flx_pool_h pool, flx_model_t **model_p);
 flx_status_t flx_model_load_gguf_pool(const char *path, flx_pool_h pool, flx_model_t **model_p);
 flx_status_t flx_model_load_hf_pool(const char *dir, flx_pool_h pool, flx_model_t **model_p);
+/* How a GGUF file's quantized matrices (Q4_0, Q4_1, Q8_0) are held; other matrices are bf16 either
+ * way, and so are a Hugging Face checkpoint's. The values are the same (flx/model.h WEIGHT FORMATS).
+ *   FLX_WEIGHTS_COMPACT  their blocks, FLX_WFMT_Q4 / Q8: 0.75 and 1.125 bytes a value (default)
+ *   FLX_WEIGHTS_BF16     dequantized to bf16: 2 bytes a value; the GEMV's cheaper expansion can
+ *                        win where arithmetic, not memory, bounds the dense part (few cores, large
+ *                        batches: docs/workers.md) */
+typedef enum {
+    FLX_WEIGHTS_COMPACT = 0,
+    FLX_WEIGHTS_BF16 = 1,
+} flx_weights_t;
+
+/* "compact" | "bf16" -> *w; FLX_ERR_INVALID naming the value otherwise. */
+flx_status_t flx_weights_parse(const char *s, flx_weights_t *w);
+const char *flx_weights_name(flx_weights_t w);
+
+/* flx_model_load_pool / flx_model_load_gguf_pool with the weights held as w. */
+flx_status_t flx_model_load_as(const char *path, flx_pool_h pool, flx_weights_t w, flx_model_t **model_p);
+flx_status_t flx_model_load_gguf_as(const char *path, flx_pool_h pool, flx_weights_t w, flx_model_t **model_p);
 
 /*
  * Writes model as a Hugging Face checkpoint into the existing directory dir: config.json and, for
