@@ -12,12 +12,24 @@
  * time it spent outside attention, over the read bandwidth the same pool reaches on a buffer of the
  * weights' size just before and just after that run (the mean of the two samples: this machine's
  * bandwidth drifts within minutes, so the reference is taken next to what it judges);
- * gemv_bw_frac = the median of that ratio over every (L, mode) run (the dense part does not depend
- * on L or the attention mode).
+ * dense_bw_frac_formats = the median of that ratio over every (L, mode) run (the dense part does
+ * not depend on L or the attention mode).
+ *
+ * A GGUF model's quantized matrices stay in compact block formats (flx/model.h WEIGHT FORMATS): the
+ * same values as bf16 in 0.75 (Q4) or 1.125 (Q8) bytes each, expanded in registers, so that dense
+ * part reads fewer bytes and may be bound by arithmetic rather than bandwidth. A second section
+ * therefore times the dense part alone (decode steps whose attention callback writes zeros) on the
+ * model as loaded and on the same file loaded as bf16 (flx_model_load_as), alternated in pairs,
+ * order rotated, at batch 1, 4 and 8: dense_formats_over_bf16_b1 / _b4 / _b8 are the medians of the per-pair
+ * time ratios, and gemv_bw_frac is the bf16 GEMV's bandwidth at batch 1 over the read bandwidth taken
+ * around each pair (the kernel's memory-speed figure, as before the compact formats; for a Hugging
+ * Face model, which is bf16, it is the figure of the main table).
  *
  * usage: model_bench -m MODEL --tokens IDS [--lens 2048,4096,8192] [--steps N] [-t T] [--csv PATH]
  * (-t: pool workers; absent: FLX_THREADS, else the process's CPU budget)
  * Last line: SUMMARY gemv_bw_frac=<x> tpot_full_over_16_005_8k=<TPOT full / TPOT fixed at the largest L>
+ *            dense_formats_over_bf16_b1=<x> dense_formats_over_bf16_b4=<x> dense_formats_over_bf16_b8=<x>
+ *            dense_bw_frac_formats=<x>
  */
 #include <errno.h>
 #include <stdio.h>
@@ -95,6 +107,97 @@ static run_t run_one(const flx_model_t *m, flx_fwd_ws_t *fws, flx_kv_store_h sto
     r.dense_gbs = sum.dense_ns ? sum.dense_bytes / (double)sum.dense_ns : 0;
     r.host_mb = sum.host_bytes / 1e6 / n;
     return r;
+}
+
+/* ---- the dense part with the model's own weight formats against the same values as bf16 ---- */
+
+enum { AB_PAIRS = 8, AB_STEPS = 4 };
+
+static flx_status_t attn_zero(void *ctx, uint32_t layer, uint32_t batch, const float *q, const float *k,
+                              const float *v, float *o)
+{
+    const flx_model_config_t *c = ctx;
+    memset(o, 0, sizeof(float) * batch * c->n_heads * c->head_dim);
+    return FLX_OK;
+}
+
+typedef struct {
+    const flx_model_t *m;
+    flx_fwd_ws_t *ws;
+    void *mem;
+} ab_side_t;
+
+static void ab_side_init(ab_side_t *a, const flx_model_t *m, flx_pool_h pool, uint32_t batch)
+{
+    flx_fwd_shape_t fs = {.max_prompt = 1, .max_batch = batch, .pool = pool};
+    size_t b;
+    a->m = m;
+    if (flx_fwd_plan(m, &fs, &b) != FLX_OK || !(a->mem = flx_aligned_alloc(64, b)) ||
+        flx_fwd_ws_init(m, &fs, a->mem, b, &a->ws) != FLX_OK)
+        die("forward workspace (weight formats)");
+}
+
+/* Mean dense time (ns) and bytes of AB_STEPS decode steps of batch B (attention left out: the
+ * callback writes zeros), after one unmeasured step. */
+static double ab_dense_ns(ab_side_t *a, uint32_t B, float *logits, uint64_t *bytes_p)
+{
+    int32_t tok[8];
+    uint32_t pos[8];
+    for (uint32_t i = 0; i < B; i++) tok[i] = (int32_t)(100 + 37 * i), pos[i] = 7 + i;
+    flx_decode_args_t d = {.batch = B, .tokens = tok, .pos = pos, .attn = attn_zero, .ctx = (void *)&a->m->cfg,
+                           .logits = logits};
+    uint64_t ns = 0;
+    for (int s = 0; s <= AB_STEPS; s++) {
+        if (flx_model_decode(a->m, a->ws, &d) != FLX_OK) die("decode (weight formats)");
+        flx_fwd_timing_t t;
+        flx_fwd_timing_get(a->ws, &t);
+        if (s) ns += t.dense_ns, *bytes_p = t.dense_bytes;
+    }
+    return (double)ns / AB_STEPS;
+}
+
+/* Dense time of the loaded model (its matrices in the file's formats, flx/model.h) over the same
+ * model loaded as bf16, per pair of alternated runs (order rotated), at batch 1 and 4; and the bf16
+ * GEMV's bandwidth against the read bandwidth taken around each pair. Prints a table and a CSV;
+ * returns the batch-1, 4 and 8 medians in ratio[3] and the bandwidth fraction's median. */
+static double formats_ab(const flx_model_t *m, const char *path, flx_pool_h pool, const uint8_t *rbuf, size_t rbytes,
+                         FILE *csv, double ratio[3])
+{
+    flx_model_t *mb;
+    if (flx_model_load_as(path, pool, FLX_WEIGHTS_BF16, &mb) != FLX_OK) die("model as bf16");
+    const uint32_t batches[3] = {1, 4, 8};
+    float *logits = malloc(sizeof(float) * 8 * m->cfg.vocab);
+    double fr[2 * AB_PAIRS];
+    int n_fr = 0;
+    printf("\ndense part, the file's formats (%.1f MB a step) against bf16 (%.1f MB), %d alternated pairs of %d steps:\n",
+           flx_model_weight_bytes(m) / 1e6, flx_model_weight_bytes(mb) / 1e6, AB_PAIRS, AB_STEPS);
+    printf("%6s %14s %14s %14s %14s\n", "batch", "formats ms", "bf16 ms", "ratio median", "range");
+    for (int bi = 0; bi < 3; bi++) {
+        const uint32_t B = batches[bi];
+        ab_side_t a, b;
+        ab_side_init(&a, m, pool, B);
+        ab_side_init(&b, mb, pool, B);
+        double r[AB_PAIRS], ta[AB_PAIRS], tb[AB_PAIRS];
+        for (int p = 0; p < AB_PAIRS; p++) {
+            uint64_t ba = 0, bb = 0;
+            const double bw0 = flx_bench_read_bw(pool, rbuf, rbytes, 1);
+            if (p & 1) tb[p] = ab_dense_ns(&b, B, logits, &bb), ta[p] = ab_dense_ns(&a, B, logits, &ba);
+            else ta[p] = ab_dense_ns(&a, B, logits, &ba), tb[p] = ab_dense_ns(&b, B, logits, &bb);
+            const double bw = (bw0 + flx_bench_read_bw(pool, rbuf, rbytes, 1)) / 2;
+            r[p] = ta[p] / tb[p];
+            if (B == 1) fr[n_fr++] = bb / tb[p] / bw;
+            if (csv) fprintf(csv, "formats_ab,%u,%d,%.4f,%.4f,%.4f,%llu,%llu,%.2f\n", B, p, ta[p] / 1e6, tb[p] / 1e6, r[p],
+                             (unsigned long long)ba, (unsigned long long)bb, bw);
+        }
+        const double med_a = flx_bench_median(ta, AB_PAIRS), med_b = flx_bench_median(tb, AB_PAIRS);
+        ratio[bi] = flx_bench_median(r, AB_PAIRS);   /* sorts r */
+        printf("%6u %14.2f %14.2f %14.3f %6.3f .. %.3f\n", B, med_a / 1e6, med_b / 1e6, ratio[bi], r[0], r[AB_PAIRS - 1]);
+        flx_aligned_free(a.mem);
+        flx_aligned_free(b.mem);
+    }
+    free(logits);
+    flx_model_destroy(mb);
+    return flx_bench_median(fr, n_fr);
 }
 
 int main(int argc, char **argv)
@@ -202,6 +305,13 @@ int main(int argc, char **argv)
     printf("\ndense part / read bandwidth around the same run: median %.3f (%.3f .. %.3f) over %d runs\n", gemv_frac,
            frac[0], frac[n_runs - 1], n_runs);
     printf("TPOT full / fixed(16, 0.05) at L %u: %.3f\n", lens[n_lens - 1], tpot_last[0] / tpot_last[1]);
+    double fmt_ratio[3] = {1, 1, 1}, bf16_frac = gemv_frac;
+    const size_t plen = strlen(model_path);
+    if (plen > 5 && !strcmp(model_path + plen - 5, ".gguf")) {
+        if (csv) fprintf(csv, "section,batch,pair,formats_dense_ms,bf16_dense_ms,ratio,formats_bytes,bf16_bytes,read_bw_GBps\n");
+        bf16_frac = formats_ab(m, model_path, pool, rbuf, rbytes, csv, fmt_ratio);
+        printf("bf16 GEMV (batch 1) / read bandwidth around each pair: median %.3f\n", bf16_frac);
+    }
     if (csv) fclose(csv);
     free(logits);
     flx_aligned_free(rbuf);
@@ -210,6 +320,8 @@ int main(int argc, char **argv)
     flx_model_destroy(m);
     flx_pool_destroy(pool);
     free(ids);
-    printf("SUMMARY gemv_bw_frac=%.3f tpot_full_over_16_005_8k=%.3f\n", gemv_frac, tpot_last[0] / tpot_last[1]);
+    printf("SUMMARY gemv_bw_frac=%.3f tpot_full_over_16_005_8k=%.3f dense_formats_over_bf16_b1=%.3f "
+           "dense_formats_over_bf16_b4=%.3f dense_formats_over_bf16_b8=%.3f dense_bw_frac_formats=%.3f\n", bf16_frac,
+           tpot_last[0] / tpot_last[1], fmt_ratio[0], fmt_ratio[1], fmt_ratio[2], gemv_frac);
     return 0;
 }

@@ -24,7 +24,9 @@
  * pass spends outside attention) in a quiet window, over the read bandwidth this binary measures on
  * the same pool just before and just after that window (a STREAM-like read of a buffer as large as
  * the weights; the mean of the two samples): one ratio per quiet window, median and range over the
- * rounds of every length.
+ * rounds of every length. A GGUF model is loaded with every matrix as bf16
+ * (flx_model_load_as, FLX_WEIGHTS_BF16), the layout that figure has always judged; the compact block formats the
+ * node keeps a quantized file in are compared with it by bench/run model.
  *
  * usage: step_bench -m MODEL --text FILE [--lens 2048,8192] [--rounds 5] [--window 8] [--warm 2]
  *                   [--mode full|fixed|fluxion] [--predictor WEIGHTS] [--threads N] [--csv PATH]
@@ -211,7 +213,10 @@ int main(int argc, char **argv)
 
     flx_model_t *m;
     flx_tok_h tok;
-    if (flx_model_load_pool(model_path, pool, &m) || flx_tok_load(model_path, &tok)) die("model");
+    /* A GGUF's quantized matrices as bf16: this benchmark's dense figure judges the GEMV against the
+     * memory it streams, and the compact block formats' GEMV is bound by arithmetic on small CPUs
+     * (bench/run model compares the two). */
+    if (flx_model_load_as(model_path, pool, FLX_WEIGHTS_BF16, &m) || flx_tok_load(model_path, &tok)) die("model");
     const flx_model_config_t *c = &m->cfg;
     size_t n_ids = 0;
     int32_t *ids = malloc((tlen + 2) * sizeof *ids);

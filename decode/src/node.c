@@ -504,7 +504,7 @@ flx_status_t flx_node_create(const flx_node_config_t *cfg, flx_node_h *node_p)
         goto fail;
     n->n_threads = flx_pool_size(n->pool);
     flx_log_info(MOD, "%s", flx_pool_describe(n->pool));
-    if ((st = flx_model_load_pool(cfg->model, n->pool, &n->model)))
+    if ((st = flx_model_load_as(cfg->model, n->pool, (flx_weights_t)cfg->weights, &n->model)))
         goto fail;
     if ((st = flx_tok_load(cfg->model, &n->tok)) == FLX_ERR_NOT_FOUND) {
         flx_log_warn(MOD, "no tokenizer with %s (%s): tokens stream without text", cfg->model, flx_error_msg());

@@ -17,10 +17,11 @@
 #include <string.h>
 
 #include "flx/log.h"
+#include "flx/model_load.h"
 #include "flx/tokenizer.h"
 #include "flx/util.h"
 
-typedef enum { K_STR, K_ADDR, K_U32, K_BYTES, K_INT, K_PREFILL, K_ERRMODE, K_LEVEL, K_FORMAT } kind_t;
+typedef enum { K_STR, K_ADDR, K_U32, K_BYTES, K_INT, K_PREFILL, K_ERRMODE, K_LEVEL, K_FORMAT, K_WEIGHTS } kind_t;
 
 typedef struct key {
     const char *name;
@@ -36,6 +37,8 @@ typedef struct key {
 
 static const cfg_key_t KEYS[] = {
     {"model", K_STR, F(model), S(model), 0, 0, "model: a .gguf file or a Hugging Face folder (required)"},
+    {"weights", K_WEIGHTS, F(weights), 0, 0, 0,
+     "compact: a GGUF's Q4/Q8 matrices keep their blocks (2.4x fewer bytes a step); bf16: dequantized (same values)"},
     {"model-id", K_STR, F(model_id), S(model_id), 0, 0, "id OpenSession must name (default: the model's name)"},
     {"predictor", K_STR, F(predictor), S(predictor), 0, 0,
      "Fluxion predictor weights; empty: FLUXION sessions are refused"},
@@ -236,6 +239,12 @@ flx_status_t flx_node_config_set(flx_node_config_t *c, const char *key, const ch
             return flx_error_set(FLX_ERR_INVALID, "log-level '%s' is not error, warn, info or debug", v);
         c->log_level = x;
         return FLX_OK;
+    case K_WEIGHTS: {
+        flx_weights_t w;
+        if (flx_weights_parse(v, &w)) return flx_error_set(FLX_ERR_INVALID, "weights '%s' is not compact or bf16", v);
+        c->weights = (int)w;
+        return FLX_OK;
+    }
     case K_FORMAT:
         if ((x = flx_log_format_parse(v)) < 0)
             return flx_error_set(FLX_ERR_INVALID, "log-format '%s' is not text or json", v);
@@ -385,6 +394,7 @@ size_t flx_node_config_format(const flx_node_config_t *c, char *buf, size_t cap)
         case K_ERRMODE: OUT("%s = %s\n", k->name, c->ucx_err_mode ? "none" : "peer"); break;
         case K_LEVEL: OUT("%s = %s\n", k->name, levels[c->log_level & 3]); break;
         case K_FORMAT: OUT("%s = %s\n", k->name, c->log_format == FLX_LOG_JSON ? "json" : "text"); break;
+        case K_WEIGHTS: OUT("%s = %s\n", k->name, flx_weights_name((flx_weights_t)c->weights)); break;
         }
     }
 #undef OUT

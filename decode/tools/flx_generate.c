@@ -105,14 +105,19 @@ int main(int argc, char **argv)
                              *const blks[] = {"16", "32", "64", "128", NULL},
                              /* in flx_sched_policy_t's and flx_sched_placement_t's orders */
                              *const policies[] = {"priority", "no-parallel", "uniform", "length", NULL},
-                             *const placements[] = {"hybrid", "gpu-only", NULL};
+                             *const placements[] = {"hybrid", "gpu-only", NULL},
+                             /* in flx_weights_t's order */
+                             *const weights_fmts[] = {"compact", "bf16", NULL};
     const char *model_path = NULL, *prompt_text = NULL, *prompt_path = NULL, *pred_path = getenv("FLX_PREDICTOR");
-    int chat = 0, mode = 0, blk_i = 0, policy = 0, placement = 0, no_skip = 0, fixed_blk_i = 0;
+    int chat = 0, mode = 0, blk_i = 0, policy = 0, placement = 0, no_skip = 0, fixed_blk_i = 0, weights = 0;
     uint64_t max_new = 64, threads = 0, top_k = 0, seed = 1, gpu_dev = 0, sel_minb = 0, gpu_streams = 2;
     double bgt = 0.05, tau = 0.1, temp = 0.0, top_p = 1.0, sel_thr = 0, sel_scale = 0;
     flx_cli_opt_t opts[] = {
         FLX_CLI_PATH('m', "model", "MODEL", &model_path, FLX_CLI_REQUIRED,
                      "a .gguf file or a Hugging Face folder (config.json, *.safetensors, tokenizer.json)"),
+        FLX_CLI_ENUM(0, "weights", &weights, weights_fmts, 0,
+                     "a GGUF's Q4_0/Q4_1/Q8_0 matrices: compact (their blocks, the default) or bf16\n"
+                     "(dequantized); the same values, so the same tokens (docs/workers.md)"),
         FLX_CLI_STR('p', "prompt", "TEXT", &prompt_text, 0, "the prompt itself (UTF-8)"),
         FLX_CLI_PATH('f', "prompt-file", "FILE", &prompt_path, 0, "the prompt from a file (UTF-8); '-' reads stdin"),
         FLX_CLI_FLAG(0, "chat", &chat, "wrap the prompt as one user message with the model's chat template"),
@@ -245,12 +250,15 @@ int main(int argc, char **argv)
     }
     ep.pool = pool;
     uint64_t t_load = flx_now_ns();
-    if ((st = flx_model_load_pool(model_path, pool, &m)) || (st = flx_tok_load(model_path, &tok))) {
+    if ((st = flx_model_load_as(model_path, pool, (flx_weights_t)weights, &m)) || (st = flx_tok_load(model_path, &tok))) {
         fprintf(stderr, PROG ": loading %s: %s\n", model_path, flx_error_msg());
         goto out;
     }
     fprintf(stderr, PROG ": %s\n", flx_pool_describe(pool));   /* after the errors a user must see first */
     const flx_model_config_t *cfg = &m->cfg;
+    fprintf(stderr, PROG ": weights %s: %.1f MB read a decode step (matrices as %s, head as %s)\n",
+            flx_weights_name((flx_weights_t)weights), flx_model_weight_bytes(m) / 1e6,
+            cfg->n_layers ? flx_wfmt_name(m->layers[0].w_up.fmt) : "-", flx_wfmt_name(m->lm_head.fmt));
     if (use_gpu && (st = flx_gpu_model_create(m, (int)gpu_dev, &gm))) {
         fprintf(stderr, PROG ": --gpu %d: %s\n", (int)gpu_dev, flx_error_msg());
         goto out;

@@ -82,6 +82,7 @@ int main(int argc, char **argv)
             {"--model M --prompt-file P --gpu=2 7", "unexpected argument '7'"},
             {"--model M --prompt \"What is 2+2?\" --prompt-fil P", "unknown option --prompt-fil"},
             {"--model M --prompt-file P --policy fastest", "--policy 'fastest'"},
+            {"--model M --prompt-file P --weights q4", "--weights 'q4'"},
             {"--model M --prompt-file P --gpu --placement cpu-only", "--placement 'cpu-only'"},
             {"--model M --prompt-file P --placement gpu-only", "--placement has no effect without --gpu"},
             {"--model M --prompt-file P --mode fluxion --fixed-blk 48", "--fixed-blk '48'"},
@@ -161,6 +162,14 @@ int main(int argc, char **argv)
     fprintf(stderr, "full: \"%s\"\n%s", text_full, e);
     CHECK(strlen(text_full) > 2);
     CHECK(strstr(e, "TPOT") && strstr(e, "prefill") && strstr(e, "host bytes"));
+    CHECK(strstr(e, "weights compact: ") && strstr(e, "(matrices as q4, head as q8)"));
+    /* the GGUF's Q4_1 / Q8_0 matrices dequantized to bf16 hold the same values: the same tokens */
+    snprintf(args, sizeof args, "--model %s --prompt-file %s --chat --max-new 12 --threads 2 --weights bf16", model,
+             prompt);
+    CHECK(run(args, out, err) == 0);
+    fprintf(stderr, "--weights bf16: \"%s\"\n", flx_test_slurp(out));
+    CHECK(strcmp(flx_test_slurp(out), text_full) == 0);
+    CHECK(strstr(flx_test_slurp(err), "weights bf16: ") && strstr(flx_test_slurp(err), "(matrices as bf16, head as bf16)"));
     snprintf(args, sizeof args,
              "--model %s --prompt-file %s --chat --max-new 12 --threads 2 --mode fixed --blk 32 --bgt 1", model,
              prompt);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "flx/log.h"
+#include "flx/model_load.h"
 #include "flx/node_config.h"
 #include "flx_test.h"
 
@@ -40,12 +41,14 @@ int main(void)
                        "max-message-bytes = 64K\n"
                        "numa-node = -1\n"
                        "log-format = json\n"
+                       "weights = bf16\n"
                        "log-level = debug";   /* no final newline */
     CHECK_OK(flx_node_config_parse(&c, text, strlen(text), "t.conf"));
     CHECK(!strcmp(c.model, "/models/a b.gguf") && !strcmp(c.model_id, "smol=2"));
     CHECK(!strcmp(c.grpc_listen, "[::1]:7000") && !strcmp(c.metrics_listen, "off"));
     CHECK(c.prefill == FLX_NODE_PREFILL_LOCAL && c.kv_capacity_bytes == 3ull << 30 && c.max_message_bytes == 65536);
     CHECK(c.numa_node == -1 && c.log_format == FLX_LOG_JSON && c.log_level == FLX_LOG_DEBUG);
+    CHECK(c.weights == FLX_WEIGHTS_BF16);
     CHECK_OK(flx_node_config_check(&c));
     /* a flag after the file wins */
     CHECK_OK(flx_node_config_set(&c, "max-batch", "16"));
@@ -72,6 +75,7 @@ int main(void)
     refused("max-batch = -4\n", FLX_ERR_INVALID, "max-batch '-4'");
     refused("max-batch = \n", FLX_ERR_INVALID, "max-batch ''");
     refused("kv-capacity = 12Q\n", FLX_ERR_INVALID, "kv-capacity '12Q'");
+    refused("weights = q4\n", FLX_ERR_INVALID, "t.conf:1: weights 'q4' is not compact or bf16");
     refused("kv-capacity = 99999999999T\n", FLX_ERR_INVALID, "kv-capacity");
     refused("kv-capacity = 1K\n", FLX_ERR_INVALID, "kv-capacity '1K' is not a byte count in 1048576..");
     refused("grpc-listen = localhost\n", FLX_ERR_INVALID, "grpc-listen 'localhost' is not host:port");

@@ -160,6 +160,7 @@ int main(int argc, char **argv)
     free(text);
     put_text("commented", "# decode node on a cluster host\n"
                           "model = /models/smollm2.gguf\r\n"
+                          "weights = bf16\n"
                           "model-id = smollm2\n"
                           "\tgrpc-listen = 0.0.0.0:50051\n"
                           "metrics-listen = off\n"

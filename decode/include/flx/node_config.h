@@ -38,6 +38,7 @@ typedef enum {
 
 typedef struct flx_node_config {
     char model[FLX_NODE_PATH_MAX];      /* model: .gguf file or Hugging Face folder (required) */
+    int weights;                        /* weights: flx_weights_t (flx/model_load.h), compact | bf16 */
     char model_id[FLX_NODE_ID_MAX];     /* model-id: what OpenSession must name; "" = the model's name */
     char predictor[FLX_NODE_PATH_MAX];  /* predictor: Fluxion weights; "" = none (FLUXION refused) */
     char grpc_listen[FLX_NODE_ADDR_MAX];    /* grpc-listen: host:port of the control service */
@@ -66,7 +67,7 @@ typedef struct flx_node_config {
     int log_format;                     /* log-format: flx_log_format_t */
 } flx_node_config_t;
 
-/* Defaults: grpc-listen 127.0.0.1:50051, metrics-listen 127.0.0.1:9464, prefill ucx, ucx-listen
+/* Defaults: weights compact, grpc-listen 127.0.0.1:50051, metrics-listen 127.0.0.1:9464, prefill ucx, ucx-listen
  * 127.0.0.1:0, ucx-advertise "", ucx-err-mode peer, ucx-liveness-ms 10000, kv-capacity
  * 4G, max-sessions 256, max-batch 8, max-prompt-len 0, max-new-tokens 4096, threads 0,
  * numa-node -1, transfer-timeout-ms 30000, lease-ms 60000, drain-timeout-ms 30000,
