@@ -78,7 +78,7 @@ struct flx_gpu_model {
     flx_model_config_t cfg;
     void *mem;                  /* device: every weight, one allocation */
     size_t bytes;
-    size_t step_bytes;          /* flx_model_weight_bytes: what a decode step reads */
+    size_t step_bytes;          /* flx_model_weight_bytes_bf16: what a decode step reads */
     const flx_bf16_t *tok_embd; /* (vocab, hidden) */
     const flx_bf16_t *lm_head;  /* (vocab, hidden); == tok_embd when tied */
     const float *out_norm;      /* (hidden) */
@@ -480,7 +480,7 @@ flx_status_t flx_gpu_model_create(const flx_model_t *m, int device, flx_gpu_mode
     gm->cfg = m->cfg;
     gm->layers = layers;
     gm->bytes = bytes;
-    gm->step_bytes = flx_model_weight_bytes(m);
+    gm->step_bytes = flx_model_weight_bytes_bf16(m);
     if ((st = flx_cuda_malloc(device, bytes, &gm->mem))) {
         st = flx_error_set(st, "gpu model: %zu bytes of weights on device %d: %s", bytes, device, flx_error_msg());
         goto fail;

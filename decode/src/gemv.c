@@ -471,7 +471,10 @@ void flx_gemv_bf16(const flx_gemv_mat_t *mats, int n_mats, uint32_t cols, const 
 {
     gemv_job_t j = {.mats = mats, .n_mats = n_mats, .cols = cols, .n = n, .x = x, .lv = flx_gemv_level()};
     uint64_t total = 0;
-    for (int i = 0; i < n_mats; i++) total += j.units[i] = FLX_DIV_UP(mats[i].rows, 16);
+    for (int i = 0; i < n_mats; i++) {
+        FLX_DEBUG_ASSERT(mats[i].w.fmt == FLX_WFMT_BF16 || cols % FLX_WFMT_BLOCK == 0);
+        total += j.units[i] = FLX_DIV_UP(mats[i].rows, 16);
+    }
     const uint64_t min_units =
         FLX_MAX(1, GEMV_MIN_CHUNK_BYTES / (16u * FLX_MAX(flx_wmat_row_bytes(mats[0].w.fmt, cols), 1u)));
     const uint64_t per = FLX_MAX(min_units, total / ((uint64_t)GEMV_CHUNKS_PER_WORKER * flx_pool_size(pool)));

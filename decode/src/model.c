@@ -127,7 +127,8 @@ void flx_model_destroy(flx_model_t *m)
     free(m);
 }
 
-size_t flx_model_weight_bytes(const flx_model_t *m)
+/* Bytes a decode step reads, the matrices in their formats or (bf16) all as bf16. */
+static size_t weight_bytes(const flx_model_t *m, int bf16)
 {
     const flx_model_config_t *c = &m->cfg;
     const size_t qd = (size_t)c->n_heads * c->head_dim, kvd = (size_t)c->n_kv_heads * c->head_dim, H = c->hidden;
@@ -135,14 +136,24 @@ size_t flx_model_weight_bytes(const flx_model_t *m)
     size_t total = 0;
     for (uint32_t l = 0; l < c->n_layers; l++) {
         const flx_layer_weights_t *w = &m->layers[l];
-        total += qd * flx_wmat_row_bytes(w->wq.fmt, H) + kvd * flx_wmat_row_bytes(w->wk.fmt, H) +
-                 kvd * flx_wmat_row_bytes(w->wv.fmt, H) + H * flx_wmat_row_bytes(w->wo.fmt, qd) +
-                 F * flx_wmat_row_bytes(w->w_gate.fmt, H) + F * flx_wmat_row_bytes(w->w_up.fmt, H) +
-                 H * flx_wmat_row_bytes(w->w_down.fmt, F) + 4 * 2 * H;
+#define RB(mat, k) flx_wmat_row_bytes(bf16 ? FLX_WFMT_BF16 : (mat).fmt, (k))
+        total += qd * RB(w->wq, H) + kvd * RB(w->wk, H) + kvd * RB(w->wv, H) + H * RB(w->wo, qd) +
+                 F * RB(w->w_gate, H) + F * RB(w->w_up, H) + H * RB(w->w_down, F) + 4 * 2 * H;
         if (c->qkv_bias) total += 4 * (qd + 2 * kvd);
     }
     /* A decode step reads the lm_head once (the embedding rows it reads are negligible). */
-    return total + c->vocab * flx_wmat_row_bytes(m->lm_head.fmt, H) + 4 * H;
+    return total + c->vocab * RB(m->lm_head, H) + 4 * H;
+#undef RB
+}
+
+size_t flx_model_weight_bytes(const flx_model_t *m)
+{
+    return weight_bytes(m, 0);
+}
+
+size_t flx_model_weight_bytes_bf16(const flx_model_t *m)
+{
+    return weight_bytes(m, 1);
 }
 
 flx_status_t flx_model_check_bf16(const flx_model_t *m, const char *what)

@@ -333,7 +333,7 @@ static void test_decode(fx_t *f, uint32_t batch, const uint32_t *lens, uint32_t 
         CHECK(ag.checked_dev == (int)c->n_layers);
         flx_fwd_timing_t tm;
         flx_gpu_fwd_timing_get(f->gws, &tm);
-        CHECK(tm.dense_bytes == flx_model_weight_bytes(f->m) && tm.dense_ns > 0 && tm.attn_ns > 0);
+        CHECK(tm.dense_bytes == flx_model_weight_bytes_bf16(f->m) && tm.dense_ns > 0 && tm.attn_ns > 0);
         char label[160];
         snprintf(label, sizeof label, "%s decode batch %u step %u vs CPU", c->name, batch, st);
         check_logits(label, lg, lc, batch, V, CPU_ATOL, TOL);

@@ -154,6 +154,8 @@ void flx_model_destroy(flx_model_t *model);
 
 /* Bytes of weights (matrices in their formats + fp32 vectors) the forward pass reads per decode step. */
 size_t flx_model_weight_bytes(const flx_model_t *model);
+/* The same with every matrix as bf16: what the GPU forward (flx/forward_gpu.h) reads a step. */
+size_t flx_model_weight_bytes_bf16(const flx_model_t *model);
 
 /* "bf16", "q4", "q8"; "?" for other values. */
 const char *flx_wfmt_name(flx_wfmt_t fmt);
