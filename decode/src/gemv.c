@@ -355,9 +355,13 @@ T512 static AI void gv_group_avx512(const int FMT, const int NB, const uint8_t *
 #pragma GCC unroll 8
         for (int v = 0; v < NB; v++) e[v] = o[v] = _mm512_setzero_ps();
         size_t c = 0;
-        for (; c < c32; c += 32) {   /* 32 values a step (a line of bf16): one prefetch, pf bytes on */
+        for (; c < c32; c += 32) {   /* 32 values a step: one prefetch a line, pf bytes on */
             const uint8_t *blk = wr + (c / 32) * bb;
-            if (pf) _mm_prefetch((const char *)blk + pf, _MM_HINT_T1);
+            if (FMT == FLX_WFMT_BF16) {   /* a block is a line */
+                if (pf) _mm_prefetch((const char *)blk + pf, _MM_HINT_T1);
+            } else if (pf && ((((uintptr_t)blk + pf) ^ ((uintptr_t)blk + pf + bb)) & ~(uintptr_t)63)) {
+                _mm_prefetch((const char *)blk + pf + bb, _MM_HINT_T1);   /* the line the next block enters */
+            }
             __m512 w0, w1;
             if (FMT == FLX_WFMT_Q4) deq32_q4_avx512(blk, iota, &w0, &w1);
             else if (FMT == FLX_WFMT_Q8) deq32_q8_avx512(blk, &w0, &w1);

@@ -453,6 +453,39 @@ static flx_status_t load_layer(gctx_t *c, uint32_t l)
     return FLX_OK;
 }
 
+/* The bytes the model's matrices take in their formats, over those the file holds in the shape the
+ * config asks (others are refused by load_mat, after the fact), and its norm gains and biases, each
+ * rounded up to 64: reserved at once so that the weights lie on huge pages, one after another
+ * (flx_model_mem_reserve). */
+static size_t matrix_bytes(gctx_t *c, const flx_model_config_t *cfg)
+{
+    const uint32_t H = cfg->hidden, qd = cfg->n_heads * cfg->head_dim, kvd = cfg->n_kv_heads * cfg->head_dim;
+    const uint32_t F = cfg->ffn;
+    static const char *const sfx[7] = {"attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+                                       "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"};
+    const uint32_t rows[7] = {qd, kvd, kvd, H, F, F, H}, cols[7] = {H, H, H, qd, H, H, F};
+    size_t total = 0;
+    for (int64_t i = -2; i < (int64_t)cfg->n_layers * 7; i++) {
+        char name[96];
+        uint32_t r = cfg->vocab, k = H;
+        if (i == -2) snprintf(name, sizeof name, "token_embd.weight");
+        else if (i == -1 && cfg->tied_embeddings) continue;
+        else if (i == -1) snprintf(name, sizeof name, "output.weight");
+        else snprintf(name, sizeof name, "blk.%u.%s", (uint32_t)(i / 7), sfx[i % 7]), r = rows[i % 7], k = cols[i % 7];
+        const flx_gguf_tensor_t *t = flx_gguf_find_tensor(c->g, name);
+        if (!t || !type_supported(t->type) || t->n_dims != 2 || t->ne[0] != k || t->ne[1] != r) continue;
+        size_t b;
+        if (flx_mul_size((size_t)r, flx_wmat_row_bytes(keep_fmt(c, t->type), k), &b) != FLX_OK || b > SIZE_MAX / 2 ||
+            total > SIZE_MAX / 2)
+            return 0;   /* nothing reserved: load_mat sizes and refuses each */
+        total += FLX_DIV_UP(b, 64) * 64;
+    }
+    /* the norm gains (and biases) that load_vec takes from the same memory, between the matrices */
+    const size_t per_layer = 2 * FLX_DIV_UP((size_t)H * 4, 64) * 64 +
+                             (cfg->qkv_bias ? FLX_DIV_UP((size_t)qd * 4, 64) * 64 + 2 * FLX_DIV_UP((size_t)kvd * 4, 64) * 64 : 0);
+    return total + per_layer * cfg->n_layers + FLX_DIV_UP((size_t)H * 4, 64) * 64;
+}
+
 flx_status_t flx_model_load_gguf(const char *path, flx_model_t **model_p)
 {
     return flx_model_load_gguf_pool(path, NULL, model_p);
@@ -473,6 +506,7 @@ flx_status_t flx_model_load_gguf_as(const char *path, flx_pool_h pool, flx_weigh
     if (st != FLX_OK) return st;
     if ((st = read_config(&c, &cfg)) != FLX_OK) goto out;
     if ((st = flx_model_alloc(&cfg, &c.m)) != FLX_OK) goto out;
+    if ((st = flx_model_mem_reserve(c.m, matrix_bytes(&c, &cfg))) != FLX_OK) goto out;
     flx_model_t *m = c.m;
     if ((st = load_mat(&c, "token_embd.weight", cfg.vocab, cfg.hidden, 0, &m->tok_embd)) != FLX_OK) goto out;
     if ((st = load_vec(&c, "output_norm.weight", cfg.hidden, &m->out_norm)) != FLX_OK) goto out;

@@ -78,8 +78,28 @@ flx_status_t flx_model_mem_add_release(flx_model_t *m, void *p, void (*release)(
     return st;
 }
 
+flx_status_t flx_model_mem_reserve(flx_model_t *m, size_t bytes)
+{
+    if (bytes == 0 || m->mem->arena) return FLX_OK;
+    void *p = flx_stream_alloc(bytes);
+    if (!p) return flx_error_set(FLX_ERR_NOMEM, "model: %zu bytes of weights", bytes);
+    if (flx_model_mem_add(m, p, bytes, FLX_MEM_HEAP) != FLX_OK) {
+        flx_aligned_free(p);
+        return FLX_ERR_NOMEM;
+    }
+    m->mem->arena = p, m->mem->arena_len = bytes, m->mem->arena_used = 0;
+    return FLX_OK;
+}
+
 void *flx_model_mem_alloc(flx_model_t *m, size_t bytes)
 {
+    struct flx_model_mem *mm = m->mem;
+    const size_t need = FLX_DIV_UP(bytes, 64) * 64;
+    if (mm->arena && need >= bytes && need <= mm->arena_len - mm->arena_used) {
+        void *q = mm->arena + mm->arena_used;
+        mm->arena_used += need;
+        return q;
+    }
     void *p = flx_stream_alloc(bytes);   /* read every step: huge pages from 1 MiB up */
     if (!p) {
         flx_error_set(FLX_ERR_NOMEM, "model: %zu bytes of weights", bytes);

@@ -23,6 +23,8 @@ typedef struct flx_mem_region {
 struct flx_model_mem {
     flx_mem_region_t *r;   /* (cap), n used */
     size_t n, cap;
+    uint8_t *arena;        /* flx_model_mem_reserve's region (one of r), carved by flx_model_mem_alloc */
+    size_t arena_len, arena_used;
 };
 
 /* cfg->name from the model's own metadata or path (len bytes of name, outside bytes): made valid
@@ -41,7 +43,13 @@ flx_status_t flx_model_mem_add_release(flx_model_t *m, void *p, void (*release)(
 /* FLX_OK when every matrix of m is stored as bf16; else FLX_ERR_UNSUPPORTED naming the first other
  * one, with `what` (the caller) in the message. The savers write bf16 matrices only. */
 flx_status_t flx_model_check_bf16(const flx_model_t *m, const char *what);
-/* 64-byte aligned heap memory owned by the model; NULL (error set) on failure. */
+/* Reserves one region of `bytes` (huge pages from 1 MiB up, flx_stream_alloc) that the following
+ * flx_model_mem_alloc calls carve while it lasts: a loader that knows what its matrices need puts
+ * them all on huge pages, one stream, however small each one is (SmolLM2's compact matrices are
+ * 83 to 663 KB, each below the 1 MiB from which a region of its own gets huge pages). */
+flx_status_t flx_model_mem_reserve(flx_model_t *m, size_t bytes);
+/* 64-byte aligned memory owned by the model (from the reserved region while it has room, else a
+ * region of its own); NULL (error set) on failure. */
 void *flx_model_mem_alloc(flx_model_t *m, size_t bytes);
 
 #endif
