@@ -506,6 +506,8 @@ flx_status_t flx_node_create(const flx_node_config_t *cfg, flx_node_h *node_p)
     flx_log_info(MOD, "%s", flx_pool_describe(n->pool));
     if ((st = flx_model_load_as(cfg->model, n->pool, (flx_weights_t)cfg->weights, &n->model)))
         goto fail;
+    flx_log_info(MOD, "weights %s: %.1f MB read a decode step", flx_weights_name((flx_weights_t)cfg->weights),
+                 flx_model_weight_bytes(n->model) / 1e6);
     if ((st = flx_tok_load(cfg->model, &n->tok)) == FLX_ERR_NOT_FOUND) {
         flx_log_warn(MOD, "no tokenizer with %s (%s): tokens stream without text", cfg->model, flx_error_msg());
         n->tok = NULL;
