@@ -1,11 +1,11 @@
 /*
- * load_gguf.c - GGUF checkpoint -> flx_model_t (bf16 matrices, fp32 vectors).
+ * load_gguf.c - GGUF checkpoint -> flx_model_t (matrices as bf16 or in block formats, fp32 vectors).
  *
  * DESIGN
  * The runtime's weights are bf16 values (flx/model.h), so a GGUF file is converted once at load and
  * the mapping is dropped: F32, F16 and BF16 matrices become bf16; Q4_0 and Q4_1 ones FLX_WFMT_Q4 and
  * Q8_0 ones FLX_WFMT_Q8, their blocks copied with the scales widened to fp32, which hold the same
- * bf16 values in 0.75 and 1.125 bytes each (the decode GEMV reads 2.6 times fewer bytes on a Q4_1
+ * bf16 values in 0.75 and 1.125 bytes each (a decode step reads 2.4 times fewer bytes of the Q4_1
  * SmolLM2); flx_model_load_gguf_as(.., FLX_WEIGHTS_BF16) dequantizes those to bf16 too, the
  * reference they are tested against. The per-block formulas below are the scalar definitions from ggml-quants.c
  * and double as the reference the tests compare against:
@@ -453,37 +453,46 @@ static flx_status_t load_layer(gctx_t *c, uint32_t l)
     return FLX_OK;
 }
 
-/* The bytes the model's matrices take in their formats, over those the file holds in the shape the
- * config asks (others are refused by load_mat, after the fact), and its norm gains and biases, each
- * rounded up to 64: reserved at once so that the weights lie on huge pages, one after another
- * (flx_model_mem_reserve). */
-static size_t matrix_bytes(gctx_t *c, const flx_model_config_t *cfg)
+/* The bytes the model's weights take (matrices in their formats, norm gains and biases as fp32),
+ * over the tensors the file holds in the shape the config asks (others are refused by load_mat /
+ * load_vec, after the fact), each rounded up to 64: reserved at once so that the weights lie on
+ * huge pages, one after another (flx_model_mem_reserve). Like the loads, it counts only what the
+ * file holds: a file cannot make it reserve for tensors it merely declares. */
+static size_t weight_bytes_held(gctx_t *c, const flx_model_config_t *cfg)
 {
     const uint32_t H = cfg->hidden, qd = cfg->n_heads * cfg->head_dim, kvd = cfg->n_kv_heads * cfg->head_dim;
     const uint32_t F = cfg->ffn;
-    static const char *const sfx[7] = {"attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
-                                       "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"};
-    const uint32_t rows[7] = {qd, kvd, kvd, H, F, F, H}, cols[7] = {H, H, H, qd, H, H, F};
+    /* per layer: 7 matrices, then 2 norms and 3 biases (rows 0 for vectors) */
+    static const char *const sfx[12] = {"attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+                                        "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight", "attn_norm.weight",
+                                        "ffn_norm.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias"};
+    const uint32_t rows[12] = {qd, kvd, kvd, H, F, F, H, 0, 0, 0, 0, 0};
+    const uint32_t cols[12] = {H, H, H, qd, H, H, F, H, H, qd, kvd, kvd};
     size_t total = 0;
-    for (int64_t i = -2; i < (int64_t)cfg->n_layers * 7; i++) {
+    for (int64_t i = -3; i < (int64_t)cfg->n_layers * 12; i++) {
         char name[96];
         uint32_t r = cfg->vocab, k = H;
-        if (i == -2) snprintf(name, sizeof name, "token_embd.weight");
-        else if (i == -1 && cfg->tied_embeddings) continue;
-        else if (i == -1) snprintf(name, sizeof name, "output.weight");
-        else snprintf(name, sizeof name, "blk.%u.%s", (uint32_t)(i / 7), sfx[i % 7]), r = rows[i % 7], k = cols[i % 7];
+        if (i == -3) snprintf(name, sizeof name, "token_embd.weight");
+        else if (i == -2 && cfg->tied_embeddings) continue;
+        else if (i == -2) snprintf(name, sizeof name, "output.weight");
+        else if (i == -1) snprintf(name, sizeof name, "output_norm.weight"), r = 0;
+        else snprintf(name, sizeof name, "blk.%u.%s", (uint32_t)(i / 12), sfx[i % 12]), r = rows[i % 12], k = cols[i % 12];
         const flx_gguf_tensor_t *t = flx_gguf_find_tensor(c->g, name);
-        if (!t || !type_supported(t->type) || t->n_dims != 2 || t->ne[0] != k || t->ne[1] != r) continue;
         size_t b;
-        if (flx_mul_size((size_t)r, flx_wmat_row_bytes(keep_fmt(c, t->type), k), &b) != FLX_OK || b > SIZE_MAX / 2 ||
-            total > SIZE_MAX / 2)
-            return 0;   /* nothing reserved: load_mat sizes and refuses each */
+        if (!t) continue;
+        if (r == 0) {   /* a vector: fp32 */
+            if (t->n_dims != 1 || t->ne[0] != k ||
+                (t->type != FLX_GGML_F32 && t->type != FLX_GGML_F16 && t->type != FLX_GGML_BF16))
+                continue;
+            b = (size_t)k * 4;
+        } else if (!type_supported(t->type) || t->n_dims != 2 || t->ne[0] != k || t->ne[1] != r ||
+                   flx_mul_size((size_t)r, flx_wmat_row_bytes(keep_fmt(c, t->type), k), &b) != FLX_OK) {
+            continue;
+        }
+        if (b > SIZE_MAX / 4 || total > SIZE_MAX / 4) return 0;   /* nothing reserved: each load sizes itself */
         total += FLX_DIV_UP(b, 64) * 64;
     }
-    /* the norm gains (and biases) that load_vec takes from the same memory, between the matrices */
-    const size_t per_layer = 2 * FLX_DIV_UP((size_t)H * 4, 64) * 64 +
-                             (cfg->qkv_bias ? FLX_DIV_UP((size_t)qd * 4, 64) * 64 + 2 * FLX_DIV_UP((size_t)kvd * 4, 64) * 64 : 0);
-    return total + per_layer * cfg->n_layers + FLX_DIV_UP((size_t)H * 4, 64) * 64;
+    return total;
 }
 
 flx_status_t flx_model_load_gguf(const char *path, flx_model_t **model_p)
@@ -506,7 +515,7 @@ flx_status_t flx_model_load_gguf_as(const char *path, flx_pool_h pool, flx_weigh
     if (st != FLX_OK) return st;
     if ((st = read_config(&c, &cfg)) != FLX_OK) goto out;
     if ((st = flx_model_alloc(&cfg, &c.m)) != FLX_OK) goto out;
-    if ((st = flx_model_mem_reserve(c.m, matrix_bytes(&c, &cfg))) != FLX_OK) goto out;
+    if ((st = flx_model_mem_reserve(c.m, weight_bytes_held(&c, &cfg))) != FLX_OK) goto out;
     flx_model_t *m = c.m;
     if ((st = load_mat(&c, "token_embd.weight", cfg.vocab, cfg.hidden, 0, &m->tok_embd)) != FLX_OK) goto out;
     if ((st = load_vec(&c, "output_norm.weight", cfg.hidden, &m->out_norm)) != FLX_OK) goto out;
