@@ -236,26 +236,29 @@ T2 static AI __m256 ld8_avx2(const int FMT, const uint8_t *row, size_t c)
     return ld8_bf16_avx2((const flx_bf16_t *)row + c);
 }
 
-/* rows w[0 .. nr) (nr <= 4; missing rows alias the last one and are not stored; rows rb bytes
- * apart) x NB vectors. */
-T2 static AI void gv_tile_avx2(const int FMT, const int NB, const uint8_t *w, size_t rb, size_t cols, uint32_t nr,
-                               const float *x, float *y, size_t ldy)
+/* rows w[0 .. nr) (nr <= R <= 4; missing rows alias the last one and are not stored; rows rb bytes
+ * apart) x NB vectors, R * NB <= 8. A (row, vector) dot product is summed the same way whatever R
+ * and NB. */
+T2 static AI void gv_tile_avx2(const int FMT, const int R, const int NB, const uint8_t *w, size_t rb, size_t cols,
+                               uint32_t nr, const float *x, float *y, size_t ldy)
 {
     const uint8_t *wr[4];
-    for (uint32_t i = 0; i < 4; i++) wr[i] = w + (size_t)(i < nr ? i : nr - 1) * rb;
-    __m256 a[4][2];
+    for (uint32_t i = 0; i < (uint32_t)R; i++) wr[i] = w + (size_t)(i < nr ? i : nr - 1) * rb;
+    __m256 a[4][8];
 #pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) a[i][0] = a[i][1] = _mm256_setzero_ps();
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < NB; j++) a[i][j] = _mm256_setzero_ps();
     size_t c = 0;
     for (; c + 8 <= cols; c += 8) {
         __m256 v[4];
 #pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) v[i] = ld8_avx2(FMT, wr[i], c);
-#pragma GCC unroll 2
+        for (int i = 0; i < R; i++) v[i] = ld8_avx2(FMT, wr[i], c);
+#pragma GCC unroll 8
         for (int j = 0; j < NB; j++) {
             __m256 xv = _mm256_loadu_ps(x + (size_t)j * cols + c);
 #pragma GCC unroll 4
-            for (int i = 0; i < 4; i++) a[i][j] = _mm256_fmadd_ps(v[i], xv, a[i][j]);
+            for (int i = 0; i < R; i++) a[i][j] = _mm256_fmadd_ps(v[i], xv, a[i][j]);
         }
     }
     for (uint32_t i = 0; i < nr; i++)
@@ -264,17 +267,27 @@ T2 static AI void gv_tile_avx2(const int FMT, const int NB, const uint8_t *w, si
                                      (FMT == FLX_WFMT_BF16 ? dot_tail((const flx_bf16_t *)wr[i], x + (size_t)j * cols, c, cols) : 0.0f);
 }
 
-T2 static AI void gemv_rows_avx2_fmt(const int FMT, const uint8_t *w, size_t cols, uint32_t r0, uint32_t r1,
-                                     const float *x, uint32_t n, float *y, size_t ldy)
+/* Tiles of R rows x up to JB vectors: 4 x 2 for bf16, and for a block format at batches of 1 or 2.
+ * A block format's 8 values cost about ten operations to expand where bf16's cost one shuffle, so
+ * at larger batches its tiles are 2 rows x 4 vectors: each expansion feeds twice the vectors (with
+ * tiles of 2 vectors, batch 4 expanded every row twice and took 1.2x bf16's time on an AMX Xeon at
+ * FLX_ISA=avx2; 0.9 to 0.93x with these). */
+T2 static AI void gemv_rows_avx2_fmt(const int FMT, const int R, const uint8_t *w, size_t cols, uint32_t r0,
+                                     uint32_t r1, const float *x, uint32_t n, float *y, size_t ldy)
 {
     const size_t rb = flx_wmat_row_bytes((flx_wfmt_t)FMT, cols);
-    for (uint32_t r = r0; r < r1; r += 4) {
-        uint32_t nr = FLX_MIN(4, r1 - r);
-        for (uint32_t j = 0; j < n; j += 2) {
+    const int JB = 8 / R;
+    for (uint32_t r = r0; r < r1; r += (uint32_t)R) {
+        const uint32_t nr = FLX_MIN((uint32_t)R, r1 - r);
+        const uint8_t *wt = w + (size_t)r * rb;
+        for (uint32_t j = 0; j < n; j += (uint32_t)JB) {
             const float *xj = x + (size_t)j * cols;
             float *yj = y + (size_t)j * ldy + r;
-            if (n - j >= 2) gv_tile_avx2(FMT, 2, w + (size_t)r * rb, rb, cols, nr, xj, yj, ldy);
-            else gv_tile_avx2(FMT, 1, w + (size_t)r * rb, rb, cols, nr, xj, yj, ldy);
+            switch (FLX_MIN((uint32_t)JB, n - j)) {
+#define TILE(k) case k: if (k <= JB) gv_tile_avx2(FMT, R, k <= JB ? k : 1, wt, rb, cols, nr, xj, yj, ldy); break;
+            TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6) TILE(7) TILE(8)
+#undef TILE
+            }
         }
     }
 }
@@ -282,9 +295,14 @@ T2 static AI void gemv_rows_avx2_fmt(const int FMT, const uint8_t *w, size_t col
 T2 static void gemv_rows_avx2(const flx_wmat_t *w, size_t cols, uint32_t r0, uint32_t r1, const float *x, uint32_t n,
                               float *y, size_t ldy)
 {
-    if (w->fmt == FLX_WFMT_Q4) gemv_rows_avx2_fmt(FLX_WFMT_Q4, w->p, cols, r0, r1, x, n, y, ldy);
-    else if (w->fmt == FLX_WFMT_Q8) gemv_rows_avx2_fmt(FLX_WFMT_Q8, w->p, cols, r0, r1, x, n, y, ldy);
-    else gemv_rows_avx2_fmt(FLX_WFMT_BF16, w->p, cols, r0, r1, x, n, y, ldy);
+    const int R = n <= 2 ? 4 : n <= 4 ? 2 : 1;   /* block formats: one expansion for up to 8 vectors */
+    if (w->fmt == FLX_WFMT_Q4 && R == 1) gemv_rows_avx2_fmt(FLX_WFMT_Q4, 1, w->p, cols, r0, r1, x, n, y, ldy);
+    else if (w->fmt == FLX_WFMT_Q4 && R == 2) gemv_rows_avx2_fmt(FLX_WFMT_Q4, 2, w->p, cols, r0, r1, x, n, y, ldy);
+    else if (w->fmt == FLX_WFMT_Q4) gemv_rows_avx2_fmt(FLX_WFMT_Q4, 4, w->p, cols, r0, r1, x, n, y, ldy);
+    else if (w->fmt == FLX_WFMT_Q8 && R == 1) gemv_rows_avx2_fmt(FLX_WFMT_Q8, 1, w->p, cols, r0, r1, x, n, y, ldy);
+    else if (w->fmt == FLX_WFMT_Q8 && R == 2) gemv_rows_avx2_fmt(FLX_WFMT_Q8, 2, w->p, cols, r0, r1, x, n, y, ldy);
+    else if (w->fmt == FLX_WFMT_Q8) gemv_rows_avx2_fmt(FLX_WFMT_Q8, 4, w->p, cols, r0, r1, x, n, y, ldy);
+    else gemv_rows_avx2_fmt(FLX_WFMT_BF16, 4, w->p, cols, r0, r1, x, n, y, ldy);
 }
 
 T512 static AI __m512 ld16_bf16_avx512(const flx_bf16_t *p)
