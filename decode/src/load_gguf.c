@@ -117,7 +117,6 @@ typedef struct dequant_job {
     uint32_t type, cols, head_dim;
     flx_wfmt_t fmt;
     uint8_t *dst;
-    flx_status_t *st;              /* the first refusal of any worker (under the pool's run) */
 } dequant_job_t;
 
 static inline void wrf(uint8_t *p, float v)
@@ -125,48 +124,46 @@ static inline void wrf(uint8_t *p, float v)
     memcpy(p, &v, 4);
 }
 
-/* One source row to the model's format: bf16 (dequantized and rounded), or its blocks re-laid as
- * FLX_WFMT_Q4 / Q8 with the fp16 scales widened (flx/model.h; Q4_0's m is -8 d, exact). A scale
- * that is not finite is refused: the row would be NaN or infinite, and the kernels' bf16 rounding
- * is defined for finite values. */
-static flx_status_t convert_row(const dequant_job_t *j, uint64_t r, const uint8_t *src, uint8_t *dst, float *tmp)
+/* A quantized row's block scales (and Q4_1's minima) must be finite: the row would be NaN or
+ * infinite, and the kernels' bf16 rounding is defined for finite values. Refused the same whether
+ * the blocks are kept or dequantized. */
+static flx_status_t check_scales(const dequant_job_t *j, uint64_t r, const uint8_t *src)
 {
-    const size_t nb = j->cols / 32;
-    if (j->fmt == FLX_WFMT_BF16) {
-        const int quant = j->type == FLX_GGML_Q8_0 || j->type == FLX_GGML_Q4_0 || j->type == FLX_GGML_Q4_1;
-        const size_t bb = j->type == FLX_GGML_Q8_0 ? 34 : j->type == FLX_GGML_Q4_0 ? 18 : 20;
-        for (size_t b = 0; quant && b < nb; b++) {   /* the same refusal as the block formats' */
-            const float d = flx_f16_to_f32(rd16(src + bb * b));
-            const float m = j->type == FLX_GGML_Q4_1 ? flx_f16_to_f32(rd16(src + bb * b + 2)) : 0;
-            if (!isfinite(d) || !isfinite(m))
-                return flx_error_set(FLX_ERR_FORMAT, "file %s: tensor '%s' row %llu block %zu: scale %g, min %g (must "
-                                     "be finite)", j->path, j->name, (unsigned long long)r, b, (double)d, (double)m);
-        }
-        dequant_row(j->type, src, j->cols, tmp);
-        flx_f32_to_bf16_row(tmp, (flx_bf16_t *)dst, j->cols);
-        return FLX_OK;
-    }
-    for (size_t b = 0; b < nb; b++) {
-        float d, m = 0;
-        if (j->type == FLX_GGML_Q8_0) {
-            const uint8_t *s = src + 34 * b;
-            d = flx_f16_to_f32(rd16(s));
-            memcpy(dst + FLX_WFMT_Q8_BYTES * b, s + 2, 32);
-            wrf(dst + FLX_WFMT_Q8_BYTES * b + 32, d);
-        } else {
-            const int q41 = j->type == FLX_GGML_Q4_1;
-            const uint8_t *s = src + (q41 ? 20 : 18) * b;
-            d = flx_f16_to_f32(rd16(s));
-            m = q41 ? flx_f16_to_f32(rd16(s + 2)) : -8.0f * d;
-            memcpy(dst + FLX_WFMT_Q4_BYTES * b, s + (q41 ? 4 : 2), 16);
-            wrf(dst + FLX_WFMT_Q4_BYTES * b + 16, d);
-            wrf(dst + FLX_WFMT_Q4_BYTES * b + 20, m);
-        }
+    if (j->type != FLX_GGML_Q8_0 && j->type != FLX_GGML_Q4_0 && j->type != FLX_GGML_Q4_1) return FLX_OK;
+    const size_t bb = j->type == FLX_GGML_Q8_0 ? 34 : j->type == FLX_GGML_Q4_0 ? 18 : 20;
+    for (size_t b = 0; b < j->cols / 32; b++) {
+        const float d = flx_f16_to_f32(rd16(src + bb * b));
+        const float m = j->type == FLX_GGML_Q4_1 ? flx_f16_to_f32(rd16(src + bb * b + 2)) : 0;
         if (!isfinite(d) || !isfinite(m))
             return flx_error_set(FLX_ERR_FORMAT, "file %s: tensor '%s' row %llu block %zu: scale %g, min %g (must be "
                                  "finite)", j->path, j->name, (unsigned long long)r, b, (double)d, (double)m);
     }
     return FLX_OK;
+}
+
+/* One source row to the model's format: bf16 (dequantized and rounded), or its blocks re-laid as
+ * FLX_WFMT_Q4 / Q8 with the fp16 scales widened (flx/model.h; Q4_0's m is -8 d, exact). */
+static void convert_row(const dequant_job_t *j, const uint8_t *src, uint8_t *dst, float *tmp)
+{
+    if (j->fmt == FLX_WFMT_BF16) {
+        dequant_row(j->type, src, j->cols, tmp);
+        flx_f32_to_bf16_row(tmp, (flx_bf16_t *)dst, j->cols);
+        return;
+    }
+    for (size_t b = 0; b < j->cols / 32; b++) {
+        if (j->type == FLX_GGML_Q8_0) {
+            const uint8_t *s = src + 34 * b;
+            memcpy(dst + FLX_WFMT_Q8_BYTES * b, s + 2, 32);
+            wrf(dst + FLX_WFMT_Q8_BYTES * b + 32, flx_f16_to_f32(rd16(s)));
+        } else {
+            const int q41 = j->type == FLX_GGML_Q4_1;
+            const uint8_t *s = src + (q41 ? 20 : 18) * b;
+            const float d = flx_f16_to_f32(rd16(s));
+            memcpy(dst + FLX_WFMT_Q4_BYTES * b, s + (q41 ? 4 : 2), 16);
+            wrf(dst + FLX_WFMT_Q4_BYTES * b + 16, d);
+            wrf(dst + FLX_WFMT_Q4_BYTES * b + 20, q41 ? flx_f16_to_f32(rd16(s + 2)) : -8.0f * d);
+        }
+    }
 }
 
 /* Rows [r0, r1), each to its un-permuted place (rows are independent). */
@@ -175,7 +172,8 @@ static flx_status_t dequant_rows(void *ctx, const flx_pool_worker_t *w, uint64_t
     (void)w;
     const dequant_job_t *j = ctx;
     float *tmp = j->fmt == FLX_WFMT_BF16 ? malloc((size_t)j->cols * sizeof *tmp) : NULL;
-    if (j->fmt == FLX_WFMT_BF16 && !tmp) return FLX_ERR_NOMEM;
+    if (j->fmt == FLX_WFMT_BF16 && !tmp)
+        return flx_error_set(FLX_ERR_NOMEM, "file %s: tensor '%s': row buffer", j->path, j->name);
     flx_status_t st = FLX_OK;
     for (uint64_t r = r0; r < r1 && st == FLX_OK; r++) {
         size_t out = r;
@@ -183,14 +181,11 @@ static flx_status_t dequant_rows(void *ctx, const flx_pool_worker_t *w, uint64_t
             uint32_t h = (uint32_t)r / j->head_dim, i = (uint32_t)r % j->head_dim, jj = i / 2, tt = i % 2;
             out = (size_t)h * j->head_dim + (size_t)tt * (j->head_dim / 2) + jj;
         }
-        st = convert_row(j, r, j->src + r * j->row_bytes, j->dst + out * j->out_bytes, tmp);
+        const uint8_t *src = j->src + r * j->row_bytes;
+        if ((st = check_scales(j, r, src)) == FLX_OK) convert_row(j, src, j->dst + out * j->out_bytes, tmp);
     }
     free(tmp);
-    if (st != FLX_OK) {
-        flx_status_t expect = FLX_OK;
-        __atomic_compare_exchange_n(j->st, &expect, st, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
-    }
-    return st;
+    return st;   /* the pool returns the lowest failing chunk's, its message restored on the caller */
 }
 
 /* The format a tensor of this ggml type is kept in: the compact block format of its quantization,
@@ -222,13 +217,11 @@ static flx_status_t load_mat(gctx_t *c, const char *name, uint32_t rows, uint32_
         return flx_error_set(FLX_ERR_FORMAT, "file %s: tensor '%s' too large", c->path, name);
     uint8_t *dst = flx_model_mem_alloc(c->m, n);
     if (!dst) return FLX_ERR_NOMEM;
-    flx_status_t row_st = FLX_OK;
     dequant_job_t j = {.path = c->path, .name = name, .src = t->data, .row_bytes = t->nbytes / rows,
                        .out_bytes = out_bytes, .type = t->type, .cols = cols, .head_dim = head_dim, .fmt = fmt,
-                       .dst = dst, .st = &row_st};
-    st = flx_pool_for((size_t)rows * cols >= (1u << 16) ? c->pool : NULL, rows, 64, dequant_rows, &j);
-    if (row_st != FLX_OK) return row_st;
-    if (st != FLX_OK) return flx_error_set(FLX_ERR_NOMEM, "file %s: tensor '%s': row buffer", c->path, name);
+                       .dst = dst};
+    if ((st = flx_pool_for((size_t)rows * cols >= (1u << 16) ? c->pool : NULL, rows, 64, dequant_rows, &j)) != FLX_OK)
+        return st;
     *dst_p = (flx_wmat_t){dst, fmt};
     return FLX_OK;
 }
@@ -424,17 +417,31 @@ static flx_status_t read_config(gctx_t *c, flx_model_config_t *cfg)
     return FLX_OK;
 }
 
+/* A layer's tensors, "blk.<l>." + suffix, in load_layer's order; layer_shape gives each one's shape. */
+#define LAYER_TENSORS 12
+static const char *const LAYER_SFX[LAYER_TENSORS] = {
+    "attn_norm.weight", "attn_q.weight",   "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_norm.weight",
+    "ffn_gate.weight",  "ffn_up.weight",   "ffn_down.weight", "attn_q.bias", "attn_k.bias",        "attn_v.bias"};
+
+/* Tensor i of LAYER_SFX: (rows, cols) of a matrix, or rows 0 and the length of a vector. */
+static void layer_shape(const flx_model_config_t *cfg, int i, uint32_t *rows, uint32_t *cols)
+{
+    const uint32_t H = cfg->hidden, qd = cfg->n_heads * cfg->head_dim, kvd = cfg->n_kv_heads * cfg->head_dim;
+    const uint32_t F = cfg->ffn;
+    static const int8_t rsel[LAYER_TENSORS] = {0, 2, 3, 3, 1, 0, 4, 4, 1, 0, 0, 0};   /* 0: a vector */
+    static const int8_t csel[LAYER_TENSORS] = {1, 1, 1, 1, 2, 1, 1, 1, 4, 2, 3, 3};
+    const uint32_t dim[5] = {0, H, qd, kvd, F};
+    *rows = dim[rsel[i]], *cols = dim[csel[i]];
+}
+
 static flx_status_t load_layer(gctx_t *c, uint32_t l)
 {
     const flx_model_config_t *cfg = &c->m->cfg;
     flx_layer_weights_t *w = &c->m->layers[l];
     const uint32_t H = cfg->hidden, qd = cfg->n_heads * cfg->head_dim, kvd = cfg->n_kv_heads * cfg->head_dim;
     const uint32_t perm = cfg->arch == FLX_ARCH_LLAMA ? cfg->head_dim : 0;
-    char n[12][96];
-    static const char *const sfx[12] = {"attn_norm.weight", "attn_q.weight",   "attn_k.weight", "attn_v.weight",
-                                        "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
-                                        "ffn_down.weight", "attn_q.bias",     "attn_k.bias",   "attn_v.bias"};
-    for (int i = 0; i < 12; i++) snprintf(n[i], sizeof n[i], "blk.%u.%s", l, sfx[i]);
+    char n[LAYER_TENSORS][96];
+    for (int i = 0; i < LAYER_TENSORS; i++) snprintf(n[i], sizeof n[i], "blk.%u.%s", l, LAYER_SFX[i]);
     flx_status_t st;
     if ((st = load_vec(c, n[0], H, &w->attn_norm)) != FLX_OK || (st = load_mat(c, n[1], qd, H, perm, &w->wq)) != FLX_OK ||
         (st = load_mat(c, n[2], kvd, H, perm, &w->wk)) != FLX_OK || (st = load_mat(c, n[3], kvd, H, 0, &w->wv)) != FLX_OK ||
@@ -460,23 +467,17 @@ static flx_status_t load_layer(gctx_t *c, uint32_t l)
  * file holds: a file cannot make it reserve for tensors it merely declares. */
 static size_t weight_bytes_held(gctx_t *c, const flx_model_config_t *cfg)
 {
-    const uint32_t H = cfg->hidden, qd = cfg->n_heads * cfg->head_dim, kvd = cfg->n_kv_heads * cfg->head_dim;
-    const uint32_t F = cfg->ffn;
-    /* per layer: 7 matrices, then 2 norms and 3 biases (rows 0 for vectors) */
-    static const char *const sfx[12] = {"attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
-                                        "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight", "attn_norm.weight",
-                                        "ffn_norm.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias"};
-    const uint32_t rows[12] = {qd, kvd, kvd, H, F, F, H, 0, 0, 0, 0, 0};
-    const uint32_t cols[12] = {H, H, H, qd, H, H, F, H, H, qd, kvd, kvd};
     size_t total = 0;
-    for (int64_t i = -3; i < (int64_t)cfg->n_layers * 12; i++) {
+    for (int64_t i = -3; i < (int64_t)cfg->n_layers * LAYER_TENSORS; i++) {
         char name[96];
-        uint32_t r = cfg->vocab, k = H;
+        uint32_t r = cfg->vocab, k = cfg->hidden;
         if (i == -3) snprintf(name, sizeof name, "token_embd.weight");
         else if (i == -2 && cfg->tied_embeddings) continue;
         else if (i == -2) snprintf(name, sizeof name, "output.weight");
         else if (i == -1) snprintf(name, sizeof name, "output_norm.weight"), r = 0;
-        else snprintf(name, sizeof name, "blk.%u.%s", (uint32_t)(i / 12), sfx[i % 12]), r = rows[i % 12], k = cols[i % 12];
+        else
+            snprintf(name, sizeof name, "blk.%u.%s", (uint32_t)(i / LAYER_TENSORS), LAYER_SFX[i % LAYER_TENSORS]),
+                layer_shape(cfg, (int)(i % LAYER_TENSORS), &r, &k);
         const flx_gguf_tensor_t *t = flx_gguf_find_tensor(c->g, name);
         size_t b;
         if (!t) continue;

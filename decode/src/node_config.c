@@ -241,9 +241,9 @@ flx_status_t flx_node_config_set(flx_node_config_t *c, const char *key, const ch
         return FLX_OK;
     case K_WEIGHTS: {
         flx_weights_t w;
-        if (flx_weights_parse(v, &w)) return flx_error_set(FLX_ERR_INVALID, "weights '%s' is not compact or bf16", v);
-        c->weights = (int)w;
-        return FLX_OK;
+        flx_status_t st = flx_weights_parse(v, &w);   /* its refusal names the key and the value */
+        if (st == FLX_OK) c->weights = (int)w;
+        return st;
     }
     case K_FORMAT:
         if ((x = flx_log_format_parse(v)) < 0)

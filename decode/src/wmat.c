@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "flx/model.h"
+#include "flx/util.h"
 
 const char *flx_wfmt_name(flx_wfmt_t fmt)
 {
@@ -43,26 +44,21 @@ static inline float to_bf16_f32(float x)
 void flx_wmat_row_f32(const flx_wmat_t *w, size_t cols, size_t row, size_t c0, size_t n, float *out)
 {
     const uint8_t *r = (const uint8_t *)w->p + row * flx_wmat_row_bytes(w->fmt, cols);
-    for (size_t i = 0; i < n; i++) {
-        const size_t c = c0 + i, b = c / FLX_WFMT_BLOCK, j = c % FLX_WFMT_BLOCK;
-        switch (w->fmt) {
-        case FLX_WFMT_Q4: {
+    if (w->fmt == FLX_WFMT_BF16) {
+        flx_bf16_to_f32_row((const flx_bf16_t *)r + c0, out, n);
+        return;
+    }
+    for (size_t i = 0; i < n;) {   /* block by block: its scale (and minimum) read once */
+        const size_t b = (c0 + i) / FLX_WFMT_BLOCK, j0 = (c0 + i) % FLX_WFMT_BLOCK;
+        const size_t j1 = FLX_MIN((size_t)FLX_WFMT_BLOCK, j0 + (n - i));
+        if (w->fmt == FLX_WFMT_Q4) {
             const uint8_t *blk = r + b * FLX_WFMT_Q4_BYTES;
-            const unsigned q = j < 16 ? blk[j] & 15u : blk[j - 16] >> 4;
-            out[i] = to_bf16_f32(rdf(blk + 16) * (float)q + rdf(blk + 20));
-            break;
-        }
-        case FLX_WFMT_Q8: {
+            const float d = rdf(blk + 16), m = rdf(blk + 20);
+            for (size_t j = j0; j < j1; j++) out[i++] = to_bf16_f32(d * (float)(j < 16 ? blk[j] & 15u : blk[j - 16] >> 4) + m);
+        } else {
             const uint8_t *blk = r + b * FLX_WFMT_Q8_BYTES;
-            out[i] = to_bf16_f32(rdf(blk + 32) * (float)(int8_t)blk[j]);
-            break;
-        }
-        default: {
-            flx_bf16_t h;
-            memcpy(&h, r + 2 * c, 2);
-            out[i] = flx_bf16_to_f32(h);
-            break;
-        }
+            const float d = rdf(blk + 32);
+            for (size_t j = j0; j < j1; j++) out[i++] = to_bf16_f32(d * (float)(int8_t)blk[j]);
         }
     }
 }
