@@ -294,13 +294,16 @@ int main(int argc, char **argv)
         printf("%-16s TPOT median %8.2f ms, host bytes per step %8.2f MiB (Quest metadata %.2f, K and V %.2f); per "
                "step (mean, warm-up included): dense %.2f ms, attention %.2f ms (decisions %.2f: features and "
                "predictor %.2f, selector %.2f; tasks %.2f); thread-ms: features %.2f, predictor %.2f, in tasks window "
-               "%.2f, scoring %.2f, top-k %.2f, attention %.2f\n",
+               "%.2f, scoring %.2f, top-k %.2f, attention %.2f; CPU workers in tasks %.2f (%.0f%% of %u x tasks)\n",
                name[k], med[k], (double)t.host_bytes * mib, (double)t.host_meta_bytes * mib,
                (double)(t.host_bytes - t.host_meta_bytes) * mib,
                (double)t.dense_ns * ns_ms, (double)t.attn_ns * ns_ms, (double)t.predict_ns * ns_ms,
                (double)t.decide_ns * ns_ms, (double)t.select_ns * ns_ms, (double)t.sched_wall_ns * ns_ms,
                (double)t.feat_cpu_ns * ns_ms, (double)t.mlp_cpu_ns * ns_ms, (double)t.window_ns * ns_ms,
-               (double)t.score_ns * ns_ms, (double)t.topk_ns * ns_ms, (double)t.host_attn_ns * ns_ms);
+               (double)t.score_ns * ns_ms, (double)t.topk_ns * ns_ms, (double)t.host_attn_ns * ns_ms,
+               (double)t.cpu_busy_ns * ns_ms,
+               t.sched_wall_ns ? 100.0 * (double)t.cpu_busy_ns / ((double)t.sched_wall_ns * flx_pool_size(pool)) : 0.0,
+               flx_pool_size(pool));
         if (use_gpu)   /* the idle ratio as flx-generate gives it: idle over the attention layers' wall time */
             printf("%-16s GPU per step: %.1f tasks on the GPU worker, busy %.2f ms, idle %.2f ms of the attention "
                    "layers' %.2f ms (idle ratio %.3f)\n", name[k],
