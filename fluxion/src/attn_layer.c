@@ -256,13 +256,21 @@ static flx_status_t feat_item(struct flx_attn_layer *L, uint32_t wi, uint32_t id
  * order, so every feature item below a claimed predictor item is running or done: the wait ends.
  * Past a failure the pool may skip a feature item claimed before this one (it checks when it runs
  * an item, not when it claims it); only a predictor item fails a run, and it raises pred_failed
- * first, on which the wait ends. */
+ * first, on which the wait ends. A tile that has to wait first prefetches the network's weights:
+ * the layer's attention has pushed them out of L2, and streaming them back is most of a tile's
+ * time in a decode step (docs/sched.md); batch 1 waits for its one sequence every layer. */
 static flx_status_t pred_item(struct flx_attn_layer *L, uint32_t t)
 {
     const uint32_t r0 = t * L->pred_tile, r1 = r0 + L->pred_tile < L->n_rows ? r0 + L->pred_tile : L->n_rows;
+    int warmed = 0;
     for (uint32_t b = r0 / L->Hq; b <= (r1 - 1) / L->Hq; b++) {
         uint32_t spins = 0;
         while (atomic_load_explicit(&L->seq_state[b], memory_order_acquire) == SEQ_PENDING) {
+            if (!warmed) {   /* the wait brings the network's weights back into this core's L2 */
+                flx_predictor_prefetch(L->p.predictor);
+                warmed = 1;
+                continue;
+            }
             if (atomic_load_explicit(&L->pred_failed, memory_order_relaxed))   /* the run fails anyway */
                 return flx_error_set(FLX_ERR_STATE, "layer %u batch row %u: predictor: another tile failed",
                                      L->a->layer, b);

@@ -479,6 +479,25 @@ uint32_t flx_predictor_tile_rows(void)
     return isa >= FLX_ISA_AMX ? 16 : isa >= FLX_ISA_AVX2 && isa < FLX_ISA_AVX512 ? 6 : 8;
 }
 
+static void prefetch_bytes(const void *p, size_t n)
+{
+    const char *c = p;
+    for (size_t o = 0; o < n; o += 64) _mm_prefetch(c + o, _MM_HINT_T1);
+}
+
+void flx_predictor_prefetch(flx_predictor_h p)
+{
+    if (!p) return;
+    const int bf16 = flx_predictor_bf16_hidden(p);
+    for (int l = 0; l < N_LAYERS; l++) {
+        const uint32_t np = L_NP[l], npan = FLX_DIV_UP(L_OUT[l], np), K = L_IN[l];
+        const size_t n = (size_t)npan * K * np;
+        if (bf16 && p->wpb[l]) prefetch_bytes(p->wpb[l], n * sizeof(flx_bf16_t));
+        else prefetch_bytes(p->wp[l], n * sizeof(float));
+        prefetch_bytes(p->bp[l], (size_t)npan * np * sizeof(float));
+    }
+}
+
 /* ---------------- kernels ----------------
  * y[r][o] = act(b[o] + sum_k x[r][k] * W[o][k]) for rows [0, n), outputs [0, n_out) (all panels,
  * columns past n_out are not stored). x has stride ldx, y stride ldy. */

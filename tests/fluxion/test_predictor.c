@@ -85,8 +85,11 @@ static void check_fast_vs_ref(const flx_mlp_t *m, flx_predictor_h p, flx_rng_t *
         /* a row's bits do not depend on the tile it lands in: flx_predictor_run put most rows in
          * full register tiles; ranges of 1 to 8 rows put them in every tail kernel too */
         memset(got, 0xff, sizeof got);
-        for (uint32_t r0 = 0, len = 1; r0 < n; r0 += len, len = len % 8 + 1)
+        flx_predictor_prefetch(NULL);   /* nothing */
+        for (uint32_t r0 = 0, len = 1; r0 < n; r0 += len, len = len % 8 + 1) {
+            flx_predictor_prefetch(p);   /* as a decode layer's waiting tile does: touches no result */
             CHECK_OK(flx_predictor_run_rows(p, feat, n, r0, r0 + len < n ? r0 + len : n, got, scratch, sb));
+        }
         char label[96];
         snprintf(label, sizeof label, "%s rows %u in ranges of 1..8", flx_isa_name(flx_isa_active()), n);
         CHECK_SAME(label, (const float *)got, (const float *)one, 3 * n);

@@ -161,6 +161,13 @@ flx_status_t flx_predictor_run(flx_predictor_h p, const float *feat, uint32_t n_
 flx_status_t flx_predictor_run_rows(flx_predictor_h p, const float *feat, uint32_t n_rows, uint32_t r0, uint32_t r1,
                                     flx_head_pred_t *out, void *scratch, size_t scratch_bytes);
 
+/* Brings the weights the active kernels read (a few hundred KB) towards this core's L2 with
+ * prefetches, returning once they are issued: for a thread that must wait before it runs rows
+ * (the decode layer's predictor item waiting for a sequence's features), so that the wait, not the
+ * run, pays for the weights coming back from beyond L2 (a layer's attention evicts them). Changes
+ * no result; p may be NULL (nothing). */
+void flx_predictor_prefetch(flx_predictor_h p);
+
 /* The oracle of flx_predictor_run: the same network in double straight from the (out, in) weights,
  * one row at a time, no dispatch. Does not check the features (tests feed it finite ones). */
 flx_status_t flx_mlp_forward_ref(const flx_mlp_t *m, const float *feat, uint32_t n_rows, flx_head_pred_t *out);
