@@ -31,6 +31,7 @@
 #include "flx/cpu.h"
 #include "flx/util.h"
 #include "gemv.h"
+#include "model_internal.h"
 
 #define T2 __attribute__((target("avx2,fma,f16c")))
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
@@ -143,13 +144,6 @@ static void gemv_rows_scalar(const flx_wmat_t *w, size_t cols, uint32_t r0, uint
 /* ---- block formats expanded in registers: the bf16 values of flx/model.h (WEIGHT FORMATS) as fp32,
  * bit for bit what widening the same values stored as bf16 gives ---- */
 
-static inline float rdf(const uint8_t *p)
-{
-    float v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 /* fp32 -> nearest-even bf16 -> fp32, for finite lanes (the loader refuses non-finite scales, so
  * every expanded value is finite): flx_f32_to_bf16's rounding, in integer operations. */
 T2 static AI __m256 round_bf16_avx2(__m256 v)
@@ -168,14 +162,15 @@ T2 static AI __m256 ld8_q4_avx2(const uint8_t *row, size_t c)
     __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + (j & 15))));
     if (j >= 16) q = _mm256_srli_epi32(q, 4);
     q = _mm256_and_si256(q, _mm256_set1_epi32(15));
-    return round_bf16_avx2(_mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(rdf(blk + 16)), _mm256_set1_ps(rdf(blk + 20))));
+    const __m256 d = _mm256_set1_ps(flx_wfmt_rd_f32(blk + 16)), m = _mm256_set1_ps(flx_wfmt_rd_f32(blk + 20));
+    return round_bf16_avx2(_mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d, m));
 }
 
 T2 static AI __m256 ld8_q8_avx2(const uint8_t *row, size_t c)
 {
     const uint8_t *blk = row + (c / FLX_WFMT_BLOCK) * FLX_WFMT_Q8_BYTES;
     const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + c % FLX_WFMT_BLOCK))));
-    return round_bf16_avx2(_mm256_mul_ps(q, _mm256_set1_ps(rdf(blk + 32))));
+    return round_bf16_avx2(_mm256_mul_ps(q, _mm256_set1_ps(flx_wfmt_rd_f32(blk + 32))));
 }
 
 T512 static AI __m512 round_bf16_avx512(__m512 v)
@@ -191,7 +186,8 @@ T512 static AI __m512 round_bf16_avx512(__m512 v)
  * register, and each nibble picks its entry with a permute (which reads the low 4 bits of an index). */
 T512 static AI void deq32_q4_avx512(const uint8_t *blk, __m512 iota, __m512 *w0, __m512 *w1)
 {
-    const __m512 lut = round_bf16_avx512(_mm512_fmadd_ps(iota, _mm512_set1_ps(rdf(blk + 16)), _mm512_set1_ps(rdf(blk + 20))));
+    const __m512 d = _mm512_set1_ps(flx_wfmt_rd_f32(blk + 16)), m = _mm512_set1_ps(flx_wfmt_rd_f32(blk + 20));
+    const __m512 lut = round_bf16_avx512(_mm512_fmadd_ps(iota, d, m));
     const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)blk));
     *w0 = _mm512_permutexvar_ps(q, lut);
     *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), lut);
@@ -199,7 +195,7 @@ T512 static AI void deq32_q4_avx512(const uint8_t *blk, __m512 iota, __m512 *w0,
 
 T512 static AI void deq32_q8_avx512(const uint8_t *blk, __m512 *w0, __m512 *w1)
 {
-    const __m512 d = _mm512_set1_ps(rdf(blk + 32));
+    const __m512 d = _mm512_set1_ps(flx_wfmt_rd_f32(blk + 32));
     *w0 = round_bf16_avx512(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)blk))), d));
     *w1 = round_bf16_avx512(
         _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 16)))), d));

@@ -5,7 +5,19 @@
 #ifndef FLX_MODEL_INTERNAL_H
 #define FLX_MODEL_INTERNAL_H
 
+#include <string.h>
+
 #include "flx/model.h"
+
+/* The fp32 field at p of a FLX_WFMT_Q4 / Q8 block (d, m): blocks of 24 and 36 bytes leave it
+ * unaligned, so it is read with memcpy. The scalar definition (wmat.c) and the kernels (gemv.c)
+ * both read scales through it. */
+static inline float flx_wfmt_rd_f32(const uint8_t *p)
+{
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
 
 typedef enum {
     FLX_MEM_HEAP = 0,   /* flx_aligned_alloc: freed with flx_aligned_free */

@@ -7,6 +7,7 @@
 
 #include "flx/model.h"
 #include "flx/util.h"
+#include "model_internal.h"
 
 const char *flx_wfmt_name(flx_wfmt_t fmt)
 {
@@ -28,12 +29,6 @@ size_t flx_wmat_row_bytes(flx_wfmt_t fmt, size_t cols)
     return cols * 2;
 }
 
-static inline float rdf(const uint8_t *p)
-{
-    float v;
-    memcpy(&v, p, 4);
-    return v;
-}
 
 /* bf16(x) as fp32 (round to nearest even, NaN kept a NaN). */
 static inline float to_bf16_f32(float x)
@@ -53,11 +48,11 @@ void flx_wmat_row_f32(const flx_wmat_t *w, size_t cols, size_t row, size_t c0, s
         const size_t j1 = FLX_MIN((size_t)FLX_WFMT_BLOCK, j0 + (n - i));
         if (w->fmt == FLX_WFMT_Q4) {
             const uint8_t *blk = r + b * FLX_WFMT_Q4_BYTES;
-            const float d = rdf(blk + 16), m = rdf(blk + 20);
+            const float d = flx_wfmt_rd_f32(blk + 16), m = flx_wfmt_rd_f32(blk + 20);
             for (size_t j = j0; j < j1; j++) out[i++] = to_bf16_f32(d * (float)(j < 16 ? blk[j] & 15u : blk[j - 16] >> 4) + m);
         } else {
             const uint8_t *blk = r + b * FLX_WFMT_Q8_BYTES;
-            const float d = rdf(blk + 32);
+            const float d = flx_wfmt_rd_f32(blk + 32);
             for (size_t j = j0; j < j1; j++) out[i++] = to_bf16_f32(d * (float)(int8_t)blk[j]);
         }
     }
