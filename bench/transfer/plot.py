@@ -1,5 +1,5 @@
-"""Plots the KV transfer rate of each round: ucx_perftest at our message size and with one message
-the session's size, the node's path with payload hashes (the product) and without, per transport;
+"""Plots the KV transfer rate of each round: ucx_perftest at our message size (warmed up and cold)
+and with one message the session's size, the node's path with payload hashes (the product) and without, per transport;
 and the node's last-byte-to-READY time per GB."""
 import csv
 import sys
@@ -14,6 +14,7 @@ tls = [t for t in ("shm", "tcp") if any(r["transport"] == t and r["kind"] != "lo
 fig, axes = plt.subplots(1, len(tls) + 1, figsize=(4.2 * (len(tls) + 1), 3.8))
 styles = {"perftest": ("k", "o", "ucx_perftest ucp_am_bw"),
           "perftest-session": ("0.55", "D", "ucx_perftest, one message the session's size"),
+          "perftest-cold": ("C4", "v", "ucx_perftest without warm-up (-w 0)"),
           "flx": ("C0", "s", "node, payload hashes checked"), "flx-nohash": ("C1", "^", "node, no payload hashes")}
 for ax, t in zip(axes, tls):
     for kind, (color, marker, label) in styles.items():

@@ -17,6 +17,10 @@
  *   perftest-session  the same with the session's bytes as one message (at most 1 GiB; two
  *              iterations after one warm-up): a working set as large as the session's, read from and
  *              written to memory as ours is; its ratio is printed beside the first one's;
+ *   perftest-cold  perftest as the first row but without its warm-up iterations (-w 0): a new
+ *              connection moving one session's bytes from its first message, as each flx-prefill
+ *              process below does (perftest's own figure excludes its 4 warm-up messages, and over
+ *              TCP a new connection's first tens of MiB are the slow ones); its ratio is the third;
  *   flx        this process's node (flx/transport.h) receiving a Llama-3.1-8B-shaped synthetic session
  *              (tokens, layers) from an flx-prefill process that computed it first (--pregenerate):
  *              KV bytes / (last byte landed - first byte claimed), every payload hash checked and
@@ -31,6 +35,7 @@
  *
  * SUMMARY transfer_vs_perftest_shm=... transfer_vs_perftest_tcp=... ready_ms_per_gb=... (the issue's keys:
  * perftest at our message size) ... transfer_vs_perftest_session_{shm,tcp}=... (against perftest-session)
+ * transfer_vs_perftest_cold_{shm,tcp}=... (against perftest-cold)
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -306,10 +311,10 @@ int main(int argc, char **argv)
            " layers = %.1f MiB per session; chunks of %.2f MiB (%u rendezvous per layer), %" PRIu64 " rounds\n",
            HKV, HD, tokens, layers, session_bytes / 1048576.0, msg / 1048576.0, n_rndv, reps);
     const uint64_t big = session_bytes < (1ull << 30) ? session_bytes : (1ull << 30);   /* perftest-session */
-    printf("%-5s %-16s %10s %10s %10s %12s %12s\n", "tls", "kind", "GB/s med", "min", "max", "vs perftest",
-           "vs -session");
+    printf("%-5s %-16s %10s %10s %10s %12s %12s %12s\n", "tls", "kind", "GB/s med", "min", "max", "vs perftest",
+           "vs -session", "vs -cold");
 
-    double sum_ratio[2] = {NAN, NAN}, ses_ratio[2] = {NAN, NAN}, ready_per_gb_all[64];
+    double sum_ratio[2] = {NAN, NAN}, ses_ratio[2] = {NAN, NAN}, cold_ratio[2] = {NAN, NAN}, ready_per_gb_all[64];
     int n_ready = 0;
     for (uint32_t k = 0; k < n_tls; k++) {
         const int ti = tls_ix[k];
@@ -317,23 +322,29 @@ int main(int argc, char **argv)
         flx_kv_store_h store = make_store((uint32_t)layers, (size_t)(session_bytes * 1.25) + (256u << 20));
         flx_tp_node_h node[2] = {make_node(store, tls, 1), make_node(store, tls, 0)}; /* hashes required, not */
         double pt[MAX_REPS], ps[MAX_REPS], fx[MAX_REPS], fn[MAX_REPS], r_hash[MAX_REPS], r_nohash[MAX_REPS];
-        double s_hash[MAX_REPS], s_nohash[MAX_REPS];
+        double s_hash[MAX_REPS], s_nohash[MAX_REPS], pc[MAX_REPS], c_hash[MAX_REPS], c_nohash[MAX_REPS];
+        const uint32_t n_msgs = (uint32_t)(session_bytes / msg);
         for (uint64_t r = 0; r < reps; r++) {
             run_t a, b;
-            double p, q;
+            double p, q, c;
             /* rotated order: the perftests first on even rounds, ours first on odd ones */
             if (r % 2 == 0) {
-                p = perftest(tls, msg, (uint32_t)(session_bytes / msg), 4, dir);
+                p = perftest(tls, msg, n_msgs, 4, dir);
                 q = perftest(tls, big, 2, 1, dir);
+                c = perftest(tls, msg, n_msgs, 0, dir);
             }
             a = flx_run(node[0], store, tls, (uint32_t)tokens, (uint32_t)layers, (uint32_t)chunk_mib, 1, 1, dir);
             b = flx_run(node[1], store, tls, (uint32_t)tokens, (uint32_t)layers, (uint32_t)chunk_mib, 1, 0, dir);
             if (r % 2 == 1) {
+                c = perftest(tls, msg, n_msgs, 0, dir);
                 q = perftest(tls, big, 2, 1, dir);
-                p = perftest(tls, msg, (uint32_t)(session_bytes / msg), 4, dir);
+                p = perftest(tls, msg, n_msgs, 4, dir);
             }
             pt[r] = p / 1e9;
             ps[r] = q / 1e9;
+            pc[r] = c / 1e9;
+            c_hash[r] = a.gbps / pc[r];
+            c_nohash[r] = b.gbps / pc[r];
             fx[r] = a.gbps;
             fn[r] = b.gbps;
             r_hash[r] = a.gbps / pt[r];
@@ -346,6 +357,8 @@ int main(int argc, char **argv)
                         session_bytes, msg, pt[r], layers, tokens);
                 fprintf(csv, "%s,%" PRIu64 ",perftest-session,%" PRIu64 ",%" PRIu64 ",%.4f,,,,%" PRIu64 ",%" PRIu64 "\n",
                         tls, r, 2 * big, big, ps[r], layers, tokens);
+                fprintf(csv, "%s,%" PRIu64 ",perftest-cold,%" PRIu64 ",%" PRIu64 ",%.4f,,,,%" PRIu64 ",%" PRIu64 "\n", tls,
+                        r, session_bytes, msg, pc[r], layers, tokens);
                 fprintf(csv, "%s,%" PRIu64 ",flx,%" PRIu64 ",%" PRIu64 ",%.4f,%.3f,%.3f,%.3f,%" PRIu64 ",%" PRIu64 "\n",
                         tls, r, a.bytes, msg, a.gbps, a.ready_ms, a.ready_ms / (a.bytes / 1e9), a.total_s, layers,
                         tokens);
@@ -359,26 +372,31 @@ int main(int argc, char **argv)
         flx_tp_node_destroy(node[0]);
         flx_tp_node_destroy(node[1]);
         const int n = (int)reps;
-        double lo_p = pt[0], hi_p = pt[0], lo_s = ps[0], hi_s = ps[0], lo_x = fx[0], hi_x = fx[0], lo_n = fn[0],
-               hi_n = fn[0];
+        double lo_p = pt[0], hi_p = pt[0], lo_s = ps[0], hi_s = ps[0], lo_c = pc[0], hi_c = pc[0], lo_x = fx[0],
+               hi_x = fx[0], lo_n = fn[0], hi_n = fn[0];
         for (int i = 1; i < n; i++) {
             lo_p = fmin(lo_p, pt[i]), hi_p = fmax(hi_p, pt[i]);
+            lo_c = fmin(lo_c, pc[i]), hi_c = fmax(hi_c, pc[i]);
             lo_s = fmin(lo_s, ps[i]), hi_s = fmax(hi_s, ps[i]);
             lo_x = fmin(lo_x, fx[i]), hi_x = fmax(hi_x, fx[i]);
             lo_n = fmin(lo_n, fn[i]), hi_n = fmax(hi_n, fn[i]);
         }
         const double rh = flx_bench_median(r_hash, n), rn = flx_bench_median(r_nohash, n);
         const double sh = flx_bench_median(s_hash, n), sn = flx_bench_median(s_nohash, n);
-        printf("%-5s %-16s %10.3f %10.3f %10.3f %12s %12s\n", tls, "perftest", flx_bench_median(pt, n), lo_p, hi_p, "1",
-               "");
-        printf("%-5s %-16s %10.3f %10.3f %10.3f %12s %12s\n", tls, "perftest-session", flx_bench_median(ps, n), lo_s,
-               hi_s, "", "1");
-        printf("%-5s %-16s %10.3f %10.3f %10.3f %12.3f %12.3f\n", tls, "flx", flx_bench_median(fx, n), lo_x, hi_x, rh,
-               sh);
-        printf("%-5s %-16s %10.3f %10.3f %10.3f %12.3f %12.3f\n", tls, "flx-nohash", flx_bench_median(fn, n), lo_n, hi_n,
-               rn, sn);
+        const double ch = flx_bench_median(c_hash, n), cn = flx_bench_median(c_nohash, n);
+        printf("%-5s %-16s %10.3f %10.3f %10.3f %12s %12s %12s\n", tls, "perftest", flx_bench_median(pt, n), lo_p, hi_p,
+               "1", "", "");
+        printf("%-5s %-16s %10.3f %10.3f %10.3f %12s %12s %12s\n", tls, "perftest-session", flx_bench_median(ps, n),
+               lo_s, hi_s, "", "1", "");
+        printf("%-5s %-16s %10.3f %10.3f %10.3f %12s %12s %12s\n", tls, "perftest-cold", flx_bench_median(pc, n), lo_c,
+               hi_c, "", "", "1");
+        printf("%-5s %-16s %10.3f %10.3f %10.3f %12.3f %12.3f %12.3f\n", tls, "flx", flx_bench_median(fx, n), lo_x, hi_x,
+               rh, sh, ch);
+        printf("%-5s %-16s %10.3f %10.3f %10.3f %12.3f %12.3f %12.3f\n", tls, "flx-nohash", flx_bench_median(fn, n), lo_n,
+               hi_n, rn, sn, cn);
         sum_ratio[ti] = rh;
         ses_ratio[ti] = sh;
+        cold_ratio[ti] = ch;
         flx_kv_store_destroy(store);
     }
     const double ready_ms_per_gb = flx_bench_median(ready_per_gb_all, FLX_MIN(n_ready, 64));
@@ -419,9 +437,10 @@ int main(int argc, char **argv)
      * per-GB figure: both are printed above), else that of the rounds' sessions. */
     printf("SUMMARY transfer_vs_perftest_shm=%.3f transfer_vs_perftest_tcp=%.3f ready_ms_per_gb=%.2f "
            "ready_ms_per_gb_small=%.2f long_tokens=%" PRIu64 " long_layers=%u long_open_to_ready_s=%.2f "
-           "transfer_vs_perftest_session_shm=%.3f transfer_vs_perftest_session_tcp=%.3f\n",
+           "transfer_vs_perftest_session_shm=%.3f transfer_vs_perftest_session_tcp=%.3f "
+           "transfer_vs_perftest_cold_shm=%.3f transfer_vs_perftest_cold_tcp=%.3f\n",
            sum_ratio[0], sum_ratio[1], long_layers ? long_ready_ms_per_gb : ready_ms_per_gb, ready_ms_per_gb,
-           long_tokens, used_layers, long_ready_s, ses_ratio[0], ses_ratio[1]);
+           long_tokens, used_layers, long_ready_s, ses_ratio[0], ses_ratio[1], cold_ratio[0], cold_ratio[1]);
     (void)long_gbps;
     return 0;
 }
