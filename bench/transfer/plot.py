@@ -1,6 +1,6 @@
 """Plots the KV transfer rate of each round: ucx_perftest at our message size (warmed up and cold)
-and with one message the session's size, the node's path with payload hashes (the product) and without, per transport;
-and the node's last-byte-to-READY time per GB."""
+and with one message the session's size, the node's path with payload hashes (the product) and
+without, per transport; and the node's last-byte-to-READY time per GB."""
 import csv
 import sys
 
