@@ -62,12 +62,16 @@
 #include "fluxion/decode/v1/decode.pb-c.h"
 
 #define PROG "flx-prefill"
+#define FLX_PREFILL_MAX_SESSIONS 16
 
 typedef struct opts {
     const char *node, *control, *model, *prompt_file, *token_hex, *session, *model_id;
     char host[FLX_TP_HOST_MAX];
     uint16_t port;
-    uint64_t sid;
+    uint64_t sid;                /* the first of sids */
+    uint64_t sids[FLX_PREFILL_MAX_SESSIONS];
+    uint8_t tokens[FLX_PREFILL_MAX_SESSIONS][FLX_TP_TOKEN_BYTES];
+    uint32_t n_sessions;         /* --node: the sessions of --session / --token, pushed in order */
     int chat, synthetic, quiet, pregenerate, no_hash, mode, blk_i;
     uint64_t prompt_len, seed, threads, max_chunk_mib, progress_ms, timeout_ms;
     uint64_t max_new, transfer_timeout_ms, lease_ms;
@@ -110,8 +114,12 @@ static int parse_args(int argc, char **argv, opts_t *o)
                     "would), then push its KV; prints 'SESSION ID' on stdout first"),
         FLX_CLI_STR(0, "node", "HOST:PORT", &o->node, 0,
                     "the node's UCX listener, for a session someone else opened (with --session, --token)"),
-        FLX_CLI_STR(0, "session", "ID", &o->session, 0, "the session id (decimal or 0x hex)"),
-        FLX_CLI_STR(0, "token", "HEX", &o->token_hex, 0, "the session's 128-bit transfer token, 32 hex digits"),
+        FLX_CLI_STR(0, "session", "ID[,ID..]", &o->session, 0,
+                    "the session id (decimal or 0x hex); with --pregenerate up to 16, comma-separated:\n"
+                    "the same prompt pushed into each in turn over one connection (the first on a new\n"
+                    "connection, the others on a warm one)"),
+        FLX_CLI_STR(0, "token", "HEX[,HEX..]", &o->token_hex, 0,
+                    "the session's 128-bit transfer token, 32 hex digits (one per --session)"),
         FLX_CLI_PATH('m', "model", "M", &o->model, 0, "a .gguf file or Hugging Face folder: a real prefill"),
         FLX_CLI_PATH('f', "prompt-file", "F", &o->prompt_file, 0, "the text of the real prefill ('-': stdin)"),
         FLX_CLI_FLAG(0, "chat", &o->chat, "wrap the text with the model's chat template (as flx-generate --chat)"),
@@ -170,7 +178,7 @@ static int parse_args(int argc, char **argv, opts_t *o)
     flx_cli_t cli = FLX_CLI_INIT(PROG, "Computes a prompt's KV cache and statistics and pushes them to a decode node "
                                        "over UCX, layer by layer, as a prefill node does.",
                                  opts);
-    cli.synopsis = "(--control HOST:PORT | --node HOST:PORT --session ID --token HEX)\n"
+    cli.synopsis = "(--control HOST:PORT | --node HOST:PORT --session ID[,ID..] --token HEX[,HEX..])\n"
                    "       (--model M --prompt-file F [--chat] | --synthetic --prompt-len N) [options]";
     cli.epilog = "The node's WELCOME gives the session's shape and window; UCX_TLS / UCX_NET_DEVICES pick the "
                  "transport.\nstdout: 'SESSION ID' (--control, before the push), then 'READY 0xID BYTES bytes "
@@ -198,16 +206,56 @@ static int parse_args(int argc, char **argv, opts_t *o)
         if (parse_hostport("control", o->control, h, sizeof h, &pt)) return flx_cli_usage_error(&cli, NULL);
     }
     if (o->session) {
-        char *end;
-        errno = 0;
-        unsigned long long x = strtoull(o->session, &end, 0);
-        if (!o->session[0] || *end || errno || x == 0 || o->session[0] == '-')
-            return flx_cli_usage_error(&cli, "--session '%s' is not a non-zero session id", o->session);
-        o->sid = x;
+        for (const char *q = o->session;; q++) {
+            if (o->n_sessions == FLX_PREFILL_MAX_SESSIONS)
+                return flx_cli_usage_error(&cli, "--session: more than %d ids", FLX_PREFILL_MAX_SESSIONS);
+            const size_t len = strcspn(q, ",");
+            char id[32], *end;
+            errno = 0;
+            unsigned long long x = 0;
+            if (len && len < sizeof id) {
+                memcpy(id, q, len);
+                id[len] = 0;
+                x = strtoull(id, &end, 0);
+            }
+            if (!len || len >= sizeof id || *end || errno || x == 0 || q[0] == '-')
+                return flx_cli_usage_error(&cli, "--session '%.*s' is not a non-zero session id", (int)FLX_MIN(len, 64),
+                                           q);
+            for (uint32_t i = 0; i < o->n_sessions; i++)
+                if (o->sids[i] == x) return flx_cli_usage_error(&cli, "--session %llu is listed twice", x);
+            o->sids[o->n_sessions++] = x;
+            q += len;
+            if (!*q) break;
+        }
+        o->sid = o->sids[0];
     }
-    if (o->token_hex &&
-        (strlen(o->token_hex) != 2 * FLX_TP_TOKEN_BYTES || strspn(o->token_hex, "0123456789abcdefABCDEF") != 32))
-        return flx_cli_usage_error(&cli, "--token '%s' is not 32 hex digits", o->token_hex);
+    if (o->token_hex) {
+        uint32_t n = 0;
+        for (const char *q = o->token_hex;; q++) {
+            const size_t len = strcspn(q, ",");
+            if (len != 2 * FLX_TP_TOKEN_BYTES || strspn(q, "0123456789abcdefABCDEF") < len)
+                return flx_cli_usage_error(&cli, "--token '%.*s' is not 32 hex digits", (int)FLX_MIN(len, 64), q);
+            if (n < FLX_PREFILL_MAX_SESSIONS)
+                for (uint32_t i = 0; i < FLX_TP_TOKEN_BYTES; i++) {
+                    unsigned x;
+                    sscanf(q + 2 * i, "%2x", &x);
+                    o->tokens[n][i] = (uint8_t)x;
+                }
+            n++;
+            q += len;
+            if (!*q) break;
+        }
+        if (n != o->n_sessions)
+            return flx_cli_usage_error(&cli, "--token: %u token(s) for %u session(s)", n, o->n_sessions);
+    }
+    if (o->n_sessions > 1) {
+        if (!o->pregenerate)
+            return flx_cli_usage_error(&cli, "several sessions need --pregenerate (the prompt is computed once)");
+        if (o->die_after != UINT64_MAX || o->stall_after != UINT64_MAX || o->corrupt_chunk != UINT64_MAX ||
+            o->dup_chunk != UINT64_MAX || o->wrong_token || o->outside_chunk || o->freeze_after_refused ||
+            o->freeze_mid_send)
+            return flx_cli_usage_error(&cli, "the fault flags take one session");
+    }
     o->err_mode = o->err_mode_i ? FLX_TP_ERR_NONE : FLX_TP_ERR_PEER;
     return FLX_CLI_PROCEED;
 }
@@ -236,8 +284,8 @@ typedef struct push {
     uint32_t hash_flag;          /* FLX_TP_SEND_NO_HASH with --no-payload-hash */
     uint32_t layers_inflight;    /* guarded by lock */
     int stalled;
-    struct prepared *all;        /* --pregenerate: (n_layers) packed layers, pushed after the prefill */
-    layer_buf_t **held;          /* --pregenerate: (n_layers) held by push_all until push_release */
+    struct prepared *all;        /* --pregenerate: (n_layers) packed layers, pushed after the prefill
+                                  * into each session and freed together after the last commit */
 } push_t;
 
 static void layer_unref(layer_buf_t *b)
@@ -449,8 +497,8 @@ static flx_status_t send_chunk(push_t *p, const prepared_t *pl, uint32_t i, cons
                     : flx_tp_send_kv(p->snd, &p->ref, c, payload, flags | FLX_TP_SEND_NO_HASH, chunk_sent, cc);
 }
 
-/* Sends a packed layer (with the faults asked for), then frees it (its buffer lives until the last
- * chunk has been sent). */
+/* Sends a packed layer into the session p->ref (with the faults asked for); the caller frees it (its
+ * buffer lives until the last chunk has been sent). */
 static flx_status_t layer_send(push_t *p, prepared_t *pl)
 {
     const opts_t *o = p->o;
@@ -557,9 +605,7 @@ static flx_status_t layer_send(push_t *p, prepared_t *pl)
                                p->hash_flag);
         if (!st) p->n_stats++;
     }
-    const uint32_t layer = pl->layer;
-    prepared_free(pl);
-    progress(p, layer + 1, 0);
+    progress(p, pl->layer + 1, 0);
     return st;
 }
 
@@ -572,38 +618,37 @@ static flx_status_t on_layer(void *ctx, uint32_t layer, uint32_t n, const flx_bf
     throttle(p, 2);
     prepared_t pl;
     flx_status_t st = layer_pack(p, layer, n, k, v, stats, mean_k, q_anchor, &pl);
-    return st ? st : layer_send(p, &pl);
+    if (st) return st;
+    st = layer_send(p, &pl);
+    prepared_free(&pl);
+    return st;
 }
 
-/* Drops push_all's hold on the layers (a send still in flight keeps its own reference). */
+/* Frees --pregenerate's layers (a send still in flight keeps its own reference to its buffer). */
 static void push_release(push_t *p)
 {
-    for (uint32_t l = 0; p->held && l < p->w.n_layers; l++)
-        if (p->held[l]) layer_unref(p->held[l]);
-    free(p->held);
-    p->held = NULL;
+    for (uint32_t l = 0; p->all && l < p->w.n_layers; l++) prepared_free(&p->all[l]);
+    free(p->all);
+    p->all = NULL;
 }
 
-/* --pregenerate: every layer computed and packed; now pushed one after the other. */
+/* --pregenerate: every layer computed and packed; now pushed into the session p->ref one after the
+ * other. The layers stay: they were all allocated anyway, and they are freed together after the last
+ * session's commit (push_release), so that unmapping them (a third of this process's time while
+ * pushing) stays out of the transfer. */
 static flx_status_t push_all(push_t *p, uint64_t t_compute_ns)
 {
     const opts_t *o = p->o;
-    if (!o->quiet)
+    if (!o->quiet && p->ref.sid == o->sid)
         fprintf(stderr, PROG ": --pregenerate: %u layers computed in %.1f s; pushing them all now\n", p->w.n_layers,
                 (double)t_compute_ns / 1e9);
+    else if (!o->quiet)
+        fprintf(stderr, PROG ": --pregenerate: pushing the %u layers again, into session %#" PRIx64 "\n",
+                p->w.n_layers, p->ref.sid);
     p->t_start = p->t_last_print = flx_now_ns();
-    /* The layers were all allocated anyway: they are freed together after the commit (push_release),
-     * so that unmapping them (a third of this process's time while pushing) stays out of the transfer. */
-    p->held = calloc(p->w.n_layers, sizeof *p->held);
-    for (uint32_t l = 0; p->held && l < p->w.n_layers; l++)
-        if ((p->held[l] = p->all[l].buf)) atomic_fetch_add(&p->held[l]->refs, 1);
     flx_status_t st = FLX_OK;
-    for (uint32_t l = 0; l < p->w.n_layers; l++) {
-        if (!st && !p->stalled && p->all[l].buf) st = layer_send(p, &p->all[l]);
-        else prepared_free(&p->all[l]);
-    }
-    free(p->all);
-    p->all = NULL;
+    for (uint32_t l = 0; l < p->w.n_layers && !st && !p->stalled; l++)
+        if (p->all[l].buf) st = layer_send(p, &p->all[l]);
     return st;
 }
 
@@ -867,6 +912,89 @@ out:
     return st;
 }
 
+/* The end of a session's push: the commit, the flush and the node's verdict; 0 when it said READY
+ * (the READY line printed), else 1 with the reason on stderr. */
+static int finish_session(push_t *p, const opts_t *o, int32_t first)
+{
+    const flx_kv_session_id_t sid = p->ref.sid;
+    if (p->stalled) {
+        fprintf(stderr, PROG ": --stall-after-bytes %" PRIu64 ": stalled after %" PRIu64 " bytes, staying connected\n",
+                o->stall_after, p->kv_bytes);
+    } else {
+        flx_status_t st;
+        flx_kv_commit_t cm = {.first_token = first, .n_stats_layers = p->n_stats, .kv_bytes = p->kv_bytes};
+        if ((st = flx_tp_send_commit(p->snd, &p->ref, &cm)) ||
+            (st = flx_tp_sender_flush(p->snd, (uint32_t)FLX_MIN(o->timeout_ms, UINT32_MAX)))) {
+            fprintf(stderr, PROG ": %s\n", flx_error_msg());
+            /* the node's STATUS below says what happened to the session */
+        }
+        if (o->n_sessions <= 1 || sid == o->sids[o->n_sessions - 1]) push_release(p);   /* after the last commit */
+        const double s = (double)(flx_now_ns() - p->t_start) / 1e9;
+        progress(p, p->w.n_layers, 1);
+        if (!o->quiet)
+            fprintf(stderr, PROG ": pushed %" PRIu64 " KV bytes + statistics of %u layers in %.3f s (%.1f MB/s "
+                            "while computing), first token %d\n",
+                    p->kv_bytes, p->n_stats, s, s > 0 ? (double)p->kv_bytes / s / 1e6 : 0.0, first);
+    }
+    flx_kv_state_t state;
+    char why[FLX_TP_STATUS_MAX + 1];
+    flx_tp_sender_status(p->snd, sid, (uint32_t)FLX_MIN(o->timeout_ms + p->w.deadline_left_ns / 1000000, UINT32_MAX),
+                         &state, why, sizeof why);
+    flx_tp_sender_info_t si;
+    flx_tp_sender_info(p->snd, &si);
+    if (state == FLX_KV_READY) {
+        printf("READY %#" PRIx64 " %" PRIu64 " bytes first_token %d\n", sid, p->kv_bytes, first);
+        fflush(stdout);
+        return 0;
+    }
+    if (state == FLX_KV_RESERVED)
+        fprintf(stderr, PROG ": session %#" PRIx64 " did not become READY: %s%s%s\n", sid,
+                why[0] ? why : "no answer from the node", si.error[0] ? "; " : "", si.error);
+    else
+        fprintf(stderr, PROG ": the node says session %#" PRIx64 " is %s: %s%s%s\n", sid, flx_kv_state_name(state), why,
+                si.error[0] ? "; " : "", si.error);
+    return 1;
+}
+
+/* HELLO for the session p->ref: its WELCOME into *w, printed. */
+static flx_status_t hello(push_t *p, const opts_t *o, flx_tp_welcome_t *w)
+{
+    flx_status_t st = flx_tp_sender_hello(p->snd, &p->ref, w);
+    if (st || o->quiet) return st;
+    fprintf(stderr,
+            PROG ": session %#" PRIx64 " on %s:%u: %u layers, %u/%u heads of %u, %u tokens (sink %u, local %u), "
+                 "statistics %s, deadline in %.1f s\n",
+            p->ref.sid, o->host, o->port, w->n_layers, w->n_q_heads, w->n_kv_heads, w->head_dim, w->prompt_len,
+            w->n_sink, w->n_local, w->flags & FLX_TP_WELCOME_STATS ? "wanted" : "not wanted",
+            (double)w->deadline_left_ns / 1e9);
+    return FLX_OK;
+}
+
+/* The next session of --session's list, into which the packed layers are pushed again: its WELCOME
+ * must describe what was computed for the first. */
+static flx_status_t next_session(push_t *p, const opts_t *o, uint32_t i)
+{
+    p->ref.sid = o->sids[i];
+    memcpy(p->ref.token, o->tokens[i], FLX_TP_TOKEN_BYTES);
+    flx_tp_welcome_t w;
+    flx_status_t st = hello(p, o, &w);
+    if (st) return st;
+    const flx_tp_welcome_t *a = &p->w;
+    if (w.n_layers != a->n_layers || w.n_q_heads != a->n_q_heads || w.n_kv_heads != a->n_kv_heads ||
+        w.head_dim != a->head_dim || w.prompt_len != a->prompt_len || w.n_sink != a->n_sink ||
+        w.n_local != a->n_local || (w.flags & FLX_TP_WELCOME_STATS) != (a->flags & FLX_TP_WELCOME_STATS))
+        return flx_error_set(FLX_ERR_INVALID,
+                             "session %#" PRIx64 " was opened for %u layers, %u/%u heads of %u, %u tokens (sink %u, "
+                             "local %u, statistics %s), not as session %#" PRIx64 " the prompt was computed for",
+                             p->ref.sid, w.n_layers, w.n_q_heads, w.n_kv_heads, w.head_dim, w.prompt_len, w.n_sink,
+                             w.n_local, w.flags & FLX_TP_WELCOME_STATS ? "wanted" : "not wanted", o->sid);
+    p->w = w;
+    p->kv_bytes = p->chunk_index = 0;
+    p->n_stats = 0;
+    atomic_store(&p->bytes_landed, 0);
+    return FLX_OK;
+}
+
 int main(int argc, char **argv)
 {
     opts_t o;
@@ -892,14 +1020,8 @@ int main(int argc, char **argv)
         fflush(stdout);
     } else {
         p.ref.sid = o.sid;
-        for (uint32_t i = 0; i < FLX_TP_TOKEN_BYTES; i++) {
-            unsigned x;
-            sscanf(o.token_hex + 2 * i, "%2x", &x);
-            p.ref.token[i] = (uint8_t)x;
-        }
+        memcpy(p.ref.token, o.tokens[0], FLX_TP_TOKEN_BYTES);
     }
-    char where[FLX_TP_HOST_MAX + 8];
-    snprintf(where, sizeof where, "%s:%u", o.host, o.port);
     flx_tp_sender_params_t sp = {.field_mask = FLX_TP_SENDER_FIELD_ERR_MODE | FLX_TP_SENDER_FIELD_TIMEOUT,
                                  .host = o.host, .port = o.port, .err_mode = o.err_mode,
                                  .connect_timeout_ms = (uint32_t)FLX_MIN(o.timeout_ms, UINT32_MAX)};
@@ -908,17 +1030,10 @@ int main(int argc, char **argv)
         model_src_free(&ms);
         return 1;
     }
-    if ((st = flx_tp_sender_hello(p.snd, &p.ref, &p.w))) {
+    if ((st = hello(&p, &o, &p.w))) {
         fprintf(stderr, PROG ": %s\n", flx_error_msg());
         goto out;
     }
-    if (!o.quiet)
-        fprintf(stderr,
-                PROG ": session %#" PRIx64 " on %s: %u layers, %u/%u heads of %u, %u tokens (sink %u, local %u), "
-                     "statistics %s, deadline in %.1f s\n",
-                o.sid, where, p.w.n_layers, p.w.n_q_heads, p.w.n_kv_heads, p.w.head_dim, p.w.prompt_len, p.w.n_sink,
-                p.w.n_local, p.w.flags & FLX_TP_WELCOME_STATS ? "wanted" : "not wanted",
-                (double)p.w.deadline_left_ns / 1e9);
     if (o.wrong_token) p.ref.token[0] ^= 0xff; /* HELLO went with the right one: the chunks carry this */
     p.t_start = p.t_last_print = flx_now_ns();
     int32_t first = 0; /* the synthetic workload has no vocabulary: token 0 */
@@ -927,39 +1042,17 @@ int main(int argc, char **argv)
         fprintf(stderr, PROG ": %s\n", flx_error_msg());
         goto out;
     }
-    if (p.stalled) {
-        fprintf(stderr, PROG ": --stall-after-bytes %" PRIu64 ": stalled after %" PRIu64 " bytes, staying connected\n",
-                o.stall_after, p.kv_bytes);
-    } else {
-        flx_kv_commit_t cm = {.first_token = first, .n_stats_layers = p.n_stats, .kv_bytes = p.kv_bytes};
-        if ((st = flx_tp_send_commit(p.snd, &p.ref, &cm)) ||
-            (st = flx_tp_sender_flush(p.snd, (uint32_t)FLX_MIN(o.timeout_ms, UINT32_MAX)))) {
-            fprintf(stderr, PROG ": %s\n", flx_error_msg());
-            /* the node's STATUS below says what happened to the session */
+    rc = finish_session(&p, &o, first);
+    /* The other sessions of the list, in turn over this connection (parse_args: only with --pregenerate
+     * and without faults). Every one is tried; the exit status is 1 if any did not become READY. */
+    for (uint32_t i = 1; i < o.n_sessions; i++) {
+        if ((st = next_session(&p, &o, i)) || (st = push_all(&p, 0))) {
+            fprintf(stderr, PROG ": session %#" PRIx64 ": %s\n", p.ref.sid, flx_error_msg());
+            rc = 1;
+            if (i + 1 == o.n_sessions) push_release(&p);
+            continue;
         }
-        push_release(&p);
-        const double s = (double)(flx_now_ns() - p.t_start) / 1e9;
-        progress(&p, p.w.n_layers, 1);
-        if (!o.quiet)
-            fprintf(stderr, PROG ": pushed %" PRIu64 " KV bytes + statistics of %u layers in %.3f s (%.1f MB/s "
-                            "while computing), first token %d\n",
-                    p.kv_bytes, p.n_stats, s, s > 0 ? (double)p.kv_bytes / s / 1e6 : 0.0, first);
-    }
-    flx_kv_state_t state;
-    char why[FLX_TP_STATUS_MAX + 1];
-    flx_tp_sender_status(p.snd, o.sid, (uint32_t)FLX_MIN(o.timeout_ms + p.w.deadline_left_ns / 1000000, UINT32_MAX),
-                         &state, why, sizeof why);
-    flx_tp_sender_info_t si;
-    flx_tp_sender_info(p.snd, &si);
-    if (state == FLX_KV_READY) {
-        printf("READY %#" PRIx64 " %" PRIu64 " bytes first_token %d\n", o.sid, p.kv_bytes, first);
-        rc = 0;
-    } else if (state == FLX_KV_RESERVED) {
-        fprintf(stderr, PROG ": session %#" PRIx64 " did not become READY: %s%s%s\n", o.sid,
-                why[0] ? why : "no answer from the node", si.error[0] ? "; " : "", si.error);
-    } else {
-        fprintf(stderr, PROG ": the node says session %#" PRIx64 " is %s: %s%s%s\n", o.sid, flx_kv_state_name(state),
-                why, si.error[0] ? "; " : "", si.error);
+        rc |= finish_session(&p, &o, first);
     }
 out:
     flx_tp_sender_destroy(p.snd); /* sends in flight end here, cancelled: their layer references with them */

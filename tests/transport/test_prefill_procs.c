@@ -7,6 +7,8 @@
  *     leaving after READY counts as a connection that left, not one that failed, and UCX logs no
  *     error on either side;
  *   - three stubs pushing at once into one node all land right;
+ *   - one stub pushing one prompt into several sessions in turn over one connection (--session and
+ *     --token lists) lands it right in each, and refuses one opened for another length;
  *   - each fault ends as documented within its deadline, with a healthy session receiving at the
  *     same time unaffected, and the failed session's memory back in the pool: the stub dies
  *     (SIGKILL) mid-transfer, stalls (alive, heartbeating: the deadline ends it), is frozen (SIGSTOP:
@@ -163,6 +165,63 @@ static void test_concurrent(void)
         CHECK_OK(flx_tp_session_close(node, d[i].sid));
     }
     fprintf(stderr, "concurrent: 3 stubs at once, all equal to their local pushes\n");
+    flx_tp_node_destroy(node);
+    flx_kv_store_destroy(store);
+    flx_kv_store_destroy(ref);
+}
+
+/* One flx-prefill pushing one prompt into several sessions in turn over one connection (--session and
+ * --token lists, --pregenerate): three of the prompt's length each READY and equal to the local push;
+ * one opened for another length (second in the list) refused with the difference while the others go
+ * on, and the exit status 1; one connection accepted. */
+static void test_several(void)
+{
+    flx_kv_store_h store = new_store(), ref = new_store();
+    flx_tp_node_h node = tp_test_node(store, em, 20000, 500);
+    const uint32_t L = 64 + 16 * 30 + 256 + 3, Ls[4] = {L, L + 16, L, L};
+    flx_tp_session_desc_t d[4];
+    char sids[4 * 24], toks[4 * 33], node_s[FLX_TP_HOST_MAX + 8], log[600];
+    size_t ns = 0, nt = 0;
+    for (int i = 0; i < 4; i++) {
+        d[i] = tp_test_open(node, store, Ls[i], 1, 60000, 60000);
+        ns += (size_t)snprintf(sids + ns, sizeof sids - ns, "%s%#" PRIx64, i ? "," : "", d[i].sid);
+        if (i) toks[nt++] = ',';
+        for (uint32_t j = 0; j < FLX_TP_TOKEN_BYTES; j++) nt += (size_t)sprintf(toks + nt, "%02x", d[i].token[j]);
+    }
+    snprintf(node_s, sizeof node_s, "%s:%u", d[0].host, d[0].port);
+    snprintf(log, sizeof log, "%s/several-%s.log", dir, tls);
+    char *argv[] = {(char *)tool, "--node", node_s, "--session", sids, "--token", toks, "--err-mode",
+                    em == FLX_TP_ERR_NONE ? "none" : "peer", "--synthetic", "--prompt-len", "803", "--seed", "11",
+                    "--max-chunk-mib", "1", "--pregenerate", "--progress-ms", "100000", NULL};
+    CHECK(L == 803);
+    proc_t p = proc_start(log, argv);
+    int rc = proc_wait(&p, 60000);
+    const char *out = proc_output(&p);
+    fprintf(stderr, "several: flx-prefill -> %d\n%s", rc, out);
+    CHECK(rc == 1 && strstr(out, "819 tokens") && strstr(out, "not as session"));
+    flx_kv_session_id_t want = local_push(ref, L, 11);
+    for (int i = 0; i < 4; i++) {
+        char line[64];
+        snprintf(line, sizeof line, "READY %#" PRIx64 " ", d[i].sid);
+        flx_tp_session_info_t info;
+        if (i == 1) {
+            CHECK(!strstr(out, line));
+            CHECK_OK(flx_tp_session_info(node, d[i].sid, &info));
+            CHECK(info.kv.state != FLX_KV_READY && info.kv.bytes_received == 0);
+        } else {
+            CHECK(strstr(out, line));
+            CHECK_OK(flx_tp_session_wait(node, d[i].sid, 10000, &info));
+            CHECK(info.kv.state == FLX_KV_READY);
+            tp_test_same_session(store, d[i].sid, ref, want);
+        }
+        CHECK_OK(flx_tp_session_close(node, d[i].sid));
+    }
+    flx_tp_node_info_t ni;
+    wait_conns_gone(node, &ni);
+    /* the refused session heard that connection's HELLO and nothing more: the node fails it when the
+     * stub leaves, and counts the connection as failed */
+    CHECK(ni.conns_accepted == 1);
+    fprintf(stderr, "several: one stub, one connection, 3 sessions equal to the local push, 1 refused\n");
     flx_tp_node_destroy(node);
     flx_kv_store_destroy(store);
     flx_kv_store_destroy(ref);
@@ -362,6 +421,16 @@ static void test_usage(void)
         {"--node nohost --session 1 --token 00000000000000000000000000000000 --synthetic --prompt-len 5", "--node", 2},
         {"--node h:1 --session 0 --token 00000000000000000000000000000000 --synthetic --prompt-len 5", "--session", 2},
         {"--node h:1 --session 1 --token 0000 --synthetic --prompt-len 5", "--token", 2},
+        {"--node h:1 --session 1,2 --token 00000000000000000000000000000000 --synthetic --prompt-len 5 --pregenerate",
+         "1 token(s) for 2 session(s)", 2},
+        {"--node h:1 --session 1,2 --token 00000000000000000000000000000000,00000000000000000000000000000001 "
+         "--synthetic --prompt-len 5", "need --pregenerate", 2},
+        {"--node h:1 --session 1,2 --token 00000000000000000000000000000000,00000000000000000000000000000001 "
+         "--synthetic --prompt-len 5 --pregenerate --corrupt-chunk 1", "fault flags take one session", 2},
+        {"--node h:1 --session 1,1 --token 00000000000000000000000000000000,00000000000000000000000000000001 "
+         "--synthetic --prompt-len 5 --pregenerate", "listed twice", 2},
+        {"--node h:1 --session 1,,2 --token 00000000000000000000000000000000 --synthetic --prompt-len 5", "--session",
+         2},
         {"--node h:1 --session 1 --token 00000000000000000000000000000000 --synthetic", "--prompt-len", 2},
         {"--node h:1 --session 1 --token 00000000000000000000000000000000 --synthetic --prompt-len 5 --model m",
          "exclude each other", 2},
@@ -407,12 +476,13 @@ int main(int argc, char **argv)
     dir = argv[2];
     tls = argv[3];
     em = tp_test_transport(tls);
-    const char *only = argc > 4 ? argv[4] : NULL; /* run one part: usage, bitwise, concurrent, lease, faults */
+    const char *only = argc > 4 ? argv[4] : NULL; /* run one part: usage, bitwise, concurrent, several, lease, faults */
 #define PART(name)                                    \
     if (!only || !strcmp(only, #name)) test_##name()
     PART(usage);
     PART(bitwise);
     PART(concurrent);
+    PART(several);
     PART(lease);
     PART(faults);
 #undef PART
