@@ -206,45 +206,14 @@ static int parse_args(int argc, char **argv, opts_t *o)
         if (parse_hostport("control", o->control, h, sizeof h, &pt)) return flx_cli_usage_error(&cli, NULL);
     }
     if (o->session) {
-        for (const char *q = o->session;; q++) {
-            if (o->n_sessions == FLX_PREFILL_MAX_SESSIONS)
-                return flx_cli_usage_error(&cli, "--session: more than %d ids", FLX_PREFILL_MAX_SESSIONS);
-            const size_t len = strcspn(q, ",");
-            char id[32], *end;
-            errno = 0;
-            unsigned long long x = 0;
-            if (len && len < sizeof id) {
-                memcpy(id, q, len);
-                id[len] = 0;
-                x = strtoull(id, &end, 0);
-            }
-            if (!len || len >= sizeof id || *end || errno || x == 0 || q[0] == '-')
-                return flx_cli_usage_error(&cli, "--session '%.*s' is not a non-zero session id", (int)FLX_MIN(len, 64),
-                                           q);
-            for (uint32_t i = 0; i < o->n_sessions; i++)
-                if (o->sids[i] == x) return flx_cli_usage_error(&cli, "--session %llu is listed twice", x);
-            o->sids[o->n_sessions++] = x;
-            q += len;
-            if (!*q) break;
-        }
+        if (flx_cli_id_list("session", o->session, o->sids, FLX_PREFILL_MAX_SESSIONS, &o->n_sessions))
+            return flx_cli_usage_error(&cli, NULL);
         o->sid = o->sids[0];
     }
     if (o->token_hex) {
-        uint32_t n = 0;
-        for (const char *q = o->token_hex;; q++) {
-            const size_t len = strcspn(q, ",");
-            if (len != 2 * FLX_TP_TOKEN_BYTES || strspn(q, "0123456789abcdefABCDEF") < len)
-                return flx_cli_usage_error(&cli, "--token '%.*s' is not 32 hex digits", (int)FLX_MIN(len, 64), q);
-            if (n < FLX_PREFILL_MAX_SESSIONS)
-                for (uint32_t i = 0; i < FLX_TP_TOKEN_BYTES; i++) {
-                    unsigned x;
-                    sscanf(q + 2 * i, "%2x", &x);
-                    o->tokens[n][i] = (uint8_t)x;
-                }
-            n++;
-            q += len;
-            if (!*q) break;
-        }
+        uint32_t n;
+        if (flx_cli_hex_list("token", o->token_hex, FLX_TP_TOKEN_BYTES, &o->tokens[0][0], FLX_PREFILL_MAX_SESSIONS, &n))
+            return flx_cli_usage_error(&cli, NULL);
         if (n != o->n_sessions)
             return flx_cli_usage_error(&cli, "--token: %u token(s) for %u session(s)", n, o->n_sessions);
     }

@@ -650,6 +650,82 @@ flx_status_t flx_cli_enum_list(const char *opt, const char *s, const char *const
     return list_items(opt, s, cap, n_p, enum_item, &c);
 }
 
+static int hex_digit(char ch)
+{
+    if (ch >= '0' && ch <= '9') return ch - '0';
+    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    return -1;
+}
+
+typedef struct id_list {
+    uint64_t *out;
+    uint64_t seen[64];   /* the items checked so far (the checking pass) */
+} id_list_t;
+
+static flx_status_t id_item(void *ctx, const char *opt, const char *list, const char *item, uint32_t i, int commit)
+{
+    id_list_t *c = ctx;
+    uint64_t x = 0;
+    const int hex = item[0] == '0' && (item[1] == 'x' || item[1] == 'X');
+    const uint64_t base = hex ? 16 : 10;
+    const char *digits = item + (hex ? 2 : 0);
+    int ok = *digits != '\0';
+    for (const char *q = digits; ok && *q; q++) {
+        const int d = hex_digit(*q);
+        if (d < 0 || (uint64_t)d >= base || x > (UINT64_MAX - (uint64_t)d) / base) ok = 0;
+        else x = x * base + (uint64_t)d;
+    }
+    if (!ok || x == 0)
+        return flx_error_set(FLX_ERR_INVALID, "--%s '%s': item '%s' is not a non-zero id (decimal or 0x hex)", opt,
+                             shown(list).s, shown(item).s);
+    if (commit) {
+        c->out[i] = x;
+        return FLX_OK;
+    }
+    for (uint32_t j = 0; j < i; j++)
+        if (c->seen[j] == x)
+            return flx_error_set(FLX_ERR_INVALID, "--%s '%s': item '%s' is listed twice", opt, shown(list).s,
+                                 shown(item).s);
+    c->seen[i] = x;
+    return FLX_OK;
+}
+
+flx_status_t flx_cli_id_list(const char *opt, const char *s, uint64_t *out, uint32_t cap, uint32_t *n_p)
+{
+    if (!out || cap > 64) return flx_error_set(FLX_ERR_INVALID, "cli list: NULL argument or cap above 64");
+    id_list_t c = {.out = out};
+    return list_items(opt, s, cap, n_p, id_item, &c);
+}
+
+typedef struct hex_list {
+    uint8_t *out;
+    uint32_t bytes;
+} hex_list_t;
+
+
+static flx_status_t hex_item(void *ctx, const char *opt, const char *list, const char *item, uint32_t i, int commit)
+{
+    const hex_list_t *c = ctx;
+    int ok = strlen(item) == 2 * (size_t)c->bytes;
+    for (const char *q = item; ok && *q; q++) ok = hex_digit(*q) >= 0;
+    if (!ok)
+        return flx_error_set(FLX_ERR_INVALID, "--%s '%s': item '%s' is not %u hex digits", opt, shown(list).s,
+                             shown(item).s, 2 * c->bytes);
+    if (commit)
+        for (uint32_t k = 0; k < c->bytes; k++)
+            c->out[(size_t)i * c->bytes + k] = (uint8_t)(hex_digit(item[2 * k]) << 4 | hex_digit(item[2 * k + 1]));
+    return FLX_OK;
+}
+
+flx_status_t flx_cli_hex_list(const char *opt, const char *s, uint32_t bytes, uint8_t *out, uint32_t cap,
+                              uint32_t *n_p)
+{
+    if (!out || bytes == 0 || bytes > 31) return flx_error_set(FLX_ERR_INVALID, "cli list: NULL argument or 0 or > 31 bytes");
+    hex_list_t c = {out, bytes};
+    return list_items(opt, s, cap, n_p, hex_item, &c);
+}
+
 flx_status_t flx_cli_read_file(const char *path, size_t max_bytes, char **buf_p, size_t *len_p)
 {
     if (!path || !buf_p || !len_p) return flx_error_set(FLX_ERR_INVALID, "read file: NULL argument");

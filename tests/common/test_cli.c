@@ -315,6 +315,28 @@ static void test_checks(void)
     CHECK(!strcmp(flx_error_msg(), "--tls 'shm,shm': item 'shm' is listed twice"));
     CHECK_ST(flx_cli_enum_list("tls", "shm,udp", tls, ix, 4, &n), FLX_ERR_INVALID);
     CHECK(!strcmp(flx_error_msg(), "--tls 'shm,udp': item 'udp' is not shm or tcp"));
+    CHECK_OK(flx_cli_id_list("session", "7,0x2A,0XfF,18446744073709551615", v, 4, &n));
+    CHECK(n == 4 && v[0] == 7 && v[1] == 42 && v[2] == 255 && v[3] == UINT64_MAX);
+    const char *badi[] = {"", "0", "0x", "0x0", "1,1", "1,0x1", "x1", "0xg", "-1", "1 ", "18446744073709551616",
+                          "0x10000000000000000", "1,2,3,4,5"};
+    for (size_t i = 0; i < FLX_ARRAY_SIZE(badi); i++) {
+        n = 77, v[0] = 5;
+        CHECK_ST(flx_cli_id_list("session", badi[i], v, 4, &n), FLX_ERR_INVALID);
+        CHECK(n == 77 && v[0] == 5 && strstr(flx_error_msg(), "--session '"));
+    }
+    CHECK_ST(flx_cli_id_list("session", "3,0x3", v, 4, &n), FLX_ERR_INVALID);
+    CHECK(!strcmp(flx_error_msg(), "--session '3,0x3': item '0x3' is listed twice"));
+    uint8_t hx[3 * 2];
+    CHECK_OK(flx_cli_hex_list("token", "00aBff,102030", 3, hx, 2, &n));
+    CHECK(n == 2 && hx[0] == 0 && hx[1] == 0xab && hx[2] == 0xff && hx[3] == 0x10 && hx[4] == 0x20 && hx[5] == 0x30);
+    const char *badh[] = {"", "00aBf", "00aBff0", "00aBfg", "00aBff,", "00aBff,00aBff,00aBff", " 0aBff"};
+    for (size_t i = 0; i < FLX_ARRAY_SIZE(badh); i++) {
+        n = 77, hx[0] = 9;
+        CHECK_ST(flx_cli_hex_list("token", badh[i], 3, hx, 2, &n), FLX_ERR_INVALID);
+        CHECK(n == 77 && hx[0] == 9 && strstr(flx_error_msg(), "--token '"));
+    }
+    CHECK_ST(flx_cli_hex_list("token", "abc", 3, hx, 2, &n), FLX_ERR_INVALID);
+    CHECK(!strcmp(flx_error_msg(), "--token 'abc': item 'abc' is not 6 hex digits"));
     /* a table declared wrong is a bug of the tool, not a usage error */
     flx_cli_opt_t wrong[] = {FLX_CLI_UINT(0, "n", "N", NULL, 1, 2, 0, "no destination")};
     flx_cli_t wc = FLX_CLI_INIT("prog", "", wrong);

@@ -3,7 +3,7 @@
  * every tool's flx_cli_main, against a table holding every kind of option (flag, string, path,
  * integer, optional integer, float with open and closed ends, enum, repeatable) and positionals;
  * then the checks between options, the help text and the list parsers (flx_cli_u64_list,
- * flx_cli_range_list, flx_cli_enum_list) on each of the same words.
+ * flx_cli_range_list, flx_cli_enum_list, flx_cli_id_list, flx_cli_hex_list) on each of the same words.
  *
  * Input: words separated by NUL bytes (at most 48; argv[0] is "fuzz"). Properties checked (a
  * broken one aborts, which libFuzzer reports): an accepted line writes each destination inside its
@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "flx/cli.h"
 #include "flx/log.h"
@@ -165,6 +166,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             }
         } else {
             FUZZ_CHECK(n == 77 && e[0] == 777 && strstr(flx_error_msg(), "--tls '"));
+        }
+        n = 77, a[0] = 777;
+        if (flx_cli_id_list("session", argv[i], a, 8, &n) == FLX_OK) {
+            FUZZ_CHECK(n >= 1 && n <= 8);
+            for (uint32_t k = 0; k < n; k++) {
+                FUZZ_CHECK(a[k] != 0);
+                for (uint32_t j = 0; j < k; j++) FUZZ_CHECK(a[j] != a[k]);
+            }
+        } else {
+            FUZZ_CHECK(n == 77 && a[0] == 777 && strstr(flx_error_msg(), "--session '"));
+        }
+        uint8_t h[4 * 3];
+        memset(h, 0x77, sizeof h);
+        n = 77;
+        if (flx_cli_hex_list("token", argv[i], 3, h, 4, &n) == FLX_OK) {
+            /* every item is 6 hex digits and comes back as its 3 bytes */
+            FUZZ_CHECK(n >= 1 && n <= 4 && strlen(argv[i]) == 7 * n - 1);
+            for (uint32_t k = 0; k < n; k++) {
+                char back[7];
+                snprintf(back, sizeof back, "%02x%02x%02x", h[3 * k], h[3 * k + 1], h[3 * k + 2]);
+                FUZZ_CHECK(strncasecmp(back, argv[i] + 7 * k, 6) == 0);
+            }
+        } else {
+            FUZZ_CHECK(n == 77 && h[0] == 0x77 && strstr(flx_error_msg(), "--token '"));
         }
     }
     free(buf);

@@ -140,7 +140,7 @@ static const tool_t tools[] = {
       {"--control 127.0.0.1:1 --synthetic --prompt-len 16 --mode sparse", 2,
        "--mode 'sparse' is not full, fixed or fluxion"},
       {"--control 127.0.0.1 --synthetic --prompt-len 16", 2, "--control '127.0.0.1' is not HOST:PORT"},
-      {"--node 127.0.0.1:1 --session 1 --token abc --synthetic --prompt-len 16", 2, "--token 'abc' is not 32 hex"},
+      {"--node 127.0.0.1:1 --session 1 --token abc --synthetic --prompt-len 16", 2, "--token 'abc': item 'abc' is not 32 hex digits"},
       {"--control 127.0.0.1:1 -m M --synthetic", 2, "--model and --synthetic exclude each other"},
       {"--control 127.0.0.1:1 --synthetic --prompt-len 0", 2, "--prompt-len '0' is not an integer"},
       {"--control 127.0.0.1:1 --synthetic --prompt-len 16 -f F", 2, "--prompt-file has no effect with --synthetic"},

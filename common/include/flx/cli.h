@@ -216,6 +216,13 @@ flx_status_t flx_cli_range_list(const char *opt, const char *s, uint64_t lo, uin
  * most once: out[i] is the index of item i in choices. */
 flx_status_t flx_cli_enum_list(const char *opt, const char *s, const char *const *choices, int *out, uint32_t cap,
                                uint32_t *n_p);
+/* The same for a list of non-zero ids, decimal or 0x hex ("1,0x2a"), each listed at most once;
+ * cap at most 64. */
+flx_status_t flx_cli_id_list(const char *opt, const char *s, uint64_t *out, uint32_t cap, uint32_t *n_p);
+/* The same for a list of byte strings written as exactly 2 * bytes hex digits each (bytes 1..31; a
+ * list item is shorter than 64 characters): item i into out[i * bytes ..]. */
+flx_status_t flx_cli_hex_list(const char *opt, const char *s, uint32_t bytes, uint8_t *out, uint32_t cap,
+                              uint32_t *n_p);
 
 /* Reads a whole file (path "-": stdin; a regular file through flx_file_read, a pipe to its end) into
  * a new NUL-terminated buffer (free() it): for prompts, texts and id lists the tools take. FLX_ERR_NOT_FOUND / FLX_ERR_IO naming the path and the system's
