@@ -212,7 +212,8 @@ static int parse_args(int argc, char **argv, opts_t *o)
     }
     if (o->token_hex) {
         uint32_t n;
-        if (flx_cli_hex_list("token", o->token_hex, FLX_TP_TOKEN_BYTES, &o->tokens[0][0], FLX_PREFILL_MAX_SESSIONS, &n))
+        if (flx_cli_hex_list("token", o->token_hex, FLX_TP_TOKEN_BYTES, &o->tokens[0][0], FLX_PREFILL_MAX_SESSIONS,
+                             &n))
             return flx_cli_usage_error(&cli, NULL);
         if (n != o->n_sessions)
             return flx_cli_usage_error(&cli, "--token: %u token(s) for %u session(s)", n, o->n_sessions);

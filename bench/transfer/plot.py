@@ -35,7 +35,8 @@ handles, labels = axes[0].get_legend_handles_labels()
 fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=7)   # one legend for the rate panels, below them
 ax = axes[-1]
 for t, color in (("shm", "C0"), ("tcp", "C2")):
-    pts = [float(r["ready_ms_per_gb"]) for r in rows if r["transport"] == t and r["kind"] in ("flx", "flx-warm", "long")]
+    pts = [float(r["ready_ms_per_gb"]) for r in rows
+           if r["transport"] == t and r["kind"] in ("flx", "flx-warm", "long")]
     if pts:
         ax.plot(range(len(pts)), pts, "o", color=color, label=t)
 ax.axhline(10, color="r", linestyle="--", label="target 10 ms/GB")

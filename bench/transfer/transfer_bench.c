@@ -332,7 +332,8 @@ int main(int argc, char **argv)
     printf("%-5s %-16s %10s %10s %10s %12s %12s %12s\n", "tls", "kind", "GB/s med", "min", "max", "vs perftest",
            "vs -session", "vs -cold");
 
-    double sum_ratio[2] = {NAN, NAN}, ses_ratio[2] = {NAN, NAN}, cold_ratio[2] = {NAN, NAN}, mixed_ratio[2] = {NAN, NAN};
+    double sum_ratio[2] = {NAN, NAN}, ses_ratio[2] = {NAN, NAN}, cold_ratio[2] = {NAN, NAN};
+    double mixed_ratio[2] = {NAN, NAN};
     double ready_per_gb_all[64];
     int n_ready = 0;
     for (uint32_t k = 0; k < n_tls; k++) {
@@ -374,7 +375,8 @@ int main(int argc, char **argv)
                             REF_KIND[j], rb[j], rm[j], ref[j][r], layers, tokens);
                 for (int j = 0; j < 4; j++) {
                     const run_t *x = &fl[j][r];
-                    fprintf(csv, "%s,%" PRIu64 ",%s,%" PRIu64 ",%" PRIu64 ",%.4f,%.3f,%.3f,%.3f,%" PRIu64 ",%" PRIu64 "\n",
+                    fprintf(csv,
+                            "%s,%" PRIu64 ",%s,%" PRIu64 ",%" PRIu64 ",%.4f,%.3f,%.3f,%.3f,%" PRIu64 ",%" PRIu64 "\n",
                             tls, r, FLX_KIND[j], x->bytes, msg, x->gbps, x->ready_ms, x->ready_ms / (x->bytes / 1e9),
                             x->total_s, layers, tokens);
                 }
@@ -387,8 +389,8 @@ int main(int argc, char **argv)
         for (int j = 0; j < 3; j++) {
             double lo = ref[j][0], hi = ref[j][0];
             for (int i = 1; i < n; i++) lo = fmin(lo, ref[j][i]), hi = fmax(hi, ref[j][i]);
-            printf("%-5s %-16s %10.3f %10.3f %10.3f %12s %12s %12s\n", tls, REF_KIND[j], flx_bench_median(ref[j], n), lo,
-                   hi, j == 0 ? "1" : "", j == 1 ? "1" : "", j == 2 ? "1" : "");
+            printf("%-5s %-16s %10.3f %10.3f %10.3f %12s %12s %12s\n", tls, REF_KIND[j], flx_bench_median(ref[j], n),
+                   lo, hi, j == 0 ? "1" : "", j == 1 ? "1" : "", j == 2 ? "1" : "");
         }
         double ratio[4][3];   /* ours / each reference: the median of the per-round ratios */
         for (int j = 0; j < 4; j++) {
@@ -399,8 +401,8 @@ int main(int argc, char **argv)
                 for (int i = 0; i < n; i++) rr[i] = g[i] / ref[m][i];
                 ratio[j][m] = flx_bench_median(rr, n);
             }
-            printf("%-5s %-16s %10.3f %10.3f %10.3f %12.3f %12.3f %12.3f\n", tls, FLX_KIND[j], flx_bench_median(g, n), lo,
-                   hi, ratio[j][0], ratio[j][1], ratio[j][2]);
+            printf("%-5s %-16s %10.3f %10.3f %10.3f %12.3f %12.3f %12.3f\n", tls, FLX_KIND[j], flx_bench_median(g, n),
+                   lo, hi, ratio[j][0], ratio[j][1], ratio[j][2]);
         }
         sum_ratio[ti] = ratio[1][0];    /* warm session / warmed-up perftest */
         ses_ratio[ti] = ratio[1][1];    /* warm session / perftest-session (warmed up too) */

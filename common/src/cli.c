@@ -721,7 +721,8 @@ static flx_status_t hex_item(void *ctx, const char *opt, const char *list, const
 flx_status_t flx_cli_hex_list(const char *opt, const char *s, uint32_t bytes, uint8_t *out, uint32_t cap,
                               uint32_t *n_p)
 {
-    if (!out || bytes == 0 || bytes > 31) return flx_error_set(FLX_ERR_INVALID, "cli list: NULL argument or 0 or > 31 bytes");
+    if (!out || bytes == 0 || bytes > 31)
+        return flx_error_set(FLX_ERR_INVALID, "cli list: NULL argument or 0 or > 31 bytes");
     hex_list_t c = {out, bytes};
     return list_items(opt, s, cap, n_p, hex_item, &c);
 }
