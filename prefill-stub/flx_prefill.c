@@ -883,8 +883,9 @@ out:
 }
 
 /* The end of a session's push: the commit, the flush and the node's verdict; 0 when it said READY
- * (the READY line printed), else 1 with the reason on stderr. */
-static int finish_session(push_t *p, const opts_t *o, int32_t first)
+ * (the READY line printed), else 1 with the reason on stderr. After the last session's commit the
+ * packed layers are freed. */
+static int finish_session(push_t *p, const opts_t *o, int32_t first, int last)
 {
     const flx_kv_session_id_t sid = p->ref.sid;
     if (p->stalled) {
@@ -898,7 +899,7 @@ static int finish_session(push_t *p, const opts_t *o, int32_t first)
             fprintf(stderr, PROG ": %s\n", flx_error_msg());
             /* the node's STATUS below says what happened to the session */
         }
-        if (o->n_sessions <= 1 || sid == o->sids[o->n_sessions - 1]) push_release(p);   /* after the last commit */
+        if (last) push_release(p);
         const double s = (double)(flx_now_ns() - p->t_start) / 1e9;
         progress(p, p->w.n_layers, 1);
         if (!o->quiet)
@@ -1012,17 +1013,16 @@ int main(int argc, char **argv)
         fprintf(stderr, PROG ": %s\n", flx_error_msg());
         goto out;
     }
-    rc = finish_session(&p, &o, first);
+    rc = finish_session(&p, &o, first, o.n_sessions <= 1);
     /* The other sessions of the list, in turn over this connection (parse_args: only with --pregenerate
      * and without faults). Every one is tried; the exit status is 1 if any did not become READY. */
     for (uint32_t i = 1; i < o.n_sessions; i++) {
         if ((st = next_session(&p, &o, i)) || (st = push_all(&p, 0))) {
             fprintf(stderr, PROG ": session %#" PRIx64 ": %s\n", p.ref.sid, flx_error_msg());
             rc = 1;
-            if (i + 1 == o.n_sessions) push_release(&p);
-            continue;
+            continue;   /* the layers are freed at the end */
         }
-        rc |= finish_session(&p, &o, first);
+        rc |= finish_session(&p, &o, first, i + 1 == o.n_sessions);
     }
 out:
     flx_tp_sender_destroy(p.snd); /* sends in flight end here, cancelled: their layer references with them */

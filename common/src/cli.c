@@ -703,7 +703,6 @@ typedef struct hex_list {
     uint32_t bytes;
 } hex_list_t;
 
-
 static flx_status_t hex_item(void *ctx, const char *opt, const char *list, const char *item, uint32_t i, int commit)
 {
     const hex_list_t *c = ctx;

@@ -29,7 +29,6 @@ size_t flx_wmat_row_bytes(flx_wfmt_t fmt, size_t cols)
     return cols * 2;
 }
 
-
 /* bf16(x) as fp32 (round to nearest even, NaN kept a NaN). */
 static inline float to_bf16_f32(float x)
 {
